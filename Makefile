@@ -1,0 +1,25 @@
+# The two commands of the README. Both create (once) and reuse .venv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test lint env clean
+demo: $(VENV)/.ready
+	$(PY) -m gpudash demo $(ARGS)
+
+test: $(VENV)/.ready
+	$(VENV)/bin/ruff check gpudash tests benchmarks scripts examples
+	$(VENV)/bin/mypy
+	$(PY) -m pytest $(ARGS)
+
+lint: $(VENV)/.ready
+	$(VENV)/bin/ruff check gpudash tests benchmarks scripts examples
+	$(VENV)/bin/mypy
+
+env: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
+	VENV=$(VENV) scripts/bootstrap.sh
+	touch $@
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,35 @@
+"""gpudash: a live GPU memory and throughput dashboard for training runs.
+
+``Monitor`` sits in the training loop; ``load_run`` reads a run directory
+into pandas; ``load_snapshot`` reads a torch allocator snapshot pickle.
+Importing gpudash does not import torch or dash.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpudash._version import __version__
+from gpudash.store import Run, RunError, load_run
+
+if TYPE_CHECKING:
+    from gpudash.monitor import Monitor
+    from gpudash.store.snapshot import MemoryMap, load_snapshot
+
+__all__ = ["MemoryMap", "Monitor", "Run", "RunError", "__version__", "load_run", "load_snapshot", "show"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Monitor":
+        from gpudash.monitor import Monitor
+
+        return Monitor
+    if name in ("load_snapshot", "MemoryMap"):
+        from gpudash.store import snapshot
+
+        return getattr(snapshot, name)
+    if name == "show":
+        from gpudash.notebook import show
+
+        return show
+    raise AttributeError(f"module 'gpudash' has no attribute {name!r}")

@@ -1,0 +1,76 @@
+"""``gpudash`` command line. Each subcommand lives in its own module, imported
+only when that command runs, so ``gpudash info`` never imports torch or dash.
+
+A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+Errors the user can cause (:class:`UserError`, :class:`RunError`, bad flags)
+print one line and exit 2; nothing prints a traceback unless GPUDASH_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+from gpudash._version import __version__
+from gpudash.errors import RunError, UserError
+
+__all__ = ["COMMANDS", "main"]
+
+#: command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("gpudash.demo", "train the tiny preset with the live dashboard beside it"),
+    "train": ("gpudash.trainer.cli", "run the memory-optimized GPT trainer under the Monitor"),
+    "estimate": ("gpudash.trainer.estimate_cli", "predict memory by category and what fits a card"),
+    "serve": ("gpudash.app", "serve the dashboard for a directory of runs"),
+    "info": ("gpudash.info", "print a run's status and summary in the terminal"),
+    "report": ("gpudash.analysis.report_cli", "write a post-mortem report (html or md)"),
+    "export": ("gpudash.export", "export a run's tables to parquet or csv"),
+    "import-snapshot": ("gpudash.collectors.snapshot_cli", "store a torch memory snapshot pickle in a run"),
+}
+
+
+def _module(command: str) -> Any:
+    return importlib.import_module(COMMANDS[command][0])
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpudash", description="Live GPU memory and throughput dashboard.")
+    parser.add_argument("--version", action="version", version=f"gpudash {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if only is None or name == only:
+            try:
+                _module(name).add_arguments(p)
+            except ImportError as exc:
+                if name == only:
+                    raise UserError(f"'{name}' needs a module that is not installed ({exc.name}); "
+                                    "install gpudash with its extras: pip install 'gpudash[train]'") from exc
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    try:
+        parser = build_parser(only)
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 0
+        return int(_module(args.command).run(args) or 0)
+    except (UserError, RunError) as exc:
+        if os.environ.get("GPUDASH_DEBUG"):
+            raise
+        print(f"gpudash: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpudash: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

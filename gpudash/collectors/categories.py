@@ -1,0 +1,284 @@
+"""Memory by category: parameters, gradients, optimizer state, activations.
+
+Parameters, gradients and optimizer state are tensors we can enumerate; each
+storage is counted once (views and DDP buckets share storage). Activations
+are what autograd saves for backward: on sampled steps a
+``torch.autograd.graph.saved_tensors_hooks`` pair sees every saved tensor and
+attributes its storage to the innermost watched module running at that time
+(parameter storages excluded). Under gradient checkpointing, torch's own
+hooks take over inside the checkpointed region, so only what is really kept
+is counted: this is how the dashboard shows what checkpointing saves.
+
+Hooks are installed only on sampled steps, and the sampling interval adapts so
+the measured cost stays below a share of the median step time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from gpudash.collectors.base import try_import_torch
+
+if TYPE_CHECKING:
+    from gpudash.monitor import Monitor
+
+__all__ = ["AdaptiveEvery", "CategoryCollector", "watched_modules"]
+
+OUTSIDE = "(outside modules)"
+
+
+class AdaptiveEvery:
+    """Run something every N steps, N chosen so its cost is <= budget x median step time."""
+
+    def __init__(self, fixed: int, budget: float, first: int = 1, max_every: int = 1000) -> None:
+        self.fixed = fixed
+        self.budget = budget
+        self.every = fixed or 1
+        self.next = first
+        self.max_every = max_every
+        self._durations: deque[float] = deque(maxlen=64)
+        self._cost = 0.0
+
+    def due(self, step: int) -> bool:
+        return step >= self.next
+
+    def observe_step(self, duration_s: float) -> None:
+        self._durations.append(duration_s)
+
+    def done(self, step: int, cost_s: float) -> None:
+        self._cost = cost_s if not self._cost else 0.5 * (self._cost + cost_s)
+        if not self.fixed and self._durations:
+            med = sorted(self._durations)[len(self._durations) // 2]
+            self.every = min(self.max_every, max(1, math.ceil(self._cost / (self.budget * max(med, 1e-9)))))
+        self.next = step + self.every
+
+
+def watched_modules(model: Any, max_depth: int = 3) -> list[tuple[str, Any]]:
+    """Top-level modules worth attributing activations to: children of the model,
+    with plain containers (ModuleList/ModuleDict/Sequential) opened up so each
+    transformer block gets its own line."""
+    torch = try_import_torch()
+    containers: tuple[type, ...] = ()
+    if torch is not None:
+        nn = torch.nn
+        containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+    out: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, module: Any, depth: int) -> None:
+        for name, child in module.named_children():
+            full = f"{prefix}{name}"
+            if isinstance(child, containers) and depth < max_depth:
+                walk(full + ".", child, depth + 1)
+            elif depth == 0 and not any(True for _ in child.parameters(recurse=False)) \
+                    and len(list(child.children())) > 1 and depth < max_depth:
+                walk(full + ".", child, depth + 1)
+            else:
+                out.append((full, child))
+
+    walk("", model, 0)
+    return out
+
+
+def _storage(t: Any) -> tuple[int, int] | None:
+    try:
+        st = t.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    except Exception:  # noqa: BLE001 - sparse, meta, or exotic tensors: skip them
+        return None
+
+
+class CategoryCollector:
+    name = "memory"
+
+    def __init__(self, model: Any, optimizer: Any = None, *, memory_every: int = 1,
+                 activations_every: int = 0, activations_budget: float = 0.005) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.params = [p for p in model.parameters()]
+        self.memory_every = memory_every
+        self.act_sampler = AdaptiveEvery(activations_every, activations_budget, first=1)
+        self._monitor: Monitor | None = None
+        self._param_ptrs: set[int] = set()
+        self._params_bytes = 0
+        self._opt_cache: tuple[int, int, int] = (-1, 0, 0)
+        self._opt_calls = 0
+        self._modules = watched_modules(model)
+        self._handles: list[Any] = []
+        self._hooks_ctx: Any = None
+        self._stack: list[str] = []
+        self._seen: dict[int, tuple[str, int]] = {}
+        self._counts: dict[str, int] = {}
+        self._act_t0 = 0.0
+        self._pack_s = 0.0
+        self._on_cuda = False
+        self._next_step = 0
+        self._grads_after_backward = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+        self._refresh_params()
+        monitor.add_step_hooks(self.on_step_start, self.on_step_end, self.on_phase_end)
+
+    def stop(self) -> None:
+        self._uninstall()
+
+    def _refresh_params(self) -> None:
+        seen: dict[int, int] = {}
+        self._on_cuda = False
+        for p in self.params:
+            s = _storage(p)
+            if s is not None:
+                seen[s[0]] = s[1]
+            self._on_cuda = self._on_cuda or p.device.type == "cuda"
+        self._param_ptrs = set(seen)
+        self._params_bytes = sum(seen.values())
+
+    # ---- training thread ----------------------------------------------------------------
+    def on_step_start(self, step: int) -> None:
+        self._next_step = step
+        if self.act_sampler.due(step):
+            self._install()
+
+    def on_phase_end(self, name: str) -> None:
+        # gradients are often freed by zero_grad() before the step ends: read them
+        # when backward finishes, where they peak
+        if name == "backward" and self.step_due:
+            self._grads_after_backward = self._grads_bytes()
+
+    @property
+    def step_due(self) -> bool:
+        return self._hooks_ctx is not None or self._next_step % self.memory_every == 0
+
+    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
+        self._next_step = step + 1
+        self.act_sampler.observe_step(row.get("duration_s", 0.0))
+        sampled = self._hooks_ctx is not None
+        if sampled:
+            self._uninstall()
+        if step % self.memory_every and not sampled:
+            return
+        t0 = time.perf_counter()
+        mem: dict[str, Any] = {"step": step, "time": row["time"], "params_bytes": self._params_bytes}
+        mem["grads_bytes"] = max(self._grads_bytes(), self._grads_after_backward)
+        self._grads_after_backward = 0
+        opt_dev, opt_host = self._optimizer_bytes()
+        mem["optimizer_bytes"] = opt_dev
+        if opt_host:
+            mem["optimizer_host_bytes"] = opt_host
+        if sampled:
+            act = self._flush_activations(step, row["time"])
+            mem["activations_bytes"] = act
+            self.act_sampler.done(step, self._pack_s + (time.perf_counter() - t0))
+            mem["activations_every"] = self.act_sampler.every
+        monitor = self._monitor
+        assert monitor is not None
+        monitor.memory_row(step, mem)
+
+    def _grads_bytes(self) -> int:
+        seen: dict[int, int] = {}
+        for p in self.params:
+            g = p.grad
+            if g is not None:
+                s = _storage(g)
+                if s is not None:
+                    seen[s[0]] = s[1]
+        return sum(seen.values())
+
+    def _optimizer_bytes(self) -> tuple[int, int]:
+        opt = self.optimizer
+        if opt is None:
+            return 0, 0
+        state = getattr(opt, "state", None)
+        if state is None:
+            return 0, 0
+        self._opt_calls += 1
+        n = len(state)
+        cached_n, dev, host = self._opt_cache
+        if n == cached_n and self._opt_calls % 100:
+            return dev, host
+        seen: dict[int, tuple[int, bool]] = {}
+        for st in list(state.values()):
+            if not isinstance(st, dict):
+                continue
+            for v in st.values():
+                if hasattr(v, "untyped_storage"):
+                    s = _storage(v)
+                    if s is not None:
+                        seen[s[0]] = (s[1], self._on_cuda and v.device.type == "cpu")
+        dev = sum(b for b, h in seen.values() if not h)
+        host = sum(b for b, h in seen.values() if h)
+        self._opt_cache = (n, dev, host)
+        return dev, host
+
+    # ---- activations --------------------------------------------------------------------
+    def _install(self) -> None:
+        torch = try_import_torch()
+        if torch is None:
+            return
+        self._seen.clear()
+        self._counts.clear()
+        self._stack.clear()
+        self._pack_s = 0.0
+        stack = self._stack
+        seen = self._seen
+        counts = self._counts
+        param_ptrs = self._param_ptrs
+        monitor = self._monitor
+
+        def pack(t: Any) -> Any:
+            t0 = time.perf_counter()
+            if monitor is None or monitor.current_phase != "backward":
+                s = _storage(t)
+                if s is not None and s[0] not in param_ptrs and s[0] not in seen:
+                    owner = stack[-1] if stack else OUTSIDE
+                    seen[s[0]] = (owner, s[1])
+                    counts[owner] = counts.get(owner, 0) + 1
+            self._pack_s += time.perf_counter() - t0
+            return t
+
+        def unpack(t: Any) -> Any:
+            return t
+
+        def enter(name: str) -> Any:
+            def hook(module: Any, args: Any) -> None:
+                stack.append(name)
+
+            return hook
+
+        def leave(module: Any, args: Any, output: Any) -> None:
+            if stack:
+                stack.pop()
+
+        for name, mod in self._modules:
+            self._handles.append(mod.register_forward_pre_hook(enter(name)))
+            self._handles.append(mod.register_forward_hook(leave))
+        ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        ctx.__enter__()
+        self._hooks_ctx = ctx
+
+    def _uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._hooks_ctx is not None:
+            try:
+                self._hooks_ctx.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - hooks popped by someone else: nothing to undo
+                pass
+            self._hooks_ctx = None
+
+    def _flush_activations(self, step: int, t: float) -> int:
+        per: dict[str, int] = {}
+        for owner, nbytes in self._seen.values():
+            per[owner] = per.get(owner, 0) + nbytes
+        monitor = self._monitor
+        assert monitor is not None
+        for module, nbytes in per.items():
+            monitor.recorder.put("activations", {"step": step, "time": t, "module": module,
+                                                 "bytes": nbytes, "tensors": self._counts.get(module, 0)})
+        self._seen.clear()
+        return sum(per.values())

@@ -1,0 +1,171 @@
+"""Time roll-ups kept by the writer so a week-long run opens like a short one.
+
+For each numeric table ``T`` and bucket width ``L`` (seconds) the table
+``T_rL`` holds one row per bucket (and per key, e.g. per GPU): ``bucket``
+(start, unix seconds), ``n`` (records) and for every numeric column ``c`` its
+mean ``c``, minimum ``c__min`` and maximum ``c__max``. Min and max survive so a
+short memory peak is still visible at the coarsest level.
+
+The writer feeds each flushed batch through :meth:`Rollups.update`; running
+sums for recent buckets live in memory (bounded), older buckets are
+re-aggregated from the raw table when a late record touches them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import numpy as np
+
+from gpudash.store.schema import ROLLUP_KEYS, ROLLUP_LEVELS, rollup_table
+
+__all__ = ["Rollups"]
+
+# (table, level, bucket, *keys) -> {column: [sum, count, min, max]}, plus "__n__"
+_Acc = dict[str, list[float]]
+
+
+class Rollups:
+    def __init__(self, conn: sqlite3.Connection, keep_buckets: int = 4) -> None:
+        self._conn = conn
+        self._keep = keep_buckets
+        self._acc: dict[tuple[Any, ...], _Acc] = {}
+        self._cols: dict[str, set[str]] = {}
+        self._latest: dict[tuple[str, int], float] = {}
+
+    def _ensure_table(self, table: str, level: int, cols: list[str]) -> str:
+        name = rollup_table(table, level)
+        known = self._cols.get(name)
+        keys = ROLLUP_KEYS.get(table, ())
+        if known is None:
+            key_cols = "".join(f', "{k}" INTEGER' for k in keys)
+            self._conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{name}" (bucket REAL{key_cols}, n INTEGER)'
+            )
+            uniq = ", ".join(("bucket", *(f'"{k}"' for k in keys)))
+            self._conn.execute(f'CREATE UNIQUE INDEX IF NOT EXISTS "{name}_key" ON "{name}"({uniq})')
+            known = {row[1] for row in self._conn.execute(f'PRAGMA table_info("{name}")')}
+            self._cols[name] = known
+        for c in cols:
+            if c in keys or c == "time":
+                continue
+            for suffix in ("", "__min", "__max"):
+                if c + suffix not in known:
+                    self._conn.execute(f'ALTER TABLE "{name}" ADD COLUMN "{c}{suffix}" REAL')
+                    known.add(c + suffix)
+        return name
+
+    def update(self, table: str, numeric: list[str], arr: np.ndarray) -> None:
+        """Fold a batch (rows x ``numeric`` columns, float64) into the roll-up tables."""
+        if "time" not in numeric or not len(arr):
+            return
+        keys = ROLLUP_KEYS.get(table, ())
+        t = arr[:, numeric.index("time")]
+        key_arr = [arr[:, numeric.index(k)] if k in numeric else np.zeros(len(arr)) for k in keys]
+        value_cols = [c for c in numeric if c != "time" and c not in keys]
+        values = arr[:, [numeric.index(c) for c in value_cols]] if value_cols else np.empty((len(arr), 0))
+        ok = ~np.isnan(t)
+        for level in ROLLUP_LEVELS:
+            name = self._ensure_table(table, level, numeric)
+            bucket = np.floor(t / level) * level
+            group = np.column_stack([bucket, *key_arr])[ok]
+            if not len(group):
+                continue
+            uniq, inv = np.unique(group, axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            vals = values[ok]
+            valid = ~np.isnan(vals)
+            n = np.bincount(inv, minlength=len(uniq))
+            sums = np.zeros((len(uniq), vals.shape[1]))
+            cnts = np.zeros_like(sums)
+            mins = np.full_like(sums, np.inf)
+            maxs = np.full_like(sums, -np.inf)
+            np.add.at(sums, inv, np.where(valid, vals, 0.0))
+            np.add.at(cnts, inv, valid)
+            np.minimum.at(mins, inv, np.where(valid, vals, np.inf))
+            np.maximum.at(maxs, inv, np.where(valid, vals, -np.inf))
+            all_cols = sorted(c for c in self._cols[name] if c not in ("bucket", "n", *keys)
+                              and not c.endswith(("__min", "__max")))
+            rows = []
+            for g, key in enumerate(map(tuple, uniq)):
+                acc = self._merge(table, level, key, int(n[g]), value_cols, sums[g], cnts[g], mins[g], maxs[g])
+                if acc is None:
+                    continue
+                rows.append(_row(key, acc, all_cols))
+            self._upsert(name, keys, all_cols, rows)
+            self._evict(table, level, float(uniq[:, 0].max()))
+
+    def _merge(self, table: str, level: int, key: tuple[float, ...], n: int, cols: list[str],
+               sums: np.ndarray, cnts: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> _Acc | None:
+        akey = (table, level, *key)
+        acc = self._acc.get(akey)
+        if acc is None:
+            acc = {"__n__": [0.0, 0.0, 0.0, 0.0]}
+            latest = self._latest.get((table, level))
+            if latest is not None and key[0] < latest - self._keep * level:
+                # a late record for a bucket already evicted: re-aggregate it from raw rows
+                self._reaggregate(table, level, key)
+                return None
+            self._acc[akey] = acc
+        acc["__n__"][0] += n
+        for j, c in enumerate(cols):
+            cur = acc.get(c)
+            if cur is None:
+                acc[c] = [float(sums[j]), float(cnts[j]), float(mins[j]), float(maxs[j])]
+            else:
+                cur[0] += float(sums[j])
+                cur[1] += float(cnts[j])
+                cur[2] = min(cur[2], float(mins[j]))
+                cur[3] = max(cur[3], float(maxs[j]))
+        return acc
+
+    def _evict(self, table: str, level: int, newest: float) -> None:
+        latest = max(newest, self._latest.get((table, level), newest))
+        self._latest[(table, level)] = latest
+        horizon = latest - self._keep * level
+        for akey in [k for k in self._acc if k[0] == table and k[1] == level and k[2] < horizon]:
+            del self._acc[akey]
+
+    def _upsert(self, name: str, keys: tuple[str, ...], cols: list[str], rows: list[list[Any]]) -> None:
+        if not rows:
+            return
+        names = ["bucket", *keys, "n"]
+        for c in cols:
+            names += [c, f"{c}__min", f"{c}__max"]
+        quoted = ", ".join(f'"{c}"' for c in names)
+        marks = ", ".join("?" * len(names))
+        self._conn.executemany(f'INSERT OR REPLACE INTO "{name}" ({quoted}) VALUES ({marks})', rows)
+
+    def _reaggregate(self, table: str, level: int, key: tuple[float, ...]) -> None:
+        name = rollup_table(table, level)
+        keys = ROLLUP_KEYS.get(table, ())
+        cols = [c for c in self._cols[name] if c not in ("bucket", "n", *keys)
+                and not c.endswith(("__min", "__max"))]
+        where = "time >= ? AND time < ?" + "".join(f' AND "{k}" = ?' for k in keys)
+        params = [key[0], key[0] + level, *key[1:]]
+        aggs = ", ".join(f'avg("{c}"), min("{c}"), max("{c}")' for c in cols)
+        row = self._conn.execute(
+            f'SELECT count(*){", " + aggs if aggs else ""} FROM "{table}" WHERE {where}', params
+        ).fetchone()
+        if not row or not row[0]:
+            return
+        names = ["bucket", *keys, "n"]
+        for c in cols:
+            names += [c, f"{c}__min", f"{c}__max"]
+        values = [key[0], *key[1:], *row]
+        quoted = ", ".join(f'"{c}"' for c in names)
+        self._conn.execute(
+            f'INSERT OR REPLACE INTO "{name}" ({quoted}) VALUES ({", ".join("?" * len(names))})', values
+        )
+
+
+def _row(key: tuple[float, ...], acc: _Acc, cols: list[str]) -> list[Any]:
+    out: list[Any] = [key[0], *(int(k) for k in key[1:]), int(acc["__n__"][0])]
+    for c in cols:
+        s, cnt, lo, hi = acc.get(c, [0.0, 0.0, np.inf, -np.inf])
+        if cnt:
+            out += [s / cnt, lo, hi]
+        else:
+            out += [None, None, None]
+    return out

@@ -1,0 +1,124 @@
+"""``gpudash.load_run``: a run directory as pandas DataFrames."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from gpudash.store.reader import RunError, RunReader
+
+if TYPE_CHECKING:
+    from gpudash.store.snapshot import MemoryMap
+
+__all__ = ["Run", "load_run"]
+
+
+@dataclass
+class Run:
+    """A loaded run. ``steps``, ``memory`` and ``events`` are read at load time;
+    the bulkier tables (``device``, ``host``, ``activations``, ``snapshots``,
+    ``stacks``) on first access."""
+
+    path: Path
+    meta: dict[str, Any]
+    status: str
+    steps: pd.DataFrame
+    memory: pd.DataFrame
+    events: pd.DataFrame
+    problems: list[str] = field(default_factory=list)
+    rank_meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _reader: RunReader | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.path.name)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.rank_meta)
+
+    def _table(self, table: str) -> pd.DataFrame:
+        assert self._reader is not None
+        return self._reader.read_table(table)
+
+    @cached_property
+    def host(self) -> pd.DataFrame:
+        return self._table("host")
+
+    @cached_property
+    def device(self) -> pd.DataFrame:
+        return self._table("device")
+
+    @cached_property
+    def activations(self) -> pd.DataFrame:
+        return self._table("activations")
+
+    @cached_property
+    def stacks(self) -> pd.DataFrame:
+        return self._table("stacks")
+
+    @cached_property
+    def snapshots(self) -> list[MemoryMap]:
+        from gpudash.store.snapshot import snapshots_from_frame
+
+        maps = snapshots_from_frame(self._table("snapshots"), self.problems)
+        return maps
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+
+def _parse_json(value: Any) -> dict[str, Any]:
+    if not isinstance(value, str) or not value:
+        return {}
+    try:
+        out = json.loads(value)
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """Load a run directory (live, finished or crashed). Raises :class:`RunError`
+    with a one-line message if the path is not a run at all; damage inside a run
+    is reported in ``Run.problems`` and the intact records are returned."""
+    reader = RunReader(path)
+    rank_meta = reader.rank_meta()
+    meta: dict[str, Any] = {}
+    for rm in reversed(list(rank_meta.values())):
+        meta.update(rm)
+    meta.update(reader.run_meta())
+    if rank_meta:
+        meta["world_size"] = max(int(meta.get("world_size") or 1), len(rank_meta))
+    steps = reader.read_table("steps")
+    memory = reader.read_table("memory")
+    events = reader.read_table("events")
+    if "data" in events:
+        events["data"] = [_parse_json(v) for v in events["data"]]
+    status = reader.status()
+    meta["status"] = status
+    run = Run(
+        path=Path(path),
+        meta=meta,
+        status=status,
+        steps=steps,
+        memory=memory,
+        events=events,
+        problems=reader.all_problems(),
+        rank_meta=rank_meta,
+        _reader=reader,
+    )
+    if status == "crashed":
+        reasons = {rm.get("end_reason") for rm in rank_meta.values() if rm.get("end_reason")}
+        run.meta.setdefault("end_reason", "; ".join(sorted(map(str, reasons))) or "process died (no heartbeat)")
+    return run
+
+
+__all__ += ["RunError"]

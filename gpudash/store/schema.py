@@ -1,0 +1,110 @@
+"""The run directory: file names, tables and column conventions.
+
+A run is a folder::
+
+    RUN_DIR/
+      run.json          shared meta (name, created, world size), written once
+      rank0.db          one SQLite database (WAL mode) per rank
+      rank1.db          ...
+      snapshot.request  optional: the dashboard asks the trainer for a snapshot
+
+Each ``rankN.db`` holds the tables below. Tables marked *dynamic* grow a new
+column the first time a record carries a new key, so ``monitor.log(foo=1)``
+becomes a ``foo`` column of ``steps``. Column names carry their unit
+(``_bytes``, ``_s``, ``_pct``, ``_w``, ``_mib_s``...). Every table is plain
+SQLite: ``sqlite3 rank0.db 'select * from steps'`` works without gpudash.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "NUMERIC_TABLES",
+    "ROLLUP_KEYS",
+    "ROLLUP_LEVELS",
+    "RUN_META_FILE",
+    "SNAPSHOT_REQUEST_FILE",
+    "STATIC_TABLES",
+    "TABLE_BASE_COLUMNS",
+    "column_name",
+    "rank_db_name",
+    "rank_from_db_name",
+    "rollup_table",
+]
+
+RUN_META_FILE = "run.json"
+SNAPSHOT_REQUEST_FILE = "snapshot.request"
+_RANK_DB = re.compile(r"^rank(\d+)\.db$")
+
+#: Base columns of each table (name, SQL type); dynamic tables add REAL/TEXT columns.
+TABLE_BASE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    # one row per training step; phases as <phase>_s; logged scalars by name
+    "steps": (("step", "INTEGER"), ("time", "REAL"), ("duration_s", "REAL")),
+    # memory by category per step (params/grads/optimizer/activations/other_bytes)
+    # and, on CUDA, allocator columns (allocated_bytes, reserved_bytes, ...)
+    "memory": (("step", "INTEGER"), ("time", "REAL")),
+    # psutil samples of the training process and its host
+    "host": (("time", "REAL"),),
+    # NVML samples, one row per GPU per tick
+    "device": (("time", "REAL"), ("gpu", "INTEGER")),
+    # activations saved for backward per top-level module on sampled steps
+    "activations": (
+        ("step", "INTEGER"),
+        ("time", "REAL"),
+        ("module", "TEXT"),
+        ("bytes", "INTEGER"),
+        ("tensors", "INTEGER"),
+    ),
+    # OOMs, batch-size changes, fallbacks, collector unavailable, ...
+    "events": (
+        ("time", "REAL"),
+        ("step", "INTEGER"),
+        ("kind", "TEXT"),
+        ("message", "TEXT"),
+        ("data", "TEXT"),  # JSON object
+    ),
+    # allocator snapshot summaries: data is zlib-compressed JSON (see snapshot module)
+    "snapshots": (
+        ("time", "REAL"),
+        ("step", "INTEGER"),
+        ("reason", "TEXT"),
+        ("format", "TEXT"),
+        ("data", "BLOB"),
+    ),
+    # py-spy folded stacks, aggregated per flush window
+    "stacks": (("time", "REAL"), ("stack", "TEXT"), ("count", "INTEGER")),
+}
+
+#: Tables whose extra columns are added on first use.
+DYNAMIC_TABLES = frozenset({"steps", "memory", "host", "device"})
+#: Tables with only numeric columns, rolled up to coarser time buckets.
+NUMERIC_TABLES = ("steps", "memory", "host", "device")
+STATIC_TABLES = tuple(t for t in TABLE_BASE_COLUMNS if t not in DYNAMIC_TABLES)
+#: Roll-up bucket widths in seconds; table ``<name>_r<width>`` per level.
+ROLLUP_LEVELS = (1, 60)
+#: Extra group-by keys per rolled-up table (besides the time bucket).
+ROLLUP_KEYS: dict[str, tuple[str, ...]] = {"device": ("gpu",)}
+
+_BAD_CHARS = re.compile(r"[^0-9a-zA-Z_]")
+
+
+def column_name(key: str) -> str:
+    """Map a user's scalar name to a safe SQL column name (``a.b/c`` -> ``a_b_c``)."""
+    name = _BAD_CHARS.sub("_", key)
+    if not name or name[0].isdigit():
+        name = "_" + name
+    return name.lower()
+
+
+def rank_db_name(rank: int) -> str:
+    return f"rank{rank}.db"
+
+
+def rank_from_db_name(name: str) -> int | None:
+    m = _RANK_DB.match(name)
+    return int(m.group(1)) if m else None
+
+
+def rollup_table(table: str, level: int) -> str:
+    return f"{table}_r{level}"
