@@ -1,0 +1,121 @@
+"""Stragglers and imbalance across ranks (torchrun): pure functions of a run.
+
+Under DDP every rank waits for the slowest one in the gradient all-reduce, so
+a straggler shows up twice: as a spread of step times across ranks, and as
+phases that take longer on the slow rank (data, forward) while the fast ranks
+spend the difference waiting inside ``backward``. :func:`rank_skew` lines the
+ranks up step by step; :func:`straggler_summary` names the usual suspect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["MEMORY_COLUMNS", "rank_skew", "straggler_summary"]
+
+#: Memory columns compared across ranks, best first: the allocator's view on
+#: GPU, else the sum of the categories the Monitor measures on any device.
+MEMORY_COLUMNS = ("allocated_bytes", "reserved_bytes")
+_CATEGORY_COLUMNS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+_NOT_PHASES = {"duration_s"}
+
+
+def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
+    for col in MEMORY_COLUMNS:
+        if col in memory and memory[col].notna().any():
+            return memory[col].astype(float), col
+    cats = [c for c in _CATEGORY_COLUMNS if c in memory]
+    if cats:
+        return memory[cats].astype(float).sum(axis=1, min_count=1), "categories_bytes"
+    return None
+
+
+def rank_skew(run: Any) -> pd.DataFrame:
+    """Per-step spread across ranks of step time, phase times and memory.
+
+    ``run`` is a :class:`gpudash.Run` (anything with ``steps`` and ``memory``
+    DataFrames carrying ``rank`` and ``step`` columns). Returns one row per step
+    that at least two ranks recorded, indexed by ``step``, with columns
+
+    - ``ranks``: how many ranks recorded the step;
+    - ``duration_min_s``, ``duration_median_s``, ``duration_max_s``,
+      ``slowest_rank``, ``skew_s`` (max - min) and ``skew_ratio``
+      (max / median - 1: 0.25 means the slowest rank took 25 % longer);
+    - ``<phase>_skew_s`` and ``<phase>_slowest_rank`` for each phase column;
+    - ``memory_min_bytes``, ``memory_max_bytes``, ``heaviest_rank`` and
+      ``memory_imbalance`` (max / mean - 1) when memory was recorded; the
+      ``memory_source`` attribute of the frame names the column compared.
+
+    An empty frame (same columns) means fewer than two ranks.
+    """
+    steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
+    memory: pd.DataFrame = getattr(run, "memory", pd.DataFrame())
+    base = ["ranks", "duration_min_s", "duration_median_s", "duration_max_s", "slowest_rank", "skew_s",
+            "skew_ratio"]
+    if steps.empty or "rank" not in steps or "duration_s" not in steps or steps["rank"].nunique() < 2:
+        out = pd.DataFrame(columns=base)
+        out.index.name = "step"
+        return out
+    s = steps.dropna(subset=["step", "duration_s"]).drop_duplicates(["rank", "step"], keep="last")
+    dur = s.pivot(index="step", columns="rank", values="duration_s").astype(float)
+    dur = dur[dur.notna().sum(axis=1) >= 2]
+    out = pd.DataFrame(index=dur.index)
+    out["ranks"] = dur.notna().sum(axis=1).astype("int64")
+    out["duration_min_s"] = dur.min(axis=1)
+    out["duration_median_s"] = dur.median(axis=1)
+    out["duration_max_s"] = dur.max(axis=1)
+    out["slowest_rank"] = dur.idxmax(axis=1).astype("int64")
+    out["skew_s"] = out["duration_max_s"] - out["duration_min_s"]
+    median = out["duration_median_s"].where(out["duration_median_s"] > 0)
+    out["skew_ratio"] = out["duration_max_s"] / median - 1.0
+    phases = [c for c in s.columns if c.endswith("_s") and c not in _NOT_PHASES
+              and pd.api.types.is_numeric_dtype(s[c])]
+    for ph in phases:
+        p = s.pivot(index="step", columns="rank", values=ph).astype(float).reindex(out.index)
+        name = ph.removesuffix("_s")
+        out[f"{name}_skew_s"] = p.max(axis=1) - p.min(axis=1)
+        filled = p.fillna(-np.inf)
+        out[f"{name}_slowest_rank"] = filled.idxmax(axis=1).where(p.notna().any(axis=1))
+    mem = _memory_series(memory) if not memory.empty and {"rank", "step"} <= set(memory.columns) else None
+    if mem is not None:
+        values, source = mem
+        m = memory.assign(_mem=values).dropna(subset=["step", "_mem"])
+        m = m.drop_duplicates(["rank", "step"], keep="last")
+        piv = m.pivot(index="step", columns="rank", values="_mem").reindex(out.index)
+        out["memory_min_bytes"] = piv.min(axis=1)
+        out["memory_max_bytes"] = piv.max(axis=1)
+        out["heaviest_rank"] = piv.fillna(-np.inf).idxmax(axis=1).where(piv.notna().any(axis=1))
+        mean = piv.mean(axis=1)
+        out["memory_imbalance"] = out["memory_max_bytes"] / mean.where(mean > 0) - 1.0
+        out.attrs["memory_source"] = source
+    out.index = out.index.astype("int64")
+    out.index.name = "step"
+    return out
+
+
+def straggler_summary(skew: pd.DataFrame, threshold: float = 0.1) -> dict[str, Any]:
+    """Headline numbers from :func:`rank_skew`: median and p95 skew ratio, the
+    rank that is slowest most often and the share of steps where the skew
+    exceeds ``threshold`` (0.1 = 10 %), and the worst memory imbalance."""
+    if skew.empty:
+        return {"steps": 0}
+    ratio = skew["skew_ratio"].dropna()
+    out: dict[str, Any] = {
+        "steps": int(len(skew)),
+        "skew_ratio_median": float(ratio.median()) if len(ratio) else None,
+        "skew_ratio_p95": float(ratio.quantile(0.95)) if len(ratio) else None,
+        "skew_s_median": float(skew["skew_s"].median()),
+        "slow_steps_share": float((ratio > threshold).mean()) if len(ratio) else 0.0,
+    }
+    counts = skew["slowest_rank"].value_counts()
+    out["slowest_rank"] = int(counts.index[0])
+    out["slowest_rank_share"] = float(counts.iloc[0] / len(skew))
+    if "memory_imbalance" in skew and skew["memory_imbalance"].notna().any():
+        worst = skew["memory_imbalance"].idxmax()
+        out["memory_imbalance_max"] = float(skew["memory_imbalance"].max())
+        out["memory_imbalance_step"] = int(worst)
+        out["heaviest_rank"] = int(skew.loc[worst, "heaviest_rank"])
+    return out

@@ -1,0 +1,65 @@
+"""rank_skew on a real two-rank run directory written by two Monitors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpudash import load_run
+from gpudash.analysis.ranks import rank_skew, straggler_summary
+from gpudash.monitor import Monitor
+
+STEPS = 6
+
+
+def _write_rank(run_dir: Path, rank: int, data_sleep: float, extra_bytes: int) -> None:
+    with Monitor(run_dir, rank=rank, world_size=2, host_hz=0, handle_signals=False) as m:
+        for _ in range(STEPS):
+            with m.step(samples=4):
+                with m.phase("data"):
+                    time.sleep(data_sleep)
+                with m.phase("forward"):
+                    time.sleep(0.001)
+                m.log_memory(allocated_bytes=1_000_000 + extra_bytes)
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("runs") / "ddp"
+    _write_rank(run_dir, 0, 0.001, 0)
+    _write_rank(run_dir, 1, 0.03, 500_000)  # rank 1 is the straggler and holds more memory
+    return run_dir
+
+
+def test_rank_skew_names_the_straggler_and_the_heavy_rank(two_rank_run: Path) -> None:
+    run = load_run(two_rank_run)
+    assert run.ranks == [0, 1]
+    skew = rank_skew(run)
+    assert list(skew.index) == list(range(STEPS))
+    assert (skew["ranks"] == 2).all()
+    assert (skew["slowest_rank"] == 1).all()
+    assert (skew["skew_s"] > 0.02).all()
+    assert (skew["skew_ratio"] > 0).all()
+    assert (skew["data_slowest_rank"] == 1).all()
+    assert (skew["data_skew_s"] > 0.02).all()
+    assert (skew["heaviest_rank"] == 1).all()
+    assert skew["memory_max_bytes"].iloc[0] == 1_500_000
+    # max / mean - 1 = 1.5 / 1.25 - 1
+    assert skew["memory_imbalance"].iloc[0] == pytest.approx(0.2)
+    assert skew.attrs["memory_source"] == "allocated_bytes"
+    summary = straggler_summary(skew)
+    assert summary["slowest_rank"] == 1 and summary["slowest_rank_share"] == 1.0
+    assert summary["heaviest_rank"] == 1
+    assert summary["slow_steps_share"] == 1.0
+    run.close()
+
+
+def test_single_rank_gives_empty_frame(tmp_path: Path) -> None:
+    _write_rank(tmp_path / "one", 0, 0.0, 0)
+    run = load_run(tmp_path / "one")
+    skew = rank_skew(run)
+    assert skew.empty and "skew_ratio" in skew.columns
+    assert straggler_summary(skew) == {"steps": 0}
+    run.close()
