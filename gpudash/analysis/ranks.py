@@ -114,8 +114,8 @@ def straggler_summary(skew: pd.DataFrame, threshold: float = 0.1) -> dict[str, A
     out["slowest_rank"] = int(counts.index[0])
     out["slowest_rank_share"] = float(counts.iloc[0] / len(skew))
     if "memory_imbalance" in skew and skew["memory_imbalance"].notna().any():
-        worst = skew["memory_imbalance"].idxmax()
-        out["memory_imbalance_max"] = float(skew["memory_imbalance"].max())
-        out["memory_imbalance_step"] = int(worst)
-        out["heaviest_rank"] = int(skew.loc[worst, "heaviest_rank"])
+        pos = int(np.nanargmax(skew["memory_imbalance"].to_numpy(dtype=float)))
+        out["memory_imbalance_max"] = float(skew["memory_imbalance"].iloc[pos])
+        out["memory_imbalance_step"] = int(skew.index[pos])
+        out["heaviest_rank"] = int(skew["heaviest_rank"].iloc[pos])
     return out
