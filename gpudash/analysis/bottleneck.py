@@ -1,0 +1,227 @@
+"""Where the step time goes: input-, compute-, host/offload- or synchronization-bound.
+
+Each step's wall time is split by its recorded phases (``<phase>_s`` columns):
+data wait → input, forward/backward/optimizer → compute, offload copies →
+host/offload, explicit sync/communication phases plus time no phase accounts
+for (a ``.item()``, a blocking copy, an all-reduce) → synchronization. A step
+is labelled by the largest non-compute share above a threshold, else compute.
+Labels are smoothed over a window and runs of equal labels become
+*stretches*; device telemetry (``sm_active_pct``, ``gpu_util_pct``) and GPU
+phase times (``<phase>_gpu_s``) over each stretch are added as evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, fmt_s
+from gpudash.store.run import Run
+
+__all__ = ["KINDS", "Stretch", "bottleneck_verdicts", "phase_shares", "stretches"]
+
+KINDS = ("input-bound", "compute-bound", "host-offload-bound", "synchronization-bound")
+_GROUPS: dict[str, tuple[str, ...]] = {
+    "input": ("data", "data_wait", "input", "dataloader", "load"),
+    "compute": ("forward", "backward", "optimizer", "loss", "step", "compute"),
+    "offload": ("offload", "h2d", "d2h", "host_copy", "prefetch"),
+    "sync": ("sync", "allreduce", "all_reduce", "comm", "barrier", "wait", "reduce_scatter", "all_gather"),
+}
+_KIND_OF = {"input": "input-bound", "offload": "host-offload-bound", "sync": "synchronization-bound",
+            "compute": "compute-bound"}
+THRESHOLD = 0.3
+"""A non-compute share of the step above this makes the step bound by it."""
+
+
+@dataclass
+class Stretch:
+    kind: str
+    first_step: int
+    last_step: int
+    steps: int
+    time_s: float
+    median_step_s: float
+    shares: dict[str, float] = field(default_factory=dict)
+    """Mean share of step time per group (input, compute, offload, sync)."""
+    phase_s: dict[str, float] = field(default_factory=dict)
+    """Median seconds per recorded phase column."""
+    device: dict[str, float] = field(default_factory=dict)
+    """Mean device telemetry over the stretch (sm_active_pct, gpu_util_pct, gpu_busy_share)."""
+
+
+def _phase_columns(steps: pd.DataFrame) -> list[str]:
+    return [c for c in steps.columns
+            if c.endswith("_s") and c != "duration_s" and not c.endswith("_gpu_s") and steps[c].notna().any()]
+
+
+def _group(col: str) -> str:
+    name = col.removesuffix("_s")
+    for g, names in _GROUPS.items():
+        if name in names or any(name.startswith(n + "_") for n in names):
+            return g
+    return "compute"
+
+
+def phase_shares(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the share of ``duration_s`` in each group; ``sync`` includes unaccounted time."""
+    cols = _phase_columns(steps)
+    dur = steps["duration_s"].astype(float).clip(lower=1e-9)
+    out = pd.DataFrame({"step": steps["step"].astype(int).to_numpy()}, index=steps.index)
+    total = pd.Series(0.0, index=steps.index)
+    for g in _GROUPS:
+        gcols = [c for c in cols if _group(c) == g]
+        secs = steps[gcols].astype(float).fillna(0.0).sum(axis=1) if gcols else pd.Series(0.0, index=steps.index)
+        out[g] = secs / dur
+        total += secs
+    if cols:
+        out["sync"] += ((dur - total).clip(lower=0.0)) / dur
+    return out
+
+
+def _label(shares: pd.DataFrame) -> np.ndarray:
+    other = shares[["input", "offload", "sync"]].to_numpy()
+    best = other.argmax(axis=1)
+    names = np.array(["input", "offload", "sync"])[best]
+    bound = other.max(axis=1) >= THRESHOLD
+    return np.where(bound, names, "compute")
+
+
+def _smooth(labels: np.ndarray, window: int) -> np.ndarray:
+    if window <= 1 or len(labels) <= window:
+        return labels
+    codes, uniq = pd.factorize(pd.Series(labels))
+    onehot = np.eye(len(uniq))[codes]
+    counts = pd.DataFrame(onehot).rolling(window, center=True, min_periods=1).sum().to_numpy()
+    return np.asarray(uniq)[counts.argmax(axis=1)]
+
+
+def _runs(labels: np.ndarray, min_len: int) -> list[tuple[str, int, int]]:
+    runs: list[tuple[str, int, int]] = []
+    start = 0
+    for i in range(1, len(labels) + 1):
+        if i == len(labels) or labels[i] != labels[start]:
+            runs.append((str(labels[start]), start, i - 1))
+            start = i
+    merged: list[tuple[str, int, int]] = []
+    for kind, a, b in runs:
+        if merged and (b - a + 1 < min_len or merged[-1][0] == kind):
+            pk, pa, _ = merged[-1]
+            merged[-1] = (pk, pa, b)
+        else:
+            merged.append((kind, a, b))
+    if len(merged) > 1 and merged[0][2] - merged[0][1] + 1 < min_len:
+        _, a, _ = merged.pop(0)
+        k, _, b = merged[0]
+        merged[0] = (k, a, b)
+    return merged
+
+
+def _device_means(run: Run, t0: float, t1: float) -> dict[str, float]:
+    try:
+        dev = run.device
+    except Exception:  # noqa: BLE001 - a damaged or absent device table is just no evidence
+        return {}
+    if dev is None or dev.empty or "time" not in dev:
+        return {}
+    win = dev[(dev["time"] >= t0) & (dev["time"] <= t1)]
+    out: dict[str, float] = {}
+    for col in ("sm_active_pct", "gpu_util_pct", "sm_occupancy_pct", "pcie_rx_mib_s", "pcie_tx_mib_s"):
+        if col in win and win[col].notna().any():
+            out[col] = float(win[col].mean())
+    return out
+
+
+def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
+    """The run cut into stretches of one bottleneck kind (one rank: the lowest by default)."""
+    steps = run.steps
+    if steps.empty or "duration_s" not in steps:
+        return []
+    if "rank" in steps and steps["rank"].nunique() > 1:
+        steps = steps[steps["rank"] == (rank if rank is not None else int(steps["rank"].min()))]
+    steps = steps.sort_values("step").reset_index(drop=True)
+    cols = _phase_columns(steps)
+    if not cols:
+        return []
+    shares = phase_shares(steps)
+    n = len(steps)
+    labels = _smooth(_label(shares), window=max(1, min(25, n // 20)) | 1)
+    out: list[Stretch] = []
+    gpu_cols = [c for c in steps.columns if c.endswith("_gpu_s")]
+    for group, a, b in _runs(labels, min_len=max(3, n // 50)):
+        seg = steps.iloc[a:b + 1]
+        sh = shares.iloc[a:b + 1]
+        dur = seg["duration_s"].astype(float)
+        t_end = float(seg["time"].max())
+        t_start = float(seg["time"].min() - dur.iloc[0])
+        device = _device_means(run, t_start, t_end)
+        if gpu_cols:
+            busy = seg[gpu_cols].astype(float).fillna(0.0).sum(axis=1) / dur.clip(lower=1e-9)
+            device["gpu_busy_share"] = float(busy.mean())
+        out.append(Stretch(
+            kind=_KIND_OF[group], first_step=int(seg["step"].iloc[0]), last_step=int(seg["step"].iloc[-1]),
+            steps=len(seg), time_s=float(dur.sum()), median_step_s=float(dur.median()),
+            shares={g: float(sh[g].mean()) for g in _GROUPS},
+            phase_s={c: float(seg[c].astype(float).median()) for c in cols}, device=device))
+    return out
+
+
+def _evidence(s: Stretch) -> list[str]:
+    sh = s.shares
+    ev = [f"median step {fmt_s(s.median_step_s)} over {s.steps} steps ({fmt_s(s.time_s)} in all)",
+          "share of step time: " + ", ".join(f"{g} {fmt_pct(v)}" for g, v in sh.items() if v >= 0.005)]
+    phases = sorted(s.phase_s.items(), key=lambda kv: -kv[1])
+    ev.append("median per phase: " + ", ".join(f"{c.removesuffix('_s')} {fmt_s(v)}" for c, v in phases))
+    d = s.device
+    if "sm_active_pct" in d:
+        ev.append(f"SM active {d['sm_active_pct']:.0f} % on average")
+    if "gpu_util_pct" in d:
+        ev.append(f"GPU utilization {d['gpu_util_pct']:.0f} % on average")
+    if "gpu_busy_share" in d:
+        ev.append(f"GPU busy {fmt_pct(d['gpu_busy_share'])} of the step (CUDA-event phase times)")
+    return ev
+
+
+_TITLES = {
+    "input-bound": "Input-bound: the model waits for data",
+    "host-offload-bound": "Host/offload-bound: copies to and from host memory dominate",
+    "synchronization-bound": "Synchronization-bound: time outside the recorded phases (syncs, waits)",
+    "compute-bound": "Compute-bound: forward, backward and optimizer dominate",
+}
+
+
+def bottleneck_verdicts(run: Run) -> list[Verdict]:
+    found = stretches(run)
+    if not found:
+        return []
+    total = sum(s.time_s for s in found) or 1.0
+    out: list[Verdict] = []
+    by_kind: dict[str, list[Stretch]] = {}
+    for s in found:
+        by_kind.setdefault(s.kind, []).append(s)
+    for kind, ss in by_kind.items():
+        time_s = sum(s.time_s for s in ss)
+        share_of_run = time_s / total
+        if kind != "compute-bound" and share_of_run < 0.1:
+            continue
+        main = max(ss, key=lambda s: s.time_s)
+        group = {v: k for k, v in _KIND_OF.items()}[kind]
+        lost_s = sum(s.shares[group] * s.time_s for s in ss)
+        ev = _evidence(main)
+        if len(ss) > 1:
+            ev.insert(0, f"{len(ss)} stretches, {fmt_pct(share_of_run)} of the run's step time")
+        d = main.device
+        if kind == "input-bound" and "sm_active_pct" in d:
+            ev.append(f"SM activity low ({d['sm_active_pct']:.0f} %) while data wait is "
+                      f"{fmt_pct(main.shares['input'])} of the step")
+        numbers = {"time_s": time_s, "share_of_run": share_of_run, "lost_s": lost_s,
+                   "median_step_s": main.median_step_s, "share_of_step": main.shares[group]}
+        numbers.update({f"median_{c}": v for c, v in main.phase_s.items()})
+        severity: Severity = "ok" if kind == "compute-bound" else ("bad" if main.shares[group] >= 0.5 else "warn")
+        title = _TITLES[kind]
+        if kind == "compute-bound" and share_of_run < 0.5:
+            continue
+        out.append(Verdict(kind=kind, title=title, severity=severity, evidence=ev,
+                           steps=(min(s.first_step for s in ss), max(s.last_step for s in ss)), numbers=numbers))
+    return out

@@ -1,0 +1,293 @@
+"""OOM forensics: why did this allocation fail?
+
+For every ``oom`` event (recorded by the GPU collectors from the OOM observer
+and the error message, or by the trainer under a CPU memory budget) gather the
+request, what was free, the largest free block, reserved-but-unallocated
+bytes, device memory held outside this process and memory by category at the
+last completed step, then decide:
+
+* **another process** — this process's own need fits the card, but memory
+  held outside its allocator (``device_used − reserved``) does not leave room;
+* **fragmentation** — enough memory was free in total (cached in the
+  allocator, or on the device) but no single block was large enough;
+* **did not fit** — what the step needs is more than the capacity or budget.
+
+A crashed run whose end reason is an OOM but which recorded no event is
+analysed from the error message alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from gpudash.analysis.verdict import Verdict, fmt_bytes, num
+from gpudash.store.run import Run
+
+__all__ = ["CATEGORIES", "OomReport", "categories_before", "oom_reports", "oom_verdicts", "parse_oom_message",
+           "snapshot_largest_free"]
+
+CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+_CONTEXT_ALLOWANCE = 768 * 2**20  # CUDA context + NCCL live outside the allocator in every process
+_UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+_SIZE = r"([\d.]+)\s*([KMGT]i?B|bytes|B)"
+
+
+@dataclass
+class OomReport:
+    """Everything known about one OOM, and the verdict."""
+
+    step: int | None
+    time: float | None
+    rank: int | None
+    message: str
+    verdict: str
+    evidence: list[str] = field(default_factory=list)
+    requested_bytes: float | None = None
+    free_bytes: float | None = None
+    largest_free_bytes: float | None = None
+    allocated_bytes: float | None = None
+    reserved_bytes: float | None = None
+    reserved_unallocated_bytes: float | None = None
+    capacity_bytes: float | None = None
+    device_used_bytes: float | None = None
+    outside_bytes: float | None = None
+    categories: dict[str, float] = field(default_factory=dict)
+    categories_step: int | None = None
+    recovered: bool = False
+
+    @property
+    def need_bytes(self) -> float | None:
+        """What this process needed at the failing allocation (held + requested)."""
+        held = self.allocated_bytes
+        if held is None and self.categories:
+            held = sum(self.categories.values())
+        if held is None:
+            return None
+        return held + (self.requested_bytes or 0.0)
+
+
+def _size(value: str, unit: str) -> float:
+    return float(value) * _UNITS[unit.lower()]
+
+
+def parse_oom_message(message: str) -> dict[str, float]:
+    """Numbers from a torch OOM message, current or pre-2.1 wording; missing ones are left out."""
+    out: dict[str, float] = {}
+    patterns = {
+        "requested_bytes": rf"Tried to allocate {_SIZE}",
+        "capacity_bytes": rf"total capacity of {_SIZE}|; {_SIZE} total capacity",
+        "free_bytes": rf"of which {_SIZE} is free|; {_SIZE} free",
+        "allocated_bytes": rf"{_SIZE} is allocated by PyTorch|; {_SIZE} already allocated",
+        "reserved_unallocated_bytes": rf"{_SIZE} is reserved by PyTorch but unallocated",
+        "reserved_bytes": rf"{_SIZE} reserved in total by PyTorch",
+    }
+    for key, pat in patterns.items():
+        m = re.search(pat, message)
+        if m:
+            groups = [g for g in m.groups() if g is not None]
+            out[key] = _size(groups[0], groups[1])
+    if "reserved_bytes" in out and "allocated_bytes" in out and "reserved_unallocated_bytes" not in out:
+        out["reserved_unallocated_bytes"] = max(0.0, out["reserved_bytes"] - out["allocated_bytes"])
+    return out
+
+
+def _pick(d: dict[str, Any], *keys: str) -> float | None:
+    for k in keys:
+        v = num(d.get(k))
+        if v is not None:
+            return v
+    return None
+
+
+def categories_before(run: Run, t: float | None, step: int | None, rank: int | None) -> tuple[int | None, dict[str, float]]:
+    """Memory by category at the last step recorded before time ``t`` (or before ``step``)."""
+    mem = run.memory
+    if mem.empty:
+        return None, {}
+    if rank is not None and "rank" in mem:
+        mem = mem[mem["rank"] == rank]
+    if t is not None and "time" in mem:
+        mem = mem[mem["time"] <= t]
+    elif step is not None:
+        mem = mem[mem["step"] < step]
+    cats = [c for c in CATEGORIES if c in mem]
+    if mem.empty or not cats:
+        return None, {}
+    # activations are measured on sampled steps only: carry the last measurement forward
+    filled = mem[cats].ffill()
+    row = filled.iloc[-1]
+    out = {c: float(row[c]) for c in cats if not pd.isna(row[c])}
+    if "allocated_bytes" in mem and not pd.isna(mem["allocated_bytes"].iloc[-1]):
+        out.setdefault("other_bytes", 0.0)
+    return int(mem["step"].iloc[-1]), out
+
+
+def snapshot_largest_free(run: Run, t: float | None, rank: int | None) -> float | None:
+    """``largest_free_bytes`` of the snapshot nearest the OOM (taken at or just before it)."""
+    try:
+        maps = run.snapshots
+    except Exception:  # noqa: BLE001 - no snapshot support in this install, or a damaged table
+        return None
+    best: tuple[float, float] | None = None
+    for m in maps:
+        if rank is not None and getattr(m, "rank", rank) not in (rank, None):
+            continue
+        largest = num(getattr(m, "largest_free_bytes", None))
+        mt = num(getattr(m, "time", None))
+        if largest is None:
+            continue
+        dist = abs((t or 0.0) - (mt or 0.0)) if t is not None and mt is not None else math.inf
+        reason = str(getattr(m, "reason", "") or "")
+        if "oom" in reason.lower():
+            dist = -1.0
+        if best is None or dist < best[0]:
+            best = (dist, largest)
+    return None if best is None else best[1]
+
+
+def _capacity(run: Run, data: dict[str, Any]) -> float | None:
+    cap = _pick(data, "capacity_bytes", "budget_bytes", "memory_budget_bytes", "cap_bytes", "total_bytes")
+    if cap is None:
+        cap = _pick(run.meta, "memory_budget_bytes", "memory_cap_bytes", "capacity_bytes", "device_total_bytes",
+                    "device_memory_bytes")
+    return cap
+
+
+def _judge(r: OomReport) -> None:
+    req, cap, free = r.requested_bytes, r.capacity_bytes, r.free_bytes
+    need = r.need_bytes
+    ev = r.evidence
+    cats = r.categories
+    if cats:
+        parts = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in cats.items() if v)
+        ev.append(f"memory at step {r.categories_step} (last before the OOM): {parts} "
+                  f"= {fmt_bytes(sum(cats.values()))}")
+    if req is not None:
+        ev.append(f"requested {fmt_bytes(req)}" + (f" with {fmt_bytes(free)} free" if free is not None else ""))
+    if r.reserved_unallocated_bytes is not None:
+        ev.append(f"reserved by the allocator but unallocated: {fmt_bytes(r.reserved_unallocated_bytes)}")
+    if r.largest_free_bytes is not None:
+        ev.append(f"largest free block: {fmt_bytes(r.largest_free_bytes)}")
+    outside = r.outside_bytes
+    if outside is not None and outside > 0:
+        ev.append(f"device memory held outside this process's allocator: {fmt_bytes(outside)} "
+                  f"(device used {fmt_bytes(r.device_used_bytes)} − reserved {fmt_bytes(r.reserved_bytes)})")
+    if cap is not None and need is not None:
+        ev.append(f"this process needed {fmt_bytes(need)} of {fmt_bytes(cap)} capacity")
+
+    if (cap is not None and need is not None and outside is not None and need <= cap
+            and outside > _CONTEXT_ALLOWANCE + 0.02 * cap and need + outside > cap):
+        r.verdict = "another process"
+        return
+    free_total = (r.reserved_unallocated_bytes or 0.0) + (free or 0.0)
+    if req is not None and (need is None or cap is None or need <= cap):
+        if r.largest_free_bytes is not None and free_total >= req > r.largest_free_bytes:
+            r.verdict = "fragmentation"
+            return
+        if r.reserved_unallocated_bytes is not None and r.reserved_unallocated_bytes >= req:
+            r.verdict = "fragmentation"
+            return
+    if cap is not None and ((need is not None and need > cap) or (cats and sum(cats.values()) > cap)):
+        r.verdict = "did not fit"
+        return
+    r.verdict = "did not fit" if cap is None or need is None else "unexplained"
+
+
+def oom_reports(run: Run) -> list[OomReport]:
+    """One :class:`OomReport` per OOM event (and one for a crash by OOM that left no event)."""
+    out: list[OomReport] = []
+    ev = run.events
+    rows = ev[ev["kind"].astype(str).str.lower().isin({"oom", "out_of_memory"})] if len(ev) else ev
+    for _, e in rows.iterrows():
+        data: dict[str, Any] = dict(e["data"]) if isinstance(e.get("data"), dict) else {}
+        message = str(e.get("message") or "")
+        for k, v in parse_oom_message(message).items():
+            data.setdefault(k, v)
+        rank = int(e["rank"]) if "rank" in e and not pd.isna(e["rank"]) else None
+        step = int(e["step"]) if not pd.isna(e.get("step")) else None
+        t = num(e.get("time"))
+        out.append(_report(run, data, message, step, t, rank, recovered=True))
+    reason = str(run.meta.get("end_reason") or "")
+    if not out and run.status == "crashed" and re.search(r"out ?of ?memory|OutOfMemory", reason, re.I):
+        last_step = int(run.steps["step"].max()) + 1 if len(run.steps) else None
+        out.append(_report(run, parse_oom_message(reason), reason, last_step, num(run.meta.get("ended_at")), None,
+                           recovered=False))
+    died_of_oom = run.status == "crashed" and bool(re.search(r"out ?of ?memory|OutOfMemory|\boom\b", reason, re.I))
+    for i, r in enumerate(out):
+        # the last OOM of a run that died of one killed it; every other one was survived
+        r.recovered = not (died_of_oom and i == len(out) - 1)
+    return out
+
+
+def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: float | None, rank: int | None,
+            *, recovered: bool) -> OomReport:
+    cat_step, cats = categories_before(run, t, step, rank)
+    reserved = _pick(data, "reserved_bytes")
+    allocated = _pick(data, "allocated_bytes", "device_allocated_bytes")
+    unalloc = _pick(data, "reserved_unallocated_bytes")
+    if unalloc is None and reserved is not None and allocated is not None:
+        unalloc = max(0.0, reserved - allocated)
+    if reserved is None and allocated is not None and unalloc is not None:
+        reserved = allocated + unalloc
+    device_used = _pick(data, "device_used_bytes")
+    outside = _pick(data, "other_processes_bytes", "outside_bytes")
+    if outside is None and device_used is not None and reserved is not None:
+        outside = max(0.0, device_used - reserved)
+    largest = _pick(data, "largest_free_bytes")
+    if largest is None:
+        largest = snapshot_largest_free(run, t, rank)
+    r = OomReport(step=step, time=t, rank=rank, message=message, verdict="", recovered=recovered,
+                  requested_bytes=_pick(data, "requested_bytes", "alloc_bytes"),
+                  free_bytes=_pick(data, "free_bytes", "device_free_bytes"), largest_free_bytes=largest,
+                  allocated_bytes=allocated, reserved_bytes=reserved, reserved_unallocated_bytes=unalloc,
+                  capacity_bytes=_capacity(run, data), device_used_bytes=device_used, outside_bytes=outside,
+                  categories=cats, categories_step=cat_step)
+    _judge(r)
+    return r
+
+
+def oom_verdicts(run: Run) -> list[Verdict]:
+    verdicts: list[Verdict] = []
+    for r in oom_reports(run):
+        fatal = not r.recovered
+        where = f" at step {r.step}" if r.step is not None else ""
+        title = (f"Died of OOM{where}: {r.verdict}" if fatal
+                 else f"OOM{where} (recovered): {r.verdict}")
+        numbers = {k: float(v) for k, v in {
+            "requested_bytes": r.requested_bytes, "capacity_bytes": r.capacity_bytes, "need_bytes": r.need_bytes,
+            "reserved_unallocated_bytes": r.reserved_unallocated_bytes, "outside_bytes": r.outside_bytes,
+            "largest_free_bytes": r.largest_free_bytes, "free_bytes": r.free_bytes}.items() if v is not None}
+        numbers.update({k: float(v) for k, v in r.categories.items()})
+        numbers["fatal"] = 1.0 if fatal else 0.0
+        verdicts.append(Verdict(kind=f"oom:{r.verdict}", title=title, severity="bad" if fatal else "warn",
+                                evidence=list(r.evidence), rank=r.rank,
+                                steps=(r.step, r.step) if r.step is not None else None, numbers=numbers))
+    return _merge_recovered(verdicts)
+
+
+def _merge_recovered(verdicts: list[Verdict]) -> list[Verdict]:
+    """Many recovered OOMs with the same verdict read as one line with a step range."""
+    fatal = [v for v in verdicts if v.severity == "bad"]
+    groups: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        if v.severity != "bad":
+            groups.setdefault(v.kind, []).append(v)
+    out = list(fatal)
+    for kind, vs in groups.items():
+        if len(vs) == 1:
+            out.append(vs[0])
+            continue
+        steps = [v.steps[0] for v in vs if v.steps is not None]
+        first = vs[0]
+        first.title = f"{len(vs)} OOMs recovered: {kind.split(':', 1)[1]}"
+        first.steps = (min(steps), max(steps)) if steps else None
+        first.evidence = [f"{len(vs)} OOMs between {first.step_range}; the first:"] + first.evidence
+        first.numbers["count"] = float(len(vs))
+        out.append(first)
+    return out

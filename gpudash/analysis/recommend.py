@@ -1,0 +1,205 @@
+"""Recommendations grounded in the run's own numbers.
+
+:func:`recommend` fills ``recommendation`` and ``saving`` of each verdict and
+puts the predicted effect in ``numbers`` (``saving_fraction``: share of the
+run's time a fix would save, negative when it costs time; ``saving_bytes``).
+
+Memory predictions come from the trainer's estimator when the run recorded
+the model shape and the estimator imports here (it is plain arithmetic, no
+torch); otherwise from the measured categories and a stated rule of thumb.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_pct, fmt_s, num
+from gpudash.store.run import Run
+
+__all__ = ["CKPT_TIME_COST", "predict", "recommend", "run_setup"]
+
+CKPT_TIME_COST = 0.25
+"""Full activation recompute costs ~20–33 % more compute per step (ANCHORS.md); we quote the middle."""
+OFFLOAD_TIME_COST = 0.2
+"""torchao CPUOffloadOptimizer: 1.27 → 1.52 s/it (+20 %) on a 1.1 B ViT."""
+_SHAPE_KEYS = ("vocab_size", "n_layer", "n_head", "n_embd")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(_flat(v, f"{prefix}{k}."))
+            out.setdefault(str(k), v)
+    return out
+
+
+def run_setup(run: Run) -> dict[str, Any]:
+    """The run's technique mix and shape, from whatever config the trainer recorded."""
+    cfg = _flat(run.meta.get("config") or {})
+    cfg.update({k: v for k, v in _flat(run.meta).items() if k in ("ckpt", "precision", "offload") and k not in cfg})
+    steps = run.steps
+    for col in ("micro_batch", "batch_size"):
+        if col in steps and steps[col].notna().any():
+            cfg.setdefault("micro_batch", int(steps[col].dropna().iloc[-1]))
+    if "micro_batch" not in cfg:
+        for k in ("batch", "batch_size", "micro_batch_size"):
+            if isinstance(cfg.get(k), int):
+                cfg["micro_batch"] = cfg[k]
+                break
+    return cfg
+
+
+def _estimator() -> Any:
+    try:
+        return importlib.import_module("gpudash.trainer.estimator")
+    except Exception:  # noqa: BLE001 - a laptop without the trainer still gets rule-of-thumb numbers
+        return None
+
+
+def predict(run: Run, **change: str) -> dict[str, float] | None:
+    """The estimator's prediction for this run's shape with ``change`` applied
+    (e.g. ``ckpt="block"``), as a dict of byte counts; None when it cannot say."""
+    cfg = run_setup(run)
+    est = _estimator()
+    if est is None or not all(isinstance(cfg.get(k), int) for k in _SHAPE_KEYS):
+        return None
+    seq = cfg.get("seq_len") or cfg.get("block_size")
+    batch = cfg.get("micro_batch")
+    if not isinstance(seq, int) or not isinstance(batch, int):
+        return None
+    hidden = cfg.get("mlp_hidden") or cfg.get("hidden") or 4 * cfg["n_embd"]
+    n_params = cfg.get("n_params") or cfg.get("num_params")
+    if not isinstance(n_params, int):
+        return None
+    try:
+        shape = est.ModelShape(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], int(hidden),
+                               cfg.get("mlp") == "swiglu", n_params)
+        kw = {k: str(cfg[k]) for k in ("ckpt", "precision", "offload") if isinstance(cfg.get(k), str)}
+        kw.update(change)
+        e = est.estimate(shape, micro_batch=batch, seq_len=seq, **kw)
+    except Exception:  # noqa: BLE001 - a config the estimator does not know: fall back to rules of thumb
+        return None
+    return {k: float(v) for k, v in e.to_dict().items() if k.endswith("_bytes")}
+
+
+def _ckpt_mode(run: Run) -> str:
+    return str(run_setup(run).get("ckpt") or "none")
+
+
+def _precision(run: Run) -> str:
+    return str(run_setup(run).get("precision") or "fp32")
+
+
+def _oom_fit(run: Run, v: Verdict) -> None:
+    n = v.numbers
+    act, opt = n.get("activations_bytes", 0.0), n.get("optimizer_bytes", 0.0)
+    cap, need = n.get("capacity_bytes"), n.get("need_bytes") or sum(
+        n.get(k, 0.0) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"))
+    parts: list[str] = []
+    saving: list[str] = []
+    if act >= opt and _ckpt_mode(run) != "block":
+        pred = predict(run, ckpt="block")
+        now = predict(run)
+        if pred and now:
+            new_act = act * pred["activations_bytes"] / max(now["activations_bytes"], 1.0)
+            src = "estimator"
+        else:
+            new_act, src = act * 0.15, "rule of thumb: a checkpointed block keeps its input only"
+        new_peak = need - act + new_act
+        parts.append("block checkpointing (--ckpt block)")
+        saving.append(f"activations {fmt_bytes(act)} → {fmt_bytes(new_act)}, predicted peak {fmt_bytes(need)} → "
+                      f"{fmt_bytes(new_peak)} ({src}), ~+{fmt_pct(CKPT_TIME_COST)} step time")
+        v.numbers["saving_bytes"] = act - new_act
+        v.numbers["saving_fraction"] = -CKPT_TIME_COST
+    elif opt > 0:
+        parts.append("offload optimizer state to pinned host memory (--offload optimizer)")
+        saving.append(f"optimizer state {fmt_bytes(opt)} leaves the device, predicted peak {fmt_bytes(need)} → "
+                      f"{fmt_bytes(need - opt)}, ~+{fmt_pct(OFFLOAD_TIME_COST)} step time (torchao measured)")
+        v.numbers["saving_bytes"] = opt
+        v.numbers["saving_fraction"] = -OFFLOAD_TIME_COST
+    if _precision(run) == "fp32" and act > 0:
+        parts.append("bf16 autocast (--precision bf16)")
+        saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less")
+    batch = run_setup(run).get("micro_batch")
+    if cap and need and act and isinstance(batch, int) and batch > 1:
+        fixed = need - act
+        fits = int(batch * (0.9 * cap - fixed) / act) if cap * 0.9 > fixed else 0
+        if 0 < fits < batch:
+            parts.append(f"or a micro-batch of {fits} (from {batch}) with gradient accumulation")
+    v.recommendation = "; ".join(parts) if parts else "reduce the micro-batch or sequence length"
+    v.saving = "; ".join(saving) or None
+
+
+def _oom_frag(run: Run, v: Verdict) -> None:
+    ru = v.numbers.get("reserved_unallocated_bytes")
+    v.recommendation = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so freed "
+                        "blocks can be reused for larger requests")
+    if ru:
+        v.saving = f"up to {fmt_bytes(ru)} reserved-but-unallocated memory becomes usable"
+        v.numbers["saving_bytes"] = ru
+
+
+def _oom_other(run: Run, v: Verdict) -> None:
+    out = v.numbers.get("outside_bytes")
+    v.recommendation = ("another process holds device memory: stop it (nvidia-smi lists it) or give this job a "
+                        "GPU of its own; cap the other job with set_per_process_memory_fraction")
+    if out:
+        v.saving = f"{fmt_bytes(out)} of device memory back for this run"
+        v.numbers["saving_bytes"] = out
+
+
+def _time_fix(v: Verdict, text: str, group_share: float) -> None:
+    v.recommendation = text
+    med = v.numbers.get("median_step_s")
+    share_run = v.numbers.get("share_of_run", 1.0)
+    frac = group_share * share_run
+    v.numbers["saving_fraction"] = frac
+    if med:
+        v.saving = (f"up to {fmt_pct(group_share)} of each step: median step {fmt_s(med)} → "
+                    f"{fmt_s(med * (1 - group_share))} if it overlaps with compute "
+                    f"(≈ {fmt_s(v.numbers.get('lost_s', 0.0))} of this run)")
+
+
+def recommend(run: Run, verdicts: list[Verdict]) -> list[Verdict]:
+    """Fill in the recommendation and predicted saving of each verdict (in place; returns the list)."""
+    for v in verdicts:
+        kind = v.kind
+        share = v.numbers.get("share_of_step", 0.0)
+        if kind == "oom:did not fit" or kind == "oom:unexplained":
+            _oom_fit(run, v)
+        elif kind == "oom:fragmentation":
+            _oom_frag(run, v)
+        elif kind == "oom:another process":
+            _oom_other(run, v)
+        elif kind == "input-bound":
+            _time_fix(v, "the loop waits for data: more DataLoader workers (num_workers), pin_memory=True, "
+                         "prefetch_factor, or pre-tokenize/cache the dataset", share)
+        elif kind == "host-offload-bound":
+            _time_fix(v, "host copies dominate: overlap them on a side stream with pinned buffers, offload only "
+                         "the optimizer state, or raise the micro-batch so each copy is amortized", share)
+        elif kind == "synchronization-bound":
+            _time_fix(v, "time goes outside the recorded phases: look for blocking calls each step (.item(), "
+                         ".cpu(), printing tensors), log every N steps, and compare ranks for a straggler", share)
+        elif kind == "non-finite":
+            v.recommendation = ("lower the learning rate or add warm-up, clip gradients, and prefer bf16 autocast "
+                                "over fp16 (no loss scaling to overflow)")
+        elif kind == "loss-spike":
+            v.recommendation = ("clip gradients (e.g. max-norm 1.0), lower the peak learning rate, and check the "
+                                "batches at those steps for bad data")
+        elif kind == "loss-scale-collapse":
+            v.recommendation = ("the fp16 loss scale kept backing off: switch to bf16 autocast, or find the op that "
+                                "overflows (anomaly detection on a short run)")
+        elif kind == "precision-fallback":
+            v.recommendation = ("the run finished in fp32 after falling back: use bf16 autocast from the start, or "
+                                "fix the cause of the non-finite steps before re-enabling fp16")
+            v.saving = "16-bit activations again (about half the activation memory) once the cause is fixed"
+        elif kind == "batch-oscillation":
+            lo = num(v.numbers.get("min_batch"))
+            v.recommendation = (f"pin the micro-batch at {int(lo)} (the smallest size seen) with gradient "
+                                "accumulation, or lower the headroom target of the adaptive batch size"
+                                if lo else "pin the micro-batch size")
+            v.saving = "no more OOM retries and re-tuning steps"
+    return verdicts

@@ -1,0 +1,64 @@
+"""``summarize(run)``: every verdict about a run, worst first.
+
+The dashboard's summary panel, ``gpudash report`` and the notebook all call
+this one function.
+"""
+
+from __future__ import annotations
+
+from gpudash.analysis.bottleneck import bottleneck_verdicts
+from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, cost_verdict
+from gpudash.analysis.oom import oom_verdicts
+from gpudash.analysis.recommend import recommend
+from gpudash.analysis.stability import stability_verdicts
+from gpudash.analysis.verdict import SEVERITY_ORDER, Verdict, fmt_pct
+from gpudash.store.run import Run
+
+__all__ = ["status_verdict", "straggler_verdicts", "summarize"]
+
+
+def status_verdict(run: Run) -> Verdict:
+    n = int(run.steps["step"].max()) + 1 if len(run.steps) else 0
+    reason = str(run.meta.get("end_reason") or "")
+    if run.status == "crashed":
+        return Verdict(kind="status", title=f"Crashed after {n} steps", severity="bad",
+                       evidence=[f"end reason: {reason or 'process died (no heartbeat)'}"],
+                       steps=(0, max(n - 1, 0)))
+    if run.status == "live":
+        return Verdict(kind="status", title=f"Still running ({n} steps so far)", severity="ok",
+                       evidence=["the writer's heartbeat is recent: the analysis covers the steps so far"])
+    ev = [f"{n} steps recorded"] + [f"damaged: {p}" for p in run.problems]
+    return Verdict(kind="status", title=f"Finished {n} steps", severity="warn" if run.problems else "ok", evidence=ev,
+                   steps=(0, max(n - 1, 0)) if n else None)
+
+
+def straggler_verdicts(run: Run) -> list[Verdict]:
+    if len(run.ranks) < 2:
+        return []
+    from gpudash.analysis.ranks import rank_skew, straggler_summary
+
+    s = straggler_summary(rank_skew(run))
+    median = s.get("skew_ratio_median")
+    if not s.get("steps") or median is None or median < 0.1:
+        return []
+    return [Verdict(kind="straggler", title=f"Rank {s['slowest_rank']} is a straggler", severity="warn",
+                    evidence=[f"the slowest rank takes {fmt_pct(median)} longer than the median rank per step "
+                              f"(p95 {fmt_pct(s.get('skew_ratio_p95'))})",
+                              f"rank {s['slowest_rank']} is the slowest on {fmt_pct(s['slowest_rank_share'])} "
+                              f"of {s['steps']} steps"],
+                    recommendation="every rank waits for the slowest in the all-reduce: check that rank's data "
+                                   "loading, host and GPU clocks/throttling",
+                    numbers={"skew_ratio_median": float(median)})]
+
+
+def summarize(run: Run, price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> list[Verdict]:
+    """All verdicts about ``run`` with recommendations and savings, worst first, cost last."""
+    verdicts = [status_verdict(run)]
+    verdicts += oom_verdicts(run)
+    verdicts += bottleneck_verdicts(run)
+    verdicts += stability_verdicts(run)
+    verdicts += straggler_verdicts(run)
+    recommend(run, verdicts)
+    verdicts.sort(key=lambda v: (SEVERITY_ORDER[v.severity], v.kind != "status"))
+    verdicts.append(cost_verdict(run, verdicts, price_per_hour))
+    return verdicts
