@@ -1,0 +1,313 @@
+"""Prometheus ``/metrics`` for a directory of runs: the latest values, for Grafana.
+
+A custom ``prometheus_client`` collector reads the newest rows of each run on
+every scrape (through :class:`gpudash.store.RunReader`, so it works in any
+process and never touches the training loop) and exposes them with units in
+the names and ``run``, ``rank`` and ``gpu`` labels::
+
+    gpudash_step_duration_seconds{run="exp1",rank="0"} 0.212
+    gpudash_tokens_per_second{run="exp1",rank="0"} 38612.0
+    gpudash_memory_allocated_bytes{run="exp1",rank="0"} 7.3e9
+    gpudash_memory_category_bytes{run="exp1",rank="0",category="activations"} 2.1e9
+    gpudash_device_power_watts{run="exp1",rank="0",gpu="0"} 312.0
+
+Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
+plain WSGI app (``metrics_wsgi_app``), or on its own port
+(``serve_metrics(runs_dir, port)``; also ``python -m gpudash.metrics RUNS_DIR``).
+Runs that ended more than ``max_age_s`` ago drop out, so dashboards do not keep
+stale series forever.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpudash.store.reader import RankReader, RunError, RunReader, is_run_dir
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+__all__ = [
+    "DEFAULT_PORT",
+    "RunsCollector",
+    "main",
+    "metrics_registry",
+    "metrics_wsgi_app",
+    "prometheus_name",
+    "register_metrics",
+    "serve_metrics",
+]
+
+DEFAULT_PORT = 9479
+#: Steps read per scrape to compute rates (tokens/s over the last N steps).
+WINDOW = 20
+_CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+               "optimizer_host_bytes"}
+_COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
+_SCALARS = {"loss": "gpudash_loss", "lr": "gpudash_learning_rate", "learning_rate": "gpudash_learning_rate",
+            "grad_norm": "gpudash_grad_norm", "loss_scale": "gpudash_loss_scale",
+            "batch_size": "gpudash_batch_size"}
+_SKIP = {"step", "time", "rank", "gpu", "samples", "tokens", "duration_s"}
+#: Column unit suffix -> (Prometheus base-unit suffix, factor); the first match wins.
+_UNITS: tuple[tuple[str, str, float], ...] = (
+    ("_mib_s", "_bytes_per_second", 1024.0 * 1024.0),
+    ("_bytes_s", "_bytes_per_second", 1.0),
+    ("_pct", "_ratio", 0.01),
+    ("_mhz", "_hertz", 1e6),
+    ("_w", "_watts", 1.0),
+    ("_c", "_celsius", 1.0),
+    ("_j", "_joules", 1.0),
+    ("_bytes", "_bytes", 1.0),
+    ("_s", "_seconds", 1.0),
+)
+
+
+def prometheus_name(column: str) -> tuple[str, float]:
+    """A run column in Prometheus base units: ``power_w`` -> (``power_watts``, 1),
+    ``util_pct`` -> (``util_ratio``, 0.01), ``pcie_tx_mib_s`` -> (``pcie_tx_bytes_per_second``, 2**20)."""
+    for suffix, unit, factor in _UNITS:
+        if column.endswith(suffix):
+            return column[: -len(suffix)] + unit, factor
+    return column, 1.0
+
+
+class _Families:
+    """Metric families built during one scrape, each with a fixed label set."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Any] = {}
+        self._labels: dict[str, list[str]] = {}
+
+    def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False) -> None:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return
+        if v != v:  # NaN: nothing recorded
+            return
+        fam = self.families.get(name)
+        if fam is None:
+            cls = CounterMetricFamily if counter else GaugeMetricFamily
+            fam = cls(name, doc, labels=list(labels))
+            self.families[name] = fam
+            self._labels[name] = list(labels)
+        elif list(labels) != self._labels[name]:
+            return
+        fam.add_metric(list(labels.values()), v)
+
+
+def _latest(df: pd.DataFrame) -> dict[str, Any]:
+    """Newest non-null value of each column (some columns are written every N steps)."""
+    if df.empty:
+        return {}
+    last = df.ffill().iloc[-1]
+    return {k: v for k, v in last.items() if isinstance(v, (int, float)) and v == v}
+
+
+class RunsCollector:
+    """Collects the latest values of every run under ``runs_dir`` (or of ``runs_dir`` itself)."""
+
+    def __init__(self, runs_dir: str | os.PathLike[str], max_age_s: float | None = 600.0,
+                 rescan_s: float = 5.0) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.max_age_s = max_age_s
+        self.rescan_s = rescan_s
+        self._readers: dict[str, RunReader] = {}
+        self._scanned = 0.0
+        self._lock = threading.Lock()
+
+    def _discover(self) -> None:
+        now = time.monotonic()
+        if now - self._scanned < self.rescan_s and self._readers:
+            return
+        self._scanned = now
+        found: dict[str, Path] = {}
+        root = self.runs_dir
+        if is_run_dir(root):
+            found[root.name] = root
+        else:
+            for d in sorted(p for p in root.glob("*") if p.is_dir()):
+                if is_run_dir(d):
+                    found[d.name] = d
+                else:
+                    for sub in sorted(p for p in d.glob("*") if p.is_dir()):
+                        if is_run_dir(sub):
+                            found[sub.relative_to(root).as_posix()] = sub
+        for run_id, path in found.items():
+            if run_id not in self._readers:
+                try:
+                    self._readers[run_id] = RunReader(path)
+                except RunError:
+                    continue
+        for run_id in [r for r in self._readers if r not in found]:
+            self._readers.pop(run_id).close()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            fams = _Families()
+            self._discover()
+            now = time.time()
+            for run_id, reader in sorted(self._readers.items()):
+                reader.refresh()
+                for rank, rr in sorted(reader.ranks.items()):
+                    try:
+                        self._collect_rank(fams, run_id, rank, rr, now)
+                    except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
+                        fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                                 {"run": run_id, "rank": str(rank), "error": type(exc).__name__}, 1)
+            yield from fams.families.values()
+
+    def _collect_rank(self, fams: _Families, run_id: str, rank: int, rr: RankReader, now: float) -> None:
+        meta = rr.meta()
+        status = rr.status(meta, now)
+        heartbeat = float(meta.get("heartbeat") or 0)
+        if status != "live" and self.max_age_s is not None and now - heartbeat > self.max_age_s:
+            return
+        lab = {"run": run_id, "rank": str(rank)}
+        fams.add("gpudash_run_live", "1 while the run's writer is alive, 0 once finished or crashed.", lab,
+                 status == "live")
+        fams.add("gpudash_heartbeat_timestamp_seconds", "Last time the run's writer flushed (unix time).", lab,
+                 heartbeat or float("nan"))
+        self._steps(fams, lab, rr)
+        self._memory(fams, lab, rr)
+        self._simple(fams, lab, rr, "host", "gpudash_host_")
+        self._device(fams, lab, rr)
+        self._events(fams, lab, rr)
+
+    @staticmethod
+    def _tail(rr: RankReader, table: str, rows: int) -> pd.DataFrame:
+        return rr.read(table, after_rowid=max(0, rr.max_rowid(table) - rows))
+
+    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
+        df = self._tail(rr, "steps", WINDOW)
+        if df.empty:
+            return
+        last = _latest(df)
+        fams.add("gpudash_step", "Index of the newest recorded training step.", lab, last.get("step"))
+        fams.add("gpudash_last_step_timestamp_seconds", "When the newest step ended (unix time).", lab,
+                 last.get("time"))
+        fams.add("gpudash_step_duration_seconds", "Wall time of the newest step.", lab,
+                 df["duration_s"].iloc[-1])
+        for col in df.columns:
+            if col in _SKIP or col == "_rowid" or col not in last:
+                continue
+            if col.endswith("_s"):
+                fams.add("gpudash_phase_duration_seconds", "Time spent in each phase of the newest step.",
+                         {**lab, "phase": col[:-2]}, df[col].iloc[-1] if pd.notna(df[col].iloc[-1]) else 0.0)
+            elif col in _SCALARS:
+                fams.add(_SCALARS[col], f"Newest logged {col}.", lab, last[col])
+            else:
+                fams.add("gpudash_logged_value", "Newest value of other scalars logged with Monitor.log.",
+                         {**lab, "name": col}, last[col])
+        span = float(df["time"].iloc[-1] - df["time"].iloc[0]) if len(df) > 1 else float(df["duration_s"].sum())
+        for col, name in (("samples", "gpudash_samples_per_second"), ("tokens", "gpudash_tokens_per_second")):
+            if col in df and df[col].notna().any() and span > 0:
+                done = df[col].iloc[1:].sum() if len(df) > 1 else df[col].sum()
+                fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
+
+    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
+        last = _latest(self._tail(rr, "memory", WINDOW))
+        for col, value in last.items():
+            if col in _SKIP or col == "_rowid":
+                continue
+            if col in _CATEGORIES:
+                fams.add("gpudash_memory_category_bytes",
+                         "Memory by category (params, grads, optimizer, activations, other).",
+                         {**lab, "category": col.removesuffix("_bytes")}, value)
+            elif col in _COUNTERS:
+                fams.add(f"gpudash_memory_{col}", f"torch allocator counter {col}.", lab, value, counter=True)
+            else:
+                name, factor = prometheus_name(col)
+                fams.add(f"gpudash_memory_{name}", f"Newest {col} from the memory record.", lab, value * factor)
+
+    def _simple(self, fams: _Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str) -> None:
+        last = _latest(self._tail(rr, table, 4))
+        for col, value in last.items():
+            if col in _SKIP or col == "_rowid":
+                continue
+            name, factor = prometheus_name(col)
+            fams.add(prefix + name, f"Newest {table} sample of {col}.", lab, value * factor)
+
+    def _device(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
+        df = self._tail(rr, "device", 64)
+        if df.empty or "gpu" not in df:
+            return
+        for gpu, g in df.groupby("gpu"):
+            glab = {**lab, "gpu": str(int(float(str(gpu))))}
+            for col, value in _latest(g).items():
+                if col in _SKIP or col == "_rowid":
+                    continue
+                name, factor = prometheus_name(col)
+                fams.add(f"gpudash_device_{name}", f"Newest NVML sample of {col}.", glab, value * factor)
+
+    def _events(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
+        try:
+            rows = rr.conn.execute("SELECT kind, count(*) FROM events GROUP BY kind").fetchall()
+        except Exception:  # noqa: BLE001 - a damaged events table leaves the other metrics
+            return
+        for kind, count in rows:
+            fams.add("gpudash_events", "Events recorded by kind (oom, batch_size_change, ...).",
+                     {**lab, "kind": str(kind)}, count, counter=True)
+
+
+def metrics_registry(runs_dir: str | os.PathLike[str], **collector_kwargs: Any) -> CollectorRegistry:
+    """A registry holding only the gpudash collector for ``runs_dir``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunsCollector(runs_dir, **collector_kwargs))
+    return registry
+
+
+def metrics_wsgi_app(runs_dir: str | os.PathLike[str], **collector_kwargs: Any) -> Callable[..., Any]:
+    """A WSGI app answering the Prometheus text format (mount it at ``/metrics``)."""
+    return make_wsgi_app(metrics_registry(runs_dir, **collector_kwargs))  # type: ignore[no-any-return]
+
+
+def register_metrics(server: Any, runs_dir: str | os.PathLike[str], path: str = "/metrics",
+                     **collector_kwargs: Any) -> None:
+    """Add a ``/metrics`` route to a Flask app (a Dash app's ``app.server``)."""
+    registry = metrics_registry(runs_dir, **collector_kwargs)
+
+    def metrics() -> tuple[bytes, int, dict[str, str]]:
+        return generate_latest(registry), 200, {"Content-Type": CONTENT_TYPE_LATEST}
+
+    server.add_url_rule(path, endpoint="gpudash_metrics", view_func=metrics)
+
+
+def serve_metrics(runs_dir: str | os.PathLike[str], port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                  **collector_kwargs: Any) -> WSGIServer:
+    """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the server
+    (``server.shutdown()`` stops it; ``server.server_port`` is the port when 0 was asked).
+    Use ``host="0.0.0.0"`` so a Prometheus on another machine can scrape it."""
+    from prometheus_client import start_wsgi_server
+
+    server, _thread = start_wsgi_server(port, addr=host, registry=metrics_registry(runs_dir, **collector_kwargs))
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpudash.metrics", description="Serve /metrics for a runs folder.")
+    p.add_argument("runs_dir", type=Path)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to let other machines scrape")
+    args = p.parse_args(argv)
+    server = serve_metrics(args.runs_dir, args.port, args.host)
+    print(f"gpudash metrics for {args.runs_dir} at http://{args.host}:{server.server_port}/metrics")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
