@@ -1,0 +1,217 @@
+"""Memory estimator: bytes by category for a model shape, batch and technique mix.
+
+Pure arithmetic (no torch), so ``gpudash estimate`` runs anywhere. The
+activation model counts what autograd really saves in :class:`GPT` (checked
+tensor by tensor against ``saved_tensors_hooks`` in the tests), per token:
+
+    attention half   r*h (LN input) + 8 (LN mean, rstd) + c*h (LN output)
+                     + c*3h (qkv) + 4*n_head (SDPA logsumexp) + c*h (attn output)
+    MLP half         r*h + 8 + c*h + c*2m (GELU in/out) or c*4m (SwiGLU)
+    head             8 (ids) + r*h + 8 + c*h + 4*V (fp32 log-softmax) + 8 (targets)
+
+with h = n_embd, m = MLP width, V = vocab, c = compute bytes (4 fp32, 2 under
+autocast), r = residual-stream bytes (the weight dtype). Autocast also keeps
+a 16-bit copy of each weight a saved matmul used. A checkpointed region keeps
+only its input (r*h per token) and recomputes the rest in backward, so the
+peak adds one region's activations while it recomputes.
+
+Peak (steady state, one optimizer step of ``accum`` micro-batches):
+``params + optimizer + max(grads, activations + logits grads)`` for one
+micro-batch; with accumulation the earlier micro-batches' gradients are
+already there, so they add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "safe_micro_batch", "what_fits"]
+
+CARD_USABLE = 0.92
+"""Share of a card's memory the allocator can use (CUDA context, fragmentation)."""
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OFFLOADS = ("none", "optimizer", "optimizer+grads")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the estimator needs of a model config (a :class:`GPTConfig` has all of it)."""
+
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    hidden: int
+    gated: bool
+    n_params: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> ModelShape:
+        return cls(cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.hidden,
+                   cfg.mlp == "swiglu", cfg.n_params())
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    peak_bytes: int
+    host_bytes: int
+    """Pinned host memory under offload (fp32 master weights, optimizer state, gradients)."""
+    recompute_bytes: int
+    """Activations of the largest checkpointed region, alive while it recomputes."""
+    micro_batch: int
+    seq_len: int
+    ckpt: str
+    precision: str
+    offload: str
+    weights: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _parse_ckpt(ckpt: str) -> tuple[str, int]:
+    if ckpt.startswith("every-") and ckpt[6:].isdigit() and int(ckpt[6:]) >= 1:
+        n = int(ckpt[6:])
+        return ("block", 1) if n == 1 else ("every", n)
+    if ckpt in ("none", "block", "attn", "mlp"):
+        return ckpt, 1
+    raise ValueError(f"unknown checkpointing mode {ckpt!r}; use none, block, every-N, attn or mlp")
+
+
+def activation_parts(shape: ModelShape, tokens: int, c: int, r: int) -> dict[str, int]:
+    """Bytes saved for backward by one layer's attention and MLP halves and by the head."""
+    h, m, nh, V = shape.n_embd, shape.hidden, shape.n_head, shape.vocab_size
+    cast = c < 4  # autocast keeps 16-bit copies of the weights its matmuls saved
+    attn = tokens * (r * h + 8 + c * h + 3 * c * h + 4 * nh + c * h) + cast * c * 4 * h * h
+    mlp_tok = (4 if shape.gated else 2) * m
+    mlp = tokens * (r * h + 8 + c * h + c * mlp_tok) + cast * c * (3 if shape.gated else 2) * h * m
+    head = tokens * (8 + r * h + 8 + c * h + 4 * V + 8) + cast * c * V * h
+    return {"attn": attn, "mlp": mlp, "head": head, "region_input": tokens * r * h}
+
+
+def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", precision: str = "fp32",
+             offload: str = "none", weights: str = "fp32", accum: int = 1) -> Estimate:
+    """Predict memory for one rank. ``cfg`` is a :class:`GPTConfig` or :class:`ModelShape`."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or fp16")
+    if offload not in OFFLOADS:
+        raise ValueError(f"unknown offload {offload!r}; use none, optimizer or optimizer+grads")
+    if weights not in ("fp32", "bf16"):
+        raise ValueError(f"unknown weights dtype {weights!r}; use fp32 or bf16")
+    if micro_batch < 1 or seq_len < 1 or accum < 1:
+        raise ValueError("micro_batch, seq_len and accum must be >= 1")
+    shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
+    mode, every = _parse_ckpt(ckpt)
+    n = shape.n_params
+    w = 4 if weights == "fp32" else 2
+    c = 4 if precision == "fp32" and w == 4 else 2
+    tokens = micro_batch * seq_len
+    parts = activation_parts(shape, tokens, c, w)
+    full_layer = parts["attn"] + parts["mlp"]
+    act = parts["head"] + seq_len * 8  # + position ids (one row, shared by the batch)
+    recompute = 0
+    for i in range(shape.n_layer):
+        if mode == "block" or (mode == "every" and i % every == 0):
+            act += parts["region_input"]
+            recompute = full_layer
+        elif mode == "attn":
+            act += parts["region_input"] + parts["mlp"]
+            recompute = parts["attn"]
+        elif mode == "mlp":
+            act += parts["attn"] + parts["region_input"]
+            recompute = parts["mlp"]
+        else:
+            act += full_layer
+    params = n * w
+    host = 0
+    grads = n * w
+    optimizer = 8 * n
+    if offload != "none":
+        host = 4 * n + 8 * n + 4 * n  # fp32 master weights, Adam moments, fp32 gradients
+        optimizer = 0
+        if offload == "optimizer+grads":
+            # each gradient leaves for the host as soon as backward produces it
+            grads = w * max(shape.vocab_size * shape.n_embd, shape.n_embd * shape.hidden)
+    elif w != 4:
+        raise ValueError("bf16 weights need --offload optimizer (fp32 master weights live on the host)")
+    logits_grads = tokens * shape.vocab_size * (4 + c)  # d(log-softmax) fp32 + d(logits)
+    live = act + logits_grads + recompute
+    backward = max(grads, live) if accum == 1 else grads + live
+    peak = params + optimizer + backward
+    return Estimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=act,
+                    peak_bytes=peak, host_bytes=host, recompute_bytes=recompute, micro_batch=micro_batch,
+                    seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights)
+
+
+def safe_micro_batch(cfg: Any, *, capacity_bytes: float, seq_len: int, limit: int, fraction: float = 0.8,
+                     **techniques: Any) -> int:
+    """Largest micro-batch (<= limit) whose predicted peak is <= fraction x capacity; 0 if none."""
+    best = 0
+    lo, hi = 1, max(1, limit)
+    while lo <= hi:  # the peak grows with the batch, so bisect
+        mid = (lo + hi) // 2
+        e = estimate(cfg, micro_batch=mid, seq_len=seq_len, accum=2, **techniques)
+        if e.peak_bytes <= fraction * capacity_bytes:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class FitOption:
+    ckpt: str
+    precision: str
+    offload: str
+    weights: str
+    micro_batch: int
+    """Largest micro-batch that fits (0: does not fit at all)."""
+    peak_bytes: int
+    """Predicted peak at that micro-batch (at micro-batch 1 when nothing fits)."""
+    cost: str
+    """What the technique mix costs in time, in words."""
+
+
+_CKPT_COST = {"none": 0, "mlp": 1, "attn": 1, "every-2": 2, "block": 3}
+_OFF_COST = {"none": 0, "optimizer": 2, "optimizer+grads": 3}
+
+
+def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512) -> list[FitOption]:
+    """Every technique mix, cheapest first, with the largest micro-batch that fits the card."""
+    usable = card_bytes * CARD_USABLE
+    out: list[tuple[int, FitOption]] = []
+    for weights in ("fp32", "bf16"):
+        for offload in OFFLOADS:
+            if weights == "bf16" and offload == "none":
+                continue
+            for precision in PRECISIONS:
+                if weights == "bf16" and precision != "bf16":
+                    continue
+                for ckpt in _CKPT_COST:
+                    kw: dict[str, Any] = {"ckpt": ckpt, "precision": precision, "offload": offload, "weights": weights}
+                    b = safe_micro_batch(cfg, capacity_bytes=usable, seq_len=seq_len, limit=max_batch,
+                                         fraction=1.0, **kw)
+                    peak = estimate(cfg, micro_batch=max(b, 1), seq_len=seq_len, **kw).peak_bytes
+                    costs = []
+                    if ckpt != "none":
+                        costs.append(f"recompute {ckpt}")
+                    if offload != "none":
+                        costs.append(f"offload {offload} over PCIe, optimizer step on CPU")
+                    if weights == "bf16":
+                        costs.append("bf16 weights")
+                    cost = _CKPT_COST[ckpt] + _OFF_COST[offload] + (precision == "fp32") * 2 + (weights == "bf16")
+                    out.append((cost, FitOption(ckpt, precision, offload, weights, b, peak,
+                                                ", ".join(costs) or "none")))
+    out.sort(key=lambda t: (t[1].micro_batch == 0, t[0], -t[1].micro_batch))
+    return [o for _, o in out]
+
+
+def fmt_gb(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n < 2**40 else f"{n / 2**40:.2f} TiB"
+

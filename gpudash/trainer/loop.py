@@ -1,0 +1,419 @@
+"""The training loop, under the Monitor.
+
+One optimizer step = one ``monitor.step``: the step's samples are cut into
+micro-batches (gradient accumulation), each runs forward and backward, then
+the gradients are clipped, checked for NaN/Inf and applied. An OOM anywhere
+in the step leaves the ``except`` block at once; the recovery (drop partial
+gradients, free the cache, shrink the micro-batch, retry the same samples)
+runs outside it, so the traceback no longer pins the failed step's tensors.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpudash.monitor import Monitor
+from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
+from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
+from gpudash.trainer.config import TrainConfig
+from gpudash.trainer.data import LengthBuckets, corpus_samples, micro_batches
+from gpudash.trainer.estimator import estimate, safe_micro_batch
+from gpudash.trainer.model import GPT, preset
+from gpudash.trainer.offload import OffloadOptimizer
+from gpudash.trainer.precision import Precision
+from gpudash.trainer.preflight import preflight
+
+__all__ = ["Trainer", "train"]
+
+
+def _pick_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda but CUDA is not available here; use --device cpu")
+        return torch.device(name if ":" in name else f"cuda:{local_rank}")
+    return torch.device("cpu")
+
+
+class _SpikeDetector:
+    """Running mean/variance of the loss (EMA); a loss far above it is a spike."""
+
+    def __init__(self, sigma: float, warmup: int = 10, alpha: float = 0.1) -> None:
+        self.sigma, self.warmup, self.alpha = sigma, warmup, alpha
+        self.mean = 0.0
+        self.var = 0.0
+        self.n = 0
+
+    def check(self, loss: float) -> float | None:
+        """Returns the z-score when ``loss`` is a spike (it is then left out of the average)."""
+        if not math.isfinite(loss):
+            return None
+        if self.n >= self.warmup:
+            std = math.sqrt(max(self.var, 1e-12))
+            z = (loss - self.mean) / std
+            if z > self.sigma and loss > 1.1 * self.mean:
+                return z
+        self.n += 1
+        d = loss - self.mean
+        a = 1.0 / self.n if self.n < self.warmup else self.alpha
+        self.mean += a * d
+        self.var = (1 - a) * (self.var + a * d * d)
+        return None
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = _pick_device(cfg.device, local_rank)
+        if self.world > 1 and cfg.offload != "none":
+            raise ValueError("--offload with several ranks is not supported; run one process or drop --offload")
+        self.model_cfg = preset(cfg.preset, **cfg.model_overrides)
+        self.seq_len = cfg.seq_len or self.model_cfg.block_size
+        if self.seq_len > self.model_cfg.block_size:
+            raise ValueError(f"--seq-len {self.seq_len} is longer than the {cfg.preset} block size "
+                             f"{self.model_cfg.block_size}")
+        self.min_len = cfg.min_len or max(2, self.seq_len // 2)
+        self.lr_scale = 1.0
+        self.tokens_seen = 0
+        self.ooms = 0
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _capacity(self) -> tuple[float | None, str]:
+        cfg = self.cfg
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            if cfg.memory_cap_gb:
+                cap = cfg.memory_cap_gb * 2**30
+                if cap > total:
+                    raise ValueError(f"--memory-cap-gb {cfg.memory_cap_gb:g} is more than the card's "
+                                     f"{total / 2**30:.1f} GiB")
+                torch.cuda.set_per_process_memory_fraction(cap / total, self.device)
+                return cap, f"--memory-cap-gb {cfg.memory_cap_gb:g} (set_per_process_memory_fraction)"
+            return float(total), "device total memory"
+        if cfg.memory_budget_gb:
+            return cfg.memory_budget_gb * 2**30, f"--memory-budget-gb {cfg.memory_budget_gb:g} (measured bytes)"
+        return None, "none (CPU without --memory-budget-gb)"
+
+    def _techniques(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"ckpt": c.ckpt, "precision": c.precision, "offload": c.offload, "weights": c.weights}
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        model = GPT(self.model_cfg)
+        apply_checkpointing(model, parse_mode(cfg.ckpt))
+        if cfg.weights == "bf16":
+            model = model.to(torch.bfloat16)
+        self.model = model.to(self.device)
+        self.ddp: Any = None
+        if self.world > 1:
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index]
+                                               if self.device.type == "cuda" else None)
+        params = list(self.model.parameters())
+        self.offload: OffloadOptimizer | None = None
+        if cfg.offload != "none":
+            self.offload = OffloadOptimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            offload_grads=cfg.offload == "optimizer+grads")
+            self.optimizer: Any = self.offload
+        else:
+            self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+                                               fused=True)
+        self.precision = Precision(cfg.precision, self.device, fallback_after=cfg.fallback_after,
+                                   min_scale=cfg.min_loss_scale)
+        self.capacity, cap_source = self._capacity()
+        eff = cfg.effective
+        if cfg.micro_fixed is not None:
+            start = min(cfg.micro_fixed, eff)
+        elif self.capacity is None:
+            start = eff
+        else:
+            start = safe_micro_batch(self.model_cfg, capacity_bytes=self.capacity, seq_len=self.seq_len,
+                                     limit=eff, fraction=0.75, **self._techniques())
+            if start == 0:
+                static = estimate(self.model_cfg, micro_batch=1, seq_len=self.seq_len, **self._techniques())
+                if static.params_bytes + static.optimizer_bytes + static.grads_bytes > self.capacity:
+                    raise ValueError(f"{cfg.preset} needs {static.params_bytes + static.optimizer_bytes + static.grads_bytes:,} "
+                                     f"bytes before any activation, more than the capacity "
+                                     f"{self.capacity:,.0f}; try `gpudash estimate --preset {cfg.preset} --card-gb "
+                                     f"{self.capacity / 2**30:.0f}` for a mix that fits")
+                start = 1
+        self.batch = AdaptiveBatch(eff, start, adaptive=cfg.micro_fixed is None,
+                                   max_micro=cfg.max_micro_batch or None)
+        self.estimate = estimate(self.model_cfg, micro_batch=start, seq_len=self.seq_len,
+                                 accum=self.batch.plan(), **self._techniques())
+        self.preflight = preflight(cfg, self.estimate, self.device, self.capacity, cap_source, start)
+        self.meter: BudgetMeter | None = None
+        if self.device.type == "cpu" and cfg.memory_budget_gb:
+            self.meter = BudgetMeter(cfg.memory_budget_gb * 2**30, self._static_bytes)
+            self.meter.set_params(params)
+        self.injector: OOMInjector | None = None
+        if cfg.inject_oom_at_batch:
+            self.injector = OOMInjector(cfg.inject_oom_at_batch, self.batch)
+            self.injector.attach(self.model)
+        samples = corpus_samples(cfg.samples, min_len=self.min_len, max_len=self.seq_len,
+                                 seed=cfg.seed + 1000 * self.rank)
+        self.data = LengthBuckets(samples, eff, seed=cfg.seed + self.rank)
+        self.spikes = _SpikeDetector(cfg.spike_sigma)
+
+    def _static_bytes(self) -> int:
+        """Measured bytes that live across steps: parameters, gradients, optimizer state."""
+        tensors: list[Any] = []
+        for p in self.model.parameters():
+            tensors.append(p)
+            tensors.append(p.grad)
+        for st in self.optimizer.state.values():
+            tensors.extend(v for v in st.values() if torch.is_tensor(v))
+        return tensor_bytes(tensors)
+
+    def _measured_bytes(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.memory_allocated(self.device))
+        return self._static_bytes()
+
+    def lr_at(self, step: int) -> float:
+        c = self.cfg
+        if step < c.warmup_steps:
+            base = c.lr * (step + 1) / c.warmup_steps
+        else:
+            progress = (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps)
+            base = c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        return base * self.lr_scale
+
+    # ---- one optimizer step ------------------------------------------------------------------
+    def _attempt(self, mon: Monitor, step: int, samples: list[list[int]]) -> dict[str, Any] | str:
+        """Run the step; returns its numbers, or the OOM message if it ran out of memory."""
+        cfg = self.cfg
+        model = self.ddp or self.model
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.meter is not None:
+            self.meter.reset_peak()
+        try:
+            with mon.step(samples=len(samples)) as st:
+                with mon.phase("data"):
+                    if cfg.slow_data_ms:
+                        time.sleep(cfg.slow_data_ms / 1000)
+                    mbs = micro_batches(samples, self.batch.micro, device=self.device)
+                    tokens = sum(mb.tokens for mb in mbs)
+                st.tokens = tokens
+                lr = self.lr_at(step)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                loss_sum = torch.zeros((), device=self.device)
+                nan = step in cfg.inject_nan_at_steps
+                for i, mb in enumerate(mbs):
+                    last = i == len(mbs) - 1
+                    sync = self.ddp.no_sync() if self.ddp is not None and not last else _null()
+                    with sync:
+                        with mon.phase("forward"):
+                            if self.meter is not None:
+                                self.meter.begin()
+                            try:
+                                with self.precision.autocast():
+                                    loss = model(mb.x, mb.y) / tokens
+                            finally:
+                                if self.meter is not None:
+                                    self.meter.end()
+                            if nan:
+                                loss = loss * float("nan")
+                        with mon.phase("backward"):
+                            self.precision.backward(loss)
+                    if self.offload is not None:
+                        with mon.phase("offload"):
+                            self.offload.after_backward()
+                    loss_sum += loss.detach()
+                    del loss
+                stats = self._apply(mon)
+                loss_val = float(loss_sum)  # the step's one sync (grad norm below shares it)
+                mon.log(loss=loss_val, lr=lr, batch_size=len(samples), micro_batch=self.batch.micro,
+                        micro_steps=len(mbs), skipped_steps=self.precision.skipped_steps,
+                        **{k: v for k, v in stats.items() if k != "finite"})
+                if self.offload is not None:
+                    mon.log_memory(offload_host_bytes=self.offload.state_bytes())
+                if self.meter is not None:
+                    mon.log_memory(budget_peak_bytes=self.meter.peak)
+                if self.device.type == "cuda":
+                    stats["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+                elif self.meter is not None:
+                    stats["peak_bytes"] = self.meter.peak
+                stats["loss"] = loss_val
+                stats["tokens"] = tokens
+                stats["micro_steps"] = len(mbs)
+                return stats
+        except torch.OutOfMemoryError as exc:
+            return str(exc).splitlines()[0] if str(exc) else "out of memory"
+
+    def _apply(self, mon: Monitor) -> dict[str, Any]:
+        """Clip, NaN/Inf guard, optimizer step (or skip), zero grads."""
+        cfg = self.cfg
+        prec = self.precision
+        with mon.phase("optimizer"):
+            if self.offload is not None:
+                with mon.phase("offload"):
+                    self.offload.gather_grads()
+                norm = self.offload.clip_(cfg.grad_clip)
+            else:
+                prec.unscale(self.optimizer)
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            grad_norm = float(norm)
+            finite = math.isfinite(grad_norm)
+            scale = prec.loss_scale
+            if self.offload is not None:
+                if finite:
+                    with mon.phase("offload"):
+                        self.offload.step()
+                else:
+                    prec.skipped_steps += 1
+            else:
+                prec.step(self.optimizer, finite)
+            self.optimizer.zero_grad(set_to_none=True)
+        out: dict[str, Any] = {"grad_norm": grad_norm if finite else float("nan")}
+        if scale is not None:
+            out["loss_scale"] = scale
+        out["finite"] = finite
+        return out
+
+    def _recover(self, mon: Monitor, step: int, message: str, before: int) -> None:
+        """Free what the failed step held, shrink the micro-batch, record it all."""
+        self.optimizer.zero_grad(set_to_none=True)  # drop partial accumulation
+        if self.meter is not None:
+            self.meter.end()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        after = self._measured_bytes()
+        old = self.batch.micro
+        new = self.batch.shrink()
+        self.ooms += 1
+        mon.event("oom", f"out of memory at micro-batch {old}: {message}", micro_batch=old,
+                  bytes_before=before, bytes_after=after, leaked_bytes=after - before)
+        if new is None:
+            raise MemoryError(f"out of memory even at micro-batch 1 ({message}); "
+                              "use more checkpointing, offload, or a shorter --seq-len")
+        mon.event("batch_size_change", f"micro-batch {old} -> {new} after OOM "
+                  f"(effective batch {self.batch.effective} via {self.batch.plan()} micro-steps)",
+                  old=old, new=new, reason="oom", effective=self.batch.effective, micro_steps=self.batch.plan())
+
+    def _after_step(self, mon: Monitor, step: int, stats: dict[str, Any]) -> None:
+        if not stats["finite"]:
+            mon.event("nan", f"non-finite gradients at step {step}: update skipped",
+                      loss=stats["loss"], precision=self.precision.mode)
+        reason = self.precision.observe(stats["finite"])
+        if reason is not None:
+            prev = self.precision.fall_back()
+            self.lr_scale *= 0.5
+            mon.event("precision_fallback", f"{prev} -> fp32 and learning rate halved: {reason}",
+                      old=prev, new="fp32", reason=reason, lr_scale=self.lr_scale)
+        z = self.spikes.check(stats["loss"])
+        if z is not None:
+            mon.event("loss_spike", f"loss {stats['loss']:.3f} is {z:.1f} sigma above its running mean "
+                      f"{self.spikes.mean:.3f}", loss=stats["loss"], z=z)
+        peak = stats.get("peak_bytes")
+        old = self.batch.micro
+
+        def predict(b: int) -> float:
+            return float(estimate(self.model_cfg, micro_batch=b, seq_len=self.seq_len, accum=2,
+                                  **self._techniques()).peak_bytes)
+
+        new = self.batch.maybe_grow(peak, self.capacity, predict)
+        if new is not None:
+            mon.event("batch_size_change", f"micro-batch {old} -> {new}: peak {(peak or 0) / 2**20:.0f} MiB "
+                      f"is under {self.batch.target[0]:.0%} of capacity", old=old, new=new, reason="headroom",
+                      effective=self.batch.effective, micro_steps=self.batch.plan())
+
+    # ---- the run -----------------------------------------------------------------------------
+    def run(self) -> Path:
+        cfg = self.cfg
+        self._build()
+        run_dir = Path(cfg.run_dir)
+        opts = dict(cfg.monitor_options)
+        with Monitor(run_dir, name=cfg.name or run_dir.name, config=cfg.to_dict(), **opts) as mon:
+            mon.watch(self.model, self.optimizer)
+            mon.set_meta(trainer={"preset": cfg.preset, "model": self.model_cfg.to_dict(),
+                                  "params": self.model_cfg.n_params(), "seq_len": self.seq_len,
+                                  "device": str(self.device), "world_size": self.world},
+                         estimate=self.estimate.to_dict(), preflight=self.preflight)
+            mon.event("preflight", "pre-flight checklist: " + ("; ".join(self.preflight["warnings"]) or "no warnings"),
+                      **{k: v for k, v in self.preflight.items() if k != "warnings"})
+            for w in self.preflight["warnings"]:
+                mon.event("config_warning", w)
+            t0 = time.perf_counter()
+            progress = _Progress(cfg.steps) if cfg.progress and self.rank == 0 else None
+            for step in range(cfg.steps):
+                samples = next(self.data)
+                while True:
+                    before = self._measured_bytes() if self.ooms or cfg.inject_oom_at_batch or self.meter else 0
+                    result = self._attempt(mon, step, samples)
+                    if not isinstance(result, str):
+                        break
+                    self._recover(mon, step, result, before)  # outside the except block
+                self.tokens_seen += result["tokens"]
+                self._after_step(mon, step, result)
+                if progress is not None:
+                    progress.update(step + 1, result["loss"], self.batch.micro,
+                                    self.tokens_seen / max(time.perf_counter() - t0, 1e-9))
+            if progress is not None:
+                progress.close()
+            mon.set_meta(train_summary={"tokens": self.tokens_seen, "seconds": time.perf_counter() - t0,
+                                        "ooms": self.ooms, "skipped_steps": self.precision.skipped_steps,
+                                        "final_precision": self.precision.mode,
+                                        "final_micro_batch": self.batch.micro})
+        if self.offload is not None:
+            self.offload.close()
+        return run_dir
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _Progress:
+    """One self-overwriting stderr line, at most ~10 redraws a second."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.last = 0.0
+
+    def update(self, done: int, loss: float, micro: int, tok_s: float) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < self.total:
+            return
+        self.last = now
+        width = 24
+        fill = int(width * done / self.total)
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] step {done}/{self.total}  loss {loss:.3f}  "
+                         f"micro {micro}  {tok_s:,.0f} tok/s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Train as ``cfg`` says under a Monitor writing to ``cfg.run_dir``; returns the run dir."""
+    return Trainer(cfg).run()
