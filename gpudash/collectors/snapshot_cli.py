@@ -1,0 +1,90 @@
+"""``gpudash import-snapshot FILE RUN_DIR``: store a torch memory snapshot in a run.
+
+For a snapshot taken without gpudash (``torch.cuda.memory._dump_snapshot``):
+the pickle is read with the no-globals unpickler, summarised, and appended to
+``RUN_DIR``'s ``snapshots`` table (a new run directory is created if needed),
+so the dashboard's memory map shows it. No torch needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import time
+from pathlib import Path
+
+from gpudash.errors import UserError
+from gpudash.store.reader import RunError
+from gpudash.store.schema import TABLE_BASE_COLUMNS, rank_db_name
+from gpudash.store.snapshot import read_snapshot_pickle, snapshot_row, summarize
+from gpudash.store.writer import Recorder, write_run_meta
+
+__all__ = ["add_arguments", "import_snapshot", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="snapshot pickle written by torch.cuda.memory._dump_snapshot")
+    p.add_argument("run_dir", help="run directory to store it in (created if missing)")
+    p.add_argument("--step", type=int, default=None, help="training step the snapshot belongs to")
+    p.add_argument("--rank", type=int, default=0, help="rank whose database receives it (default 0)")
+    p.add_argument("--reason", default=None, help="label shown in the dashboard (default: imported FILE)")
+
+
+def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None = None, rank: int = 0,
+                    reason: str | None = None) -> dict[str, int]:
+    """Store ``file`` in ``run_dir``; returns segment/block counts and bytes."""
+    src = Path(file)
+    run = Path(run_dir)
+    if run.exists() and not run.is_dir():
+        raise UserError(f"{run}: not a directory (pass a run folder; it is created if missing)")
+    try:
+        data = src.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{src}: no such file (pass the .pickle from torch.cuda.memory._dump_snapshot)") from None
+    except OSError as exc:
+        raise UserError(f"{src}: unreadable ({exc.strerror or exc})") from None
+    snap = read_snapshot_pickle(data, where=str(src))
+    summary = summarize(snap, where=str(src))
+    try:
+        t = src.stat().st_mtime
+    except OSError:
+        t = time.time()
+    row = snapshot_row(summary, time=t, step=step, reason=reason or f"imported {src.name}")
+    run.mkdir(parents=True, exist_ok=True)
+    db = run / rank_db_name(rank)
+    if db.exists():
+        _append(db, row)  # an existing (maybe live) run: add one row, leave its meta alone
+    else:
+        write_run_meta(run, {"name": run.name, "created_at": time.time(), "world_size": 1,
+                             "imported_from": str(src)})
+        rec = Recorder(run, rank=rank, meta={"name": run.name})
+        rec.put("snapshots", row)
+        rec.close(status="finished", reason="imported snapshot")
+        if rec.errors:
+            raise RunError(f"{db}: could not write the snapshot ({'; '.join(rec.errors)})")
+    return {"segments": len(summary["segments"]["address"]), "blocks": len(summary["blocks"]["address"]),
+            "reserved_bytes": sum(summary["segments"]["total_size"]),
+            "allocated_bytes": sum(summary["segments"]["allocated_size"])}
+
+
+def _append(db: Path, row: dict[str, object]) -> None:
+    cols = [c for c, _ in TABLE_BASE_COLUMNS["snapshots"]]
+    body = ", ".join(f'"{c}" {t}' for c, t in TABLE_BASE_COLUMNS["snapshots"])
+    try:
+        conn = sqlite3.connect(db, timeout=30)
+        try:
+            with conn:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS snapshots ({body})")
+                conn.execute(f"INSERT INTO snapshots ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                             [row[c] for c in cols])
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise RunError(f"{db}: cannot add the snapshot ({exc}); is it a gpudash run database?") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    info = import_snapshot(args.file, args.run_dir, step=args.step, rank=args.rank, reason=args.reason)
+    print(f"stored {args.file} in {args.run_dir}: {info['segments']} segments, {info['blocks']} blocks, "
+          f"{info['reserved_bytes'] / 2**20:.1f} MiB reserved, {info['allocated_bytes'] / 2**20:.1f} MiB allocated")
+    return 0

@@ -1,0 +1,252 @@
+"""Allocator snapshots (memory maps): every N steps, on request, and at OOM.
+
+* every ``snapshot_every`` steps (0, the default: never on a schedule), at the
+  end of the step;
+* on demand: when ``RUN_DIR/snapshot.request`` appears (the dashboard writes
+  it), at the end of the next step. A background thread stats the file about
+  once a second, so the training thread does no I/O;
+* at OOM: the allocator's OOM observer fires before ``OutOfMemoryError`` is
+  raised; the collector records an ``oom`` event with the allocator's numbers
+  and a snapshot of memory at that moment (a crashed run keeps both).
+
+``torch.cuda.memory._snapshot()`` runs on the training thread (it must see a
+consistent allocator); summarising and compressing run on the collector's
+thread, except at OOM, where it is done at once because the process may be
+about to die. Frames per block exist only while allocation history is
+recorded (``record_history``; ~2 µs per allocation, so off unless snapshots
+are scheduled).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpudash.collectors.base import try_import_torch
+from gpudash.collectors.oom import note_observed_oom, oom_message_summary
+from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
+from gpudash.store.snapshot import snapshot_row, summarize
+
+if TYPE_CHECKING:
+    from gpudash.monitor import Monitor
+
+__all__ = ["SnapshotCollector"]
+
+# torch has no way to detach an OOM observer: attach one dispatcher per process
+# and point it at the live collectors.
+_LIVE: weakref.WeakSet[SnapshotCollector] = weakref.WeakSet()
+_ATTACHED = False
+_ATTACH_LOCK = threading.Lock()
+
+
+def _dispatch_oom(device: int, alloc: int, device_limit: int, device_free: int) -> None:
+    for c in list(_LIVE):
+        try:
+            c.on_oom(device, alloc, device_limit, device_free)
+        except Exception:  # noqa: BLE001 - never turn an OOM into a different error
+            pass
+
+
+class SnapshotCollector:
+    name = "snapshots"
+
+    def __init__(self, every: int = 0, *, record_history: bool | None = None, history_entries: int = 100_000,
+                 poll_interval: float = 1.0, oom_snapshot_gap_s: float = 30.0, queue_size: int = 2,
+                 take_snapshot: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``take_snapshot`` replaces ``torch.cuda.memory._snapshot`` (tests on CPU feed a recorded
+        snapshot through the whole pipeline with it; no CUDA check is made then)."""
+        self.every = every
+        self._take = take_snapshot
+        self.record_history = every > 0 if record_history is None else record_history
+        self.history_entries = history_entries
+        self.poll_interval = poll_interval
+        self.oom_snapshot_gap_s = oom_snapshot_gap_s
+        self.taken = 0
+        self.dropped = 0
+        self._monitor: Monitor | None = None
+        self._torch: Any = None
+        self._requested = threading.Event()
+        self._stop = threading.Event()
+        self._queue: queue.Queue[tuple[dict[str, Any], float, int, str] | None] = queue.Queue(queue_size)
+        self._thread: threading.Thread | None = None
+        self._served_mtime = 0.0
+        self._last_oom_snapshot = -1e18
+        self._history_on = False
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self, monitor: Monitor) -> None:
+        if self._take is not None:
+            self._monitor = monitor
+            self._begin(monitor)
+            return
+        torch = try_import_torch()
+        if torch is None:
+            monitor.unavailable(self.name, "torch is not installed")
+            return
+        try:
+            ok = bool(torch.cuda.is_available())
+        except Exception as exc:  # noqa: BLE001
+            monitor.unavailable(self.name, f"CUDA check failed: {exc}")
+            return
+        if not ok:
+            monitor.unavailable(self.name, "no CUDA device: allocator snapshots and the OOM observer need CUDA")
+            return
+        self._monitor = monitor
+        self._torch = torch
+        self._take = torch.cuda.memory._snapshot
+        if self.record_history:
+            try:
+                torch.cuda.memory._record_memory_history(max_entries=self.history_entries, stacks="python")
+                self._history_on = True
+            except Exception as exc:  # noqa: BLE001 - older torch: snapshots without frames
+                monitor.unavailable("snapshot_history", f"allocation history not recorded: {exc}")
+        self._attach_oom_observer(monitor)
+        self._begin(monitor)
+
+    def _begin(self, monitor: Monitor) -> None:
+        self._served_mtime = time.time() - 5.0  # a request left over from an earlier run is stale
+        monitor.add_step_hooks(end=self.on_step_end)
+        self._thread = threading.Thread(target=self._run, name="gpudash-snapshots", daemon=True)
+        self._thread.start()
+
+    def _attach_oom_observer(self, monitor: Monitor) -> None:
+        global _ATTACHED
+        attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            monitor.unavailable("oom_observer", "this torch has no OOM observer; OOMs are recorded by the trainer")
+            return
+        with _ATTACH_LOCK:
+            if not _ATTACHED:
+                attach(_dispatch_oom)
+                _ATTACHED = True
+        _LIVE.add(self)
+
+    def stop(self) -> None:
+        _LIVE.discard(self)
+        self._stop.set()
+        if self._thread is not None:
+            try:
+                self._queue.put(None, timeout=5)
+            except queue.Full:
+                pass
+            self._thread.join(30)  # finish summaries queued before close
+            self._thread = None
+        if self._history_on:
+            try:
+                self._torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:  # noqa: BLE001
+                pass
+            self._history_on = False
+        self._monitor = None
+
+    # ---- training thread ----------------------------------------------------------------
+    def request(self) -> None:
+        """Take a snapshot at the end of the current step (from any thread)."""
+        self._requested.set()
+
+    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
+        if row.get("failed"):
+            return
+        reason = ""
+        if self._requested.is_set():
+            self._requested.clear()
+            reason = "requested"
+        elif self.every and step % self.every == 0 and step > 0:
+            reason = f"every {self.every} steps"
+        if not reason:
+            return
+        assert self._take is not None
+        snap = self._take()
+        try:
+            self._queue.put_nowait((snap, time.time(), step, reason))
+        except queue.Full:
+            self.dropped += 1
+
+    def on_oom(self, device: int, alloc: int, device_limit: int, device_free: int) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        data: dict[str, Any] = {"source": "allocator_observer", "device": int(device),
+                                "requested_bytes": int(alloc), "free_bytes": int(device_free),
+                                "capacity_bytes": int(device_limit)}
+        try:
+            cuda = self._torch.cuda
+            stats = cuda.memory_stats(device)
+            allocated = int(stats.get("allocated_bytes.all.current", 0))
+            reserved = int(stats.get("reserved_bytes.all.current", 0))
+            data.update(allocated_bytes=allocated, reserved_bytes=reserved,
+                        reserved_unallocated_bytes=max(0, reserved - allocated),
+                        ooms=int(stats.get("num_ooms", 0)))
+            total = int(cuda.get_device_properties(device).total_memory)
+            if total != int(device_limit):
+                data["device_total_bytes"] = total  # device_limit is a memory-fraction cap
+        except Exception:  # noqa: BLE001 - the observer's own numbers still stand
+            pass
+        monitor.event("oom", oom_message_summary(data), **data)
+        note_observed_oom(monitor)
+        now = time.monotonic()
+        if now - self._last_oom_snapshot < self.oom_snapshot_gap_s:
+            return
+        self._last_oom_snapshot = now
+        assert self._take is not None
+        self._store(self._take(), time.time(), monitor.step_index, "oom")
+
+    # ---- collector thread ---------------------------------------------------------------
+    def _store(self, snap: dict[str, Any], t: float, step: int, reason: str) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        try:
+            summary = summarize(snap)
+        except Exception as exc:  # noqa: BLE001 - a strange snapshot must not stop the collector
+            monitor.event("snapshot_failed", f"memory snapshot at step {step} not stored: {exc}", step=step)
+            return
+        monitor.recorder.put("snapshots", snapshot_row(summary, time=t, step=step, reason=reason))
+        self.taken += 1
+
+    def _poll_request(self) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        path = monitor.run_dir / SNAPSHOT_REQUEST_FILE
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return
+        if mtime <= self._served_mtime:
+            return
+        self._served_mtime = mtime
+        self._requested.set()
+        if monitor.world_size <= 1:  # with several ranks each serves it once (by mtime) and it stays
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        next_poll = 0.0
+        while True:
+            got = True
+            try:
+                item = self._queue.get(timeout=max(0.0, next_poll - time.monotonic()))
+            except queue.Empty:
+                got = False
+            if got and item is None:
+                while True:  # drain what was queued before stop
+                    try:
+                        rest = self._queue.get_nowait()
+                    except queue.Empty:
+                        return
+                    if rest is not None:
+                        self._store(*rest)
+            if got and item is not None:
+                self._store(*item)
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.poll_interval
+                if not self._stop.is_set():
+                    self._poll_request()
