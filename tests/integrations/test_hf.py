@@ -1,0 +1,100 @@
+"""GpudashCallback with a real transformers.Trainer on CPU: a tiny Llama built from a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from gpudash import load_run  # noqa: E402
+from gpudash.integrations.hf import GpudashCallback  # noqa: E402
+
+STEPS = 6
+
+
+class _Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __init__(self, n: int, seq: int, vocab: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _tiny_llama() -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _train(tmp_path: Path, **args: object) -> tuple[Path, object]:
+    run_dir = tmp_path / "runs" / "hf"
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-3,
+        lr_scheduler_type="linear", warmup_steps=0, report_to=[], save_strategy="no", use_cpu=True,
+        disable_tqdm=True, dataloader_num_workers=0, **args)
+    trainer = transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(64, 16, 128),
+                                   callbacks=[GpudashCallback(run_dir, host_hz=0, handle_signals=False)])
+    trainer.train()
+    return run_dir, trainer
+
+
+def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
+    run_dir, trainer = _train(tmp_path, logging_steps=2, gradient_accumulation_steps=2)
+    run = load_run(run_dir)
+    assert run.status == "finished"
+    s = run.steps
+    assert list(s["step"]) == list(range(STEPS))
+    assert (s["samples"] == 8).all() and (s["tokens"] == 8 * 16).all()  # 2 micro-batches of 4 x 16
+    for phase in ("forward_s", "backward_s", "optimizer_s"):
+        assert (s[phase] > 0).all(), phase
+    assert (s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["duration_s"]).all()
+    assert s["loss"].notna().all() and (s["loss"] > 0).all()
+    assert s["loss"].iloc[0] == pytest.approx(float(torch.log(torch.tensor(128.0))), rel=0.1)
+    # linear decay from 1e-3: the rate each step used
+    assert list(s["lr"]) == pytest.approx([1e-3 * (1 - i / STEPS) for i in range(STEPS)])
+    logged = s[s["grad_norm"].notna()]
+    assert list(logged["step"]) == [1, 3, 5]  # logging_steps=2: global steps 2, 4, 6
+    assert (logged["log_s"] > 0).all()
+    # the Trainer's own numbers: loss averaged over each logging window, grad_norm of the logged step
+    history = [h for h in trainer.state.log_history if "grad_norm" in h]  # type: ignore[attr-defined]
+    assert [h["step"] for h in history] == [2, 4, 6]
+    for h, (_, row) in zip(history, logged.iterrows()):
+        assert row["grad_norm"] == pytest.approx(h["grad_norm"])
+        window = s[(s["step"] >= h["step"] - 2) & (s["step"] < h["step"])]
+        assert window["loss"].mean() == pytest.approx(h["loss"], rel=1e-4)
+    mem = run.memory
+    n_params = sum(p.numel() for p in _tiny_llama().parameters())
+    assert (mem["params_bytes"] == 4 * n_params).all()
+    assert (mem["grads_bytes"] == 4 * n_params).all()
+    assert (mem["optimizer_bytes"].iloc[1:] >= 8 * n_params).all()  # AdamW moments once it stepped
+    assert run.meta["config"]["framework"] == "transformers"
+    assert run.meta["config"]["gradient_accumulation_steps"] == 2
+    run.close()
+
+
+def test_default_run_dir_and_user_monitor(tmp_path: Path) -> None:
+    from gpudash.monitor import Monitor
+
+    targs = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, report_to=[],
+                                           per_device_train_batch_size=2, save_strategy="no", use_cpu=True,
+                                           disable_tqdm=True)
+    transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(8, 8, 128),
+                         callbacks=[GpudashCallback(host_hz=0, handle_signals=False)]).train()
+    run = load_run(tmp_path / "out" / "gpudash")
+    assert len(run.steps) == 2 and run.status == "finished"
+    run.close()
+    with Monitor(tmp_path / "mine", host_hz=0, handle_signals=False) as m:
+        transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(8, 8, 128),
+                             callbacks=[GpudashCallback(m)]).train()
+        assert not m.closed  # the user's Monitor stays open
+    run = load_run(tmp_path / "mine")
+    assert len(run.steps) == 2 and run.meta["hf_config"]["framework"] == "transformers"
+    run.close()
