@@ -66,7 +66,7 @@ def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
     # the Trainer's own numbers: loss averaged over each logging window, grad_norm of the logged step
     history = [h for h in trainer.state.log_history if "grad_norm" in h]  # type: ignore[attr-defined]
     assert [h["step"] for h in history] == [2, 4, 6]
-    for h, (_, row) in zip(history, logged.iterrows()):
+    for h, (_, row) in zip(history, logged.iterrows(), strict=True):
         assert row["grad_norm"] == pytest.approx(h["grad_norm"])
         window = s[(s["step"] >= h["step"] - 2) & (s["step"] < h["step"])]
         assert window["loss"].mean() == pytest.approx(h["loss"], rel=1e-4)
