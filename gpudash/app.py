@@ -1,0 +1,447 @@
+"""``gpudash serve RUNS_DIR``: the Dash app, its JSON API and its token check.
+
+Wiring only: pages and figures come from :mod:`gpudash.layouts`; every
+callback here is a thin wrapper over a pure function there.
+
+    app = create_app(Path("runs"))            # a dash.Dash; app.server is Flask
+    url, stop = serve_in_thread(Path("runs"), "127.0.0.1", 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+import dash
+from dash import ALL, Input, Output, Patch, State, dcc, html, no_update
+from dash.exceptions import PreventUpdate
+from flask import Response, jsonify, redirect, request
+
+from gpudash.errors import UserError
+from gpudash.layouts import compare, events, memory, run_page, runs, stability, throughput
+from gpudash.layouts.common import note
+from gpudash.layouts.data import RunView, load_view
+from gpudash.layouts.live import live_tick
+from gpudash.layouts.pages import (
+    build_run_page,
+    load_snapshots,
+    memory_row_at,
+    range_view,
+    segment_map_view,
+    verdicts_for,
+)
+from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir
+from gpudash.layouts.style import index_string
+from gpudash.store.reader import RunError, RunReader
+
+__all__ = ["add_arguments", "create_app", "run", "serve_in_thread"]
+
+TOKEN_ENV = "GPUDASH_TOKEN"
+_COOKIE = "gpudash_token"
+_ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph": "step", "phases-graph": "step",
+                "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
+
+
+class _Readers:
+    """Open readers by run id (bounded), one lock each: SQLite connections are not shared mid-query."""
+
+    def __init__(self, runs_dir: Path, size: int = 32) -> None:
+        self.runs_dir = runs_dir
+        self.size = size
+        self._items: OrderedDict[str, tuple[RunReader, threading.Lock]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, run_id: str) -> tuple[RunReader, threading.Lock]:
+        path = resolve_run_dir(self.runs_dir, run_id)
+        with self._lock:
+            item = self._items.get(run_id)
+            if item is not None and item[0].path == path:
+                self._items.move_to_end(run_id)
+                return item
+            item = (RunReader(path), threading.Lock())
+            self._items[run_id] = item
+            while len(self._items) > self.size:
+                old, _ = self._items.popitem(last=False)[1]
+                old.close()
+            return item
+
+
+def _token_ok(token: str) -> bool:
+    supplied = [request.cookies.get(_COOKIE, ""), request.args.get("token", "")]
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer "):
+        supplied.append(auth[7:])
+    return any(s and hmac.compare_digest(s.encode(), token.encode()) for s in supplied)
+
+
+def _install_token_check(server: Any, token: str) -> None:
+    @server.before_request
+    def check_token() -> Any:
+        if not _token_ok(token):
+            return Response("gpudash: this dashboard needs its token: open the URL printed by "
+                            "'gpudash serve' (…?token=...)\n", status=401, mimetype="text/plain")
+        if request.args.get("token") and request.method == "GET" and not request.path.startswith("/api/"):
+            # keep the token out of the address bar and history: move it into a cookie
+            args = {k: v for k, v in request.args.items() if k != "token"}
+            resp = redirect(request.path + ("?" + urlencode(args) if args else ""))
+            resp.set_cookie(_COOKIE, token, httponly=True, samesite="Strict")
+            return resp
+        return None
+
+
+def _install_api(server: Any, runs_dir: Path, readers: _Readers) -> None:
+    @server.get("/api/runs")
+    def api_runs() -> Any:
+        return jsonify({"runs_dir": str(runs_dir), "runs": runs.list_runs(runs_dir)})
+
+    @server.get("/api/runs/<run_id>/summary")
+    def api_summary(run_id: str) -> Any:
+        try:
+            path = resolve_run_dir(runs_dir, run_id)
+        except InvalidRunId:
+            return jsonify({"error": "no such run"}), 404
+        out = runs.run_summary(run_id, path)
+        try:
+            reader, lock = readers.get(run_id)
+            with lock:
+                view = load_view(reader)
+        except (InvalidRunId, RunError) as exc:
+            out["problems"].append(str(exc))
+            return jsonify(out)
+        out["meta"] = {k: v for k, v in view.meta.items() if k not in ("argv", "pid", "heartbeat")}
+        out["throughput"] = throughput.throughput_stats(view.frame("steps"), view.meta)
+        out["memory_now"] = memory.memory_at(view.frame("memory"), None)
+        ev = view.frame("events")
+        out["events"] = {str(k): int(v) for k, v in ev["kind"].value_counts().items()} if len(ev) else {}
+        out["stability"] = [{"signal": s, "light": c, "detail": d} for s, c, d in
+                            stability.stability_lights(view.frame("steps"), view.frame("memory"), ev)]
+        verdicts = verdicts_for(path)
+        out["verdicts"] = None if verdicts is None else [
+            v.as_dict() if hasattr(v, "as_dict") else {"title": str(getattr(v, "title", v))} for v in verdicts]
+        return jsonify(out)
+
+    @server.route("/api/<path:rest>")
+    def api_unknown(rest: str) -> Any:
+        return jsonify({"error": "no such API route", "routes": ["/api/runs", "/api/runs/<run_id>/summary"]}), 404
+
+
+def _page_for(pathname: str, search: str, runs_dir: Path, readers: _Readers) -> Any:
+    if pathname in ("", "/"):
+        return runs.runs_page(runs_dir, runs.list_runs(runs_dir))
+    if pathname.startswith("/run/"):
+        run_id = pathname[len("/run/"):].strip("/")
+        try:
+            reader, lock = readers.get(run_id)
+        except (InvalidRunId, RunError):
+            return html.Div([dcc.Link("← all runs", href="/"), note(f"no run named {run_id!r} in {runs_dir}")],
+                            id="not-found")
+        with lock:
+            return build_run_page(run_id, reader)
+    if pathname == "/compare":
+        wanted = [r for r in ",".join(parse_qs(search.lstrip("?")).get("runs", [])).split(",") if r]
+        views, missing = [], []
+        for run_id in wanted[:8]:
+            try:
+                reader, lock = readers.get(run_id)
+            except (InvalidRunId, RunError):
+                missing.append(run_id)
+                continue
+            with lock:
+                view = load_view(reader)
+            views.append((str(view.meta.get("name") or run_id), view))
+        return compare.compare_page(views, missing)
+    return html.Div([dcc.Link("← all runs", href="/"), note(f"no page {pathname}")], id="not-found")
+
+
+def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> None:
+    graphs = run_page.LIVE_GRAPHS
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
+    def route(pathname: str | None, search: str | None) -> Any:
+        return _page_for(pathname or "/", search or "", runs_dir, readers)
+
+    @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
+    def compare_href(values: list[list[str]]) -> str:
+        picked = [v for vals in values for v in (vals or [])]
+        return "/compare?" + urlencode({"runs": ",".join(picked)}) if picked else "/compare"
+
+    @app.callback(
+        [Output("live-state", "data"), *(Output(g, "extendData") for g in graphs),
+         *(Output(g, "figure", allow_duplicate=True) for g in graphs),
+         Output("last-step", "children"), Output("run-status", "children"), Output("run-status", "className"),
+         Output("cursor-slider", "max"), Output("cursor-slider", "value", allow_duplicate=True),
+         Output("throughput-stats", "children"), Output("stability-lights", "children"),
+         Output("events-graph", "figure"), Output("events-table", "data"), Output("live-interval", "max_intervals")],
+        Input("live-interval", "n_intervals"),
+        State("live-state", "data"), State("cursor-slider", "value"), State("cursor-slider", "max"),
+        running=[(Output("live-interval", "disabled"), True, False)],
+        prevent_initial_call=True,
+    )
+    def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None) -> Any:
+        if not state or not state.get("run"):
+            raise PreventUpdate
+        try:
+            reader, lock = readers.get(state["run"])
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+        with lock:
+            res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0))))
+            view: RunView | None = load_view(reader) if (res.rebuild or res.new_events) else None
+        new = res.state
+        extends = [res.extends.get(g, no_update) for g in graphs]
+        figures: list[Any] = [no_update] * len(graphs)
+        if view is not None:
+            for i, g in enumerate(graphs):
+                if g in res.rebuild:
+                    fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)))
+                    figures[i] = fig
+                    extends[i] = no_update
+                    new["specs"][g] = [s.as_dict() for s in specs]
+                    new["points"][g] = max((len(d["x"]) for d in fig.to_plotly_json()["data"]), default=0)
+        last = new.get("last_step")
+        follow = cursor is None or slider_max is None or cursor >= slider_max
+        status = str(new.get("status", "live"))
+        done = status != "live"
+        stats: Any = no_update
+        lights: Any = no_update
+        ev_fig: Any = no_update
+        ev_rows: Any = no_update
+        if res.frames.get("steps") is not None:
+            import pandas as pd
+
+            tail = pd.DataFrame({k: v for k, v in (new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {}).items()})
+            steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
+            stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, {}))]
+        if view is not None:
+            lights = stability.lights_row(stability.stability_lights(view.frame("steps"), view.frame("memory"),
+                                                                      view.frame("events")))
+            ev_fig = events.events_figure(view.frame("events"))
+            ev_rows = events.event_rows(view.frame("events"))
+        return [new, *extends, *figures, "-" if last is None else str(last), status, f"status status-{status}",
+                no_update if last is None else max(last, 1), last if (follow and last is not None) else no_update,
+                stats, lights, ev_fig, ev_rows, (n or 0) + 1 if done else no_update]
+
+    @app.callback(Output("play-interval", "disabled"), Output("play-button", "children"),
+                  Input("play-button", "n_clicks"), State("play-interval", "disabled"), prevent_initial_call=True)
+    def toggle_play(_: int, disabled: bool) -> tuple[bool, str]:
+        return (False, "⏸ pause") if disabled else (True, "▶ play")
+
+    @app.callback(
+        Output("cursor-slider", "value"),
+        Input("play-interval", "n_intervals"), Input("prev-event", "n_clicks"), Input("next-event", "n_clicks"),
+        Input("events-graph", "clickData"), Input("events-table", "active_cell"),
+        State("cursor-slider", "value"), State("cursor-slider", "min"), State("cursor-slider", "max"),
+        State("speed", "value"), State("page-run", "data"), State("events-table", "data"),
+        prevent_initial_call=True,
+    )
+    def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, value: int | None, lo: int, hi: int,
+                    speed: int, page: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+        trigger = dash.ctx.triggered_id
+        value = int(value if value is not None else lo)
+        if trigger == "play-interval":
+            per_tick = 0.5 * float(speed or 1) / max(float(page.get("step_s") or 0.1), 1e-6)
+            nxt = value + max(1, round(per_tick))
+            return lo if value >= hi else min(nxt, hi)
+        if trigger in ("prev-event", "next-event"):
+            steps = [int(r["step"]) for r in rows or [] if r.get("step") is not None]
+            target = events.neighbor_event(steps, value, 1 if trigger == "next-event" else -1)
+            if target is None:
+                raise PreventUpdate
+            return target
+        step = events.event_step(click if trigger == "events-graph" else None,
+                                 cell if trigger == "events-table" else None, rows)
+        if step is None:
+            raise PreventUpdate
+        return step
+
+    @app.callback(
+        [Output("cursor-label", "children"), Output("memory-at-graph", "figure"), Output("segment-map-box", "children"),
+         Output("activations-box", "children"),
+         *(Output(g, "figure", allow_duplicate=True) for g in run_page.CURSOR_GRAPHS)],
+        Input("cursor-slider", "value"), Input("snapshot-pick", "value"), State("page-run", "data"),
+        prevent_initial_call=True,
+    )
+    def follow_cursor(step: int | None, pick: str | None, page: dict[str, Any]) -> list[Any]:
+        if step is None or not page:
+            raise PreventUpdate
+        try:
+            reader, lock = readers.get(page["run"])
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+        rank = int(page.get("rank", 0))
+        with lock:
+            rows = memory_row_at(reader, int(step), rank)
+            maps = load_snapshots(reader)
+            acts = reader.read_table("activations")
+            meta = dict(reader.run_meta(), **(reader.rank_meta().get(rank) or {}))
+        seg = segment_map_view(maps, int(step), pick, meta)
+        seg_child = dcc.Graph(id="segment-map", figure=seg, config=run_page.GRAPH_CONFIG) if not isinstance(seg, str) \
+            else note(seg)
+        act_child: Any = no_update
+        if len(acts):
+            act_child = dcc.Graph(id="activations-graph", figure=memory.activations_figure(acts, int(step), rank),
+                                  config=run_page.GRAPH_CONFIG)
+        patches = []
+        for _ in run_page.CURSOR_GRAPHS:
+            p = Patch()
+            p["layout"]["shapes"][0]["x0"] = int(step)
+            p["layout"]["shapes"][0]["x1"] = int(step)
+            p["layout"]["shapes"][0]["visible"] = True
+            patches.append(p)
+        return [str(step), memory.memory_at_figure(memory.memory_at(rows, int(step), rank)), seg_child, act_child,
+                *patches]
+
+    for graph_id, xmode in _ZOOM_GRAPHS.items():
+        _register_zoom(app, readers, graph_id, xmode)
+
+    @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),
+                  Input("page-run", "data"))
+    def summary(page: dict[str, Any] | None) -> tuple[Any, dict[str, str]]:
+        if not page:
+            raise PreventUpdate
+        try:
+            path = resolve_run_dir(runs_dir, page["run"])
+        except InvalidRunId:
+            raise PreventUpdate from None
+        verdicts = verdicts_for(path)
+        if not verdicts:
+            return [], {"display": "none"}
+        return run_page.summary_children(verdicts), {}
+
+
+def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
+    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change."""
+    if not relayout:
+        return None
+    if relayout.get("xaxis.autorange") or relayout.get("autosize"):
+        return True
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        return float(relayout["xaxis.range[0]"]), float(relayout["xaxis.range[1]"])
+    rng = relayout.get("xaxis.range")
+    if isinstance(rng, list) and len(rng) == 2:
+        return float(rng[0]), float(rng[1])
+    return None
+
+
+def _register_zoom(app: dash.Dash, readers: _Readers, graph_id: str, xmode: str) -> None:
+    @app.callback(Output(graph_id, "figure", allow_duplicate=True), Input(graph_id, "relayoutData"),
+                  State("live-state", "data"), State("cursor-slider", "value"), prevent_initial_call=True)
+    def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None) -> Any:
+        rng = zoom_range(relayout)
+        if rng is None or not state or not state.get("downsampled"):
+            raise PreventUpdate
+        try:
+            reader, lock = readers.get(state["run"])
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+        with lock:
+            view = load_view(reader)
+            if isinstance(rng, tuple):
+                view = range_view(reader, view, rng[0], rng[1], xmode)
+        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor)
+        if isinstance(rng, tuple):
+            fig.update_xaxes(range=list(rng))
+        return fig
+
+
+def create_app(runs_dir: Path, *, token: str | None = None) -> dash.Dash:
+    """The dashboard for the runs in ``runs_dir``; with ``token`` every route requires it."""
+    runs_dir = Path(runs_dir)
+    no_title: Any = None  # no "Updating..." tab-title flicker on every live tick
+    app = dash.Dash(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
+                    assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"))
+    app.index_string = index_string()
+    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), html.Div(id="page")])
+    readers = _Readers(runs_dir)
+    if token:
+        _install_token_check(app.server, token)
+    _install_api(app.server, runs_dir, readers)
+    _register_callbacks(app, runs_dir, readers)
+    return app
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_bind(host: str, token: str | None) -> None:
+    if not _is_loopback(host) and not token:
+        raise UserError(f"binding {host} exposes your runs to the network: pass --token SECRET "
+                        f"(or set {TOKEN_ENV}), or keep the default --host 127.0.0.1")
+
+
+def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
+                    token: str | None = None) -> tuple[str, Callable[[], None]]:
+    """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port."""
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns the console
+            pass
+
+    _check_bind(host, token)
+    app = create_app(Path(runs_dir), token=token)
+    server = make_server(host, port, app.server, threaded=True, request_handler=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="gpudash-serve", daemon=True)
+    thread.start()
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return url, stop
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs_dir", nargs="?", type=Path, default=Path("runs"),
+                   help="a directory of runs (default: runs)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8050, help="port (default: 8050)")
+    p.add_argument("--token", default=None,
+                   help=f"require this token on every page and API call (default: ${TOKEN_ENV}); "
+                        "needed to bind anything but loopback")
+
+
+def run(args: argparse.Namespace) -> int:
+    runs_dir: Path = args.runs_dir
+    if not runs_dir.is_dir():
+        raise UserError(f"{runs_dir}: no such directory (pass the folder your runs are written to)")
+    if not list_run_dirs(runs_dir) and resolve_is_run(runs_dir):
+        print(f"gpudash: {runs_dir} is a run; serving its parent folder {runs_dir.resolve().parent}")
+        runs_dir = runs_dir.resolve().parent
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not 0 <= args.port < 65536:
+        raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
+    try:
+        url, stop = serve_in_thread(runs_dir, args.host, args.port, token)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from exc
+    print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        stop()
+
+
+def resolve_is_run(path: Path) -> bool:
+    from gpudash.store.reader import is_run_dir
+
+    return is_run_dir(path)

@@ -1,0 +1,144 @@
+"""Shared bits of every view: units, "not recorded because..." lines, empty figures.
+
+Everything a view shows from a run file (names, messages, reasons) goes into
+Dash components as text children, never as HTML.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from dash import html
+
+__all__ = [
+    "UIREVISION",
+    "base_figure",
+    "fmt_bytes",
+    "fmt_num",
+    "fmt_s",
+    "note",
+    "plot_text",
+    "source_reason",
+    "waiting_figure",
+]
+
+#: Constant ``uirevision``: zoom and pan survive live updates and rebuilds.
+UIREVISION = "gpudash"
+
+#: Where each view's data comes from: Monitor source names whose ``unavailable_<name>`` meta explains a gap.
+SOURCES: dict[str, tuple[str, ...]] = {
+    "allocator": ("allocator", "cuda", "memory_stats"),
+    "memory": ("memory",),
+    "device": ("nvml", "device", "gpm"),
+    "host": ("host", "psutil"),
+    "stacks": ("pyspy", "py_spy", "stacks"),
+    "snapshots": ("snapshot", "snapshots", "allocator"),
+    "activations": ("activations", "memory"),
+    "cuda_timing": ("cuda_timing", "cuda_timer"),
+}
+
+_DEFAULT_REASON: dict[str, str] = {
+    "allocator": "allocator data not available",
+    "memory": "memory by category not recorded (call monitor.watch(model, optimizer))",
+    "device": "device metrics (NVML) not available",
+    "host": "host metrics not recorded (MonitorOptions.host_hz=0)",
+    "stacks": "Python stacks not recorded (py-spy off: MonitorOptions.stacks_hz=0)",
+    "snapshots": "no snapshot recorded",
+    "activations": "activations per module not recorded",
+}
+
+
+def source_reason(source: str, meta: dict[str, Any], events: pd.DataFrame | None = None) -> str:
+    """One line saying why ``source`` recorded nothing (from the Monitor's own notes when it left any)."""
+    names = SOURCES.get(source, (source,))
+    for name in names:
+        reason = meta.get(f"unavailable_{name}")
+        if reason:
+            return f"{name}: {reason}"
+    if events is not None and len(events) and "kind" in events:
+        ev = events[events["kind"] == "collector_unavailable"]
+        for _, row in ev.iterrows():
+            data = row.get("data") if isinstance(row.get("data"), dict) else {}
+            if str(data.get("source", "")) in names:
+                return str(row.get("message") or "")
+    default = _DEFAULT_REASON.get(source, f"{source} not recorded")
+    device = str(meta.get("device") or "")
+    if source in ("allocator", "device", "snapshots") and device and not device.startswith("cuda"):
+        return f"no GPU ({device}): {default}"
+    return default
+
+
+def note(text: str, id: str | None = None) -> html.Div:
+    """A one-line reason shown in place of a chart (text, never HTML)."""
+    kw: dict[str, Any] = {"id": id} if id else {}
+    return html.Div(text, className="note", **kw)
+
+
+def plot_text(value: object, limit: int = 300) -> str:
+    """Text from a run file made safe for plotly labels (plotly reads a few HTML tags in them)."""
+    text = str(value)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return _html.escape(text, quote=False)
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or (isinstance(n, float) and not math.isfinite(n)):
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    if abs(s) < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if abs(s) < 1:
+        return f"{s * 1e3:.1f} ms"
+    if abs(s) < 120:
+        return f"{s:.2f} s"
+    if abs(s) < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def fmt_num(v: float | None, digits: int = 3) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_title: str = "step",
+                bytes_axis: bool = False) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        height=height,
+        margin={"l": 60, "r": 20, "t": 36, "b": 36},
+        uirevision=UIREVISION,
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.18, "font": {"size": 11}},
+        hovermode="x unified",
+        xaxis_title=xaxis_title,
+        yaxis_title=yaxis_title,
+    )
+    if bytes_axis:
+        fig.update_yaxes(tickformat=".3s", ticksuffix="B")
+    return fig
+
+
+def waiting_figure(fig: go.Figure, text: str = "waiting for the first records...") -> go.Figure:
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font={"color": "#888"})
+    return fig

@@ -1,0 +1,213 @@
+"""Memory views: by category over steps, the breakdown at the cursor, the allocator segment map,
+and activations per module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from gpudash.layouts.common import base_figure, fmt_bytes, plot_text, waiting_figure
+from gpudash.layouts.series import Series, add_series, series_xy
+
+__all__ = [
+    "CATEGORIES",
+    "activations_figure",
+    "capacity_lines",
+    "memory_at",
+    "memory_at_figure",
+    "memory_figure",
+    "memory_series",
+    "segment_map_figure",
+]
+
+#: (column, label, colour, transform): stacked bottom to top.
+CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
+    ("params_bytes", "parameters", "#1f77b4", "raw"),
+    ("grads_bytes", "gradients", "#ff7f0e", "raw"),
+    ("optimizer_bytes", "optimizer state", "#2ca02c", "raw"),
+    ("activations_bytes", "activations", "#d62728", "raw"),
+    ("other_bytes", "other (allocated)", "#9467bd", "raw"),
+    ("reserved_bytes", "allocator cache", "#c7c7c7", "cache"),
+    ("other_processes_bytes", "other processes / context", "#8c564b", "raw"),
+)
+STATE_COLORS = {"active_allocated": "#d62728", "active_pending_free": "#ff9896", "inactive": "#c7c7c7"}
+
+
+def memory_series(memory: pd.DataFrame, rank: int = 0) -> list[Series]:
+    out = []
+    for col, label, color, fn in CATEGORIES:
+        need = ("reserved_bytes", "allocated_bytes") if fn == "cache" else (col,)
+        if all(c in memory and memory[c].notna().any() for c in need):
+            out.append(Series("memory", col, label, rank=rank, fn=fn, style="area", color=color))
+    if not out and "allocated_bytes" in memory and memory["allocated_bytes"].notna().any():
+        out.append(Series("memory", "allocated_bytes", "allocated", rank=rank, style="area", color="#1f77b4"))
+    return out
+
+
+def _first_num(*values: Any) -> float | None:
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if np.isfinite(f) and f > 0:
+            return f
+    return None
+
+
+def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
+    """(label, bytes, dash) of the device capacity, the memory budget and the estimator's prediction."""
+    config: dict[str, Any] = meta["config"] if isinstance(meta.get("config"), dict) else {}
+    estimate: dict[str, Any] = meta["estimate"] if isinstance(meta.get("estimate"), dict) else {}
+    out = []
+    cap = _first_num(meta.get("device_capacity_bytes"), meta.get("device_total_bytes"))
+    if cap:
+        out.append(("device capacity", cap, "solid"))
+    budget = _first_num(meta.get("memory_budget_bytes"), meta.get("budget_bytes"), config.get("memory_budget_bytes"),
+                        config.get("budget_bytes"), config.get("memory_cap_bytes"))
+    if budget and budget != cap:
+        out.append(("budget", budget, "dot"))
+    pred = _first_num(estimate.get("peak_bytes"))
+    if pred:
+        out.append(("estimate (peak)", pred, "dash"))
+    return out
+
+
+def memory_figure(memory: pd.DataFrame, meta: dict[str, Any], events: pd.DataFrame, rank: int = 0,
+                  specs: list[Series] | None = None, live: bool = False) -> tuple[go.Figure, list[Series]]:
+    """Stacked area of memory by category against capacity / budget / prediction, OOMs marked."""
+    fig = base_figure("Memory by category", height=340, yaxis_title="bytes", bytes_axis=True)
+    specs = memory_series(memory, rank) if specs is None else specs
+    for s in specs:
+        add_series(fig, s, *series_xy(s, memory))
+    for label, value, dash in capacity_lines(meta):
+        fig.add_hline(y=value, line_dash=dash, line_color="#444", annotation_text=f"{label} {fmt_bytes(value)}",
+                      annotation_position="top left")
+    if len(events) and "kind" in events:
+        for _, ev in events[events["kind"] == "oom"].iterrows():
+            if pd.notna(ev.get("step")):
+                fig.add_vline(x=float(ev["step"]), line_color="#d62728", line_dash="dot",
+                              annotation_text="OOM", annotation_font_color="#d62728")
+    if not specs and live:
+        waiting_figure(fig)
+    return fig, specs
+
+
+def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str, float]:
+    """Bytes by category in the last memory record at or before ``step`` (the newest if None)."""
+    if not len(memory):
+        return {}
+    m = memory[memory["rank"] == rank] if "rank" in memory else memory
+    if step is not None and "step" in m:
+        m = m[m["step"] <= step]
+    if not len(m):
+        return {}
+    # sampled columns (activations) are NaN on most rows: take each one's latest value
+    tail = m.tail(200).ffill().iloc[-1]
+    out: dict[str, float] = {"step": float(tail.get("step", np.nan))}
+    for col, label, _, fn in CATEGORIES:
+        if fn == "cache":
+            if pd.notna(tail.get("reserved_bytes")) and pd.notna(tail.get("allocated_bytes")):
+                out[label] = max(0.0, float(tail["reserved_bytes"]) - float(tail["allocated_bytes"]))
+        elif pd.notna(tail.get(col)):
+            out[label] = float(tail[col])
+    return out
+
+
+def memory_at_figure(values: dict[str, float]) -> go.Figure:
+    step = values.get("step")
+    title = "Memory at the cursor" + (f" (step {int(step)})" if step is not None and np.isfinite(step) else "")
+    fig = base_figure(title, height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
+    colors = {label: color for _, label, color, _ in CATEGORIES}
+    labels = [k for k in values if k != "step"]
+    fig.add_trace(go.Bar(x=labels, y=[values[k] for k in labels], marker_color=[colors.get(k, "#888") for k in labels],
+                         text=[fmt_bytes(values[k]) for k in labels], textposition="auto", hoverinfo="x+text"))
+    fig.update_layout(hovermode="closest", showlegend=False)
+    return fig
+
+
+def _col(df: pd.DataFrame, *names: str) -> str | None:
+    return next((n for n in names if n in df.columns), None)
+
+
+def _frame_text(v: Any) -> str:
+    if isinstance(v, list | tuple):
+        v = v[0] if v else ""
+    if isinstance(v, dict):
+        return f"{v.get('filename', '?')}:{v.get('line', '?')} {v.get('name', '')}"
+    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
+
+
+def segment_map_figure(mm: Any, max_segments: int = 60) -> go.Figure:
+    """Allocator segments as bars sized by bytes, blocks coloured by state, the largest free block called out."""
+    segs: pd.DataFrame = getattr(mm, "segments", pd.DataFrame())
+    blocks: pd.DataFrame = getattr(mm, "blocks", pd.DataFrame())
+    step = getattr(mm, "step", None)
+    reason = getattr(mm, "reason", None)
+    title = "Allocator segment map" + (f" (step {step})" if step is not None else "") + (f" - {reason}" if reason else "")
+    fig = base_figure(title, height=360, xaxis_title="bytes within segment", yaxis_title="")
+    fig.update_layout(hovermode="closest", barmode="overlay")
+    fig.update_xaxes(tickformat=".3s", ticksuffix="B")
+    size_c = _col(blocks, "size", "bytes", "total_size")
+    state_c = _col(blocks, "state")
+    if not len(segs) or not len(blocks) or size_c is None:
+        return waiting_figure(fig, "snapshot has no segments")
+    seg_addr = _col(segs, "address", "segment_address")
+    seg_size = _col(segs, "total_size", "size", "bytes")
+    seg_id = _col(blocks, "segment", "segment_index", "segment_id", "seg")
+    blocks = blocks.copy()
+    if seg_id is None and seg_addr and seg_size and "address" in blocks:
+        starts = segs[seg_addr].to_numpy(dtype=float)
+        order = np.argsort(starts)
+        pos = np.searchsorted(starts[order], blocks["address"].to_numpy(dtype=float), side="right") - 1
+        blocks["_seg"] = order[np.clip(pos, 0, len(order) - 1)]
+    elif seg_id is not None:
+        blocks["_seg"] = blocks[seg_id]
+    else:
+        blocks["_seg"] = 0
+    sizes = segs[seg_size].to_numpy(dtype=float) if seg_size else np.zeros(len(segs))
+    keep = list(np.argsort(-sizes)[:max_segments]) if len(segs) else []
+    blocks = blocks[blocks["_seg"].isin(keep)]
+    labels = {i: f"seg {i} ({fmt_bytes(sizes[i])})" for i in keep}
+    if "address" in blocks:
+        blocks = blocks.sort_values(["_seg", "address"])
+    blocks["_offset"] = blocks.groupby("_seg")[size_c].cumsum() - blocks[size_c]
+    frame_c = _col(blocks, "frame", "frames", "top_frame")
+    states = blocks[state_c].astype(str) if state_c else pd.Series("active_allocated", index=blocks.index)
+    for state in sorted(states.unique()):
+        b = blocks[states == state]
+        hover = [f"{state} {fmt_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
+                 for sz, fr in zip(b[size_c], b[frame_c] if frame_c else [None] * len(b), strict=False)]
+        fig.add_trace(go.Bar(orientation="h", y=[labels[int(s)] for s in b["_seg"]], x=b[size_c].astype(float).tolist(),
+                             base=b["_offset"].astype(float).tolist(), name=state,
+                             marker={"color": STATE_COLORS.get(state, "#7f7f7f"), "line": {"width": 0.5, "color": "#fff"}},
+                             hovertext=hover, hoverinfo="text"))
+    free = blocks[states == "inactive"] if state_c else blocks.iloc[:0]
+    if len(free):
+        big = free.loc[free[size_c].idxmax()]
+        total_free = float(free[size_c].sum())
+        fig.add_annotation(x=float(big["_offset"]) + float(big[size_c]) / 2, y=labels[int(big["_seg"])],
+                           text=f"largest free block {fmt_bytes(float(big[size_c]))} of {fmt_bytes(total_free)} free",
+                           showarrow=True, arrowhead=2, ax=40, ay=-30)
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 0) -> go.Figure:
+    """Activations saved for backward per module in the sampled step at or before ``step``."""
+    a = acts[acts["rank"] == rank] if "rank" in acts else acts
+    if step is not None:
+        a = a[a["step"] <= step]
+    fig = base_figure("Activations per module", height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
+    fig.update_layout(hovermode="closest", showlegend=False)
+    if not len(a):
+        return waiting_figure(fig, "no sampled step yet")
+    last = int(a["step"].max())
+    a = a[a["step"] == last]
+    fig.update_layout(title_text=f"Activations per module (step {last}, total {fmt_bytes(float(a['bytes'].sum()))})")
+    fig.add_trace(go.Bar(x=[plot_text(m) for m in a["module"]], y=a["bytes"].astype(float).tolist(),
+                         text=[fmt_bytes(float(b)) for b in a["bytes"]], hoverinfo="x+text",
+                         marker_color="#d62728"))
+    return fig

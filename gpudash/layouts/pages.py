@@ -1,0 +1,175 @@
+"""Assemble pages from a reader: the run page's figures and state, snapshots, range re-queries,
+the summary verdicts. Callbacks in :mod:`gpudash.app` are thin wrappers over these."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from dash import html
+from gpudash.layouts import events, hotspots, memory
+from gpudash.layouts.common import source_reason
+from gpudash.layouts.data import RunView, downsample_frame, load_view, rolled_frame
+from gpudash.layouts.downsample import MAX_POINTS
+from gpudash.layouts.live import initial_state
+from gpudash.layouts.run_page import LIVE_GRAPHS, build_graph, run_page
+from gpudash.store.reader import RunReader
+from gpudash.store.schema import NUMERIC_TABLES
+
+__all__ = [
+    "build_run_page",
+    "load_snapshots",
+    "memory_row_at",
+    "pick_snapshot",
+    "range_view",
+    "segment_map_view",
+    "snapshot_options",
+    "verdicts_for",
+]
+
+
+def load_snapshots(reader: RunReader, problems: list[str] | None = None) -> list[Any]:
+    """MemoryMap objects of the run's allocator snapshots ([] if none or the parser is missing)."""
+    frame = reader.read_table("snapshots")
+    if not len(frame):
+        return []
+    try:
+        mod = importlib.import_module("gpudash.store.snapshot")
+    except ImportError:
+        return []
+    try:
+        return list(mod.snapshots_from_frame(frame, problems if problems is not None else []))
+    except Exception as exc:  # noqa: BLE001 - a bad snapshot must not break the page
+        if problems is not None:
+            problems.append(f"snapshots unreadable: {exc}")
+        return []
+
+
+def snapshot_options(maps: list[Any]) -> list[dict[str, Any]]:
+    opts: list[dict[str, Any]] = [{"label": "snapshot at the cursor", "value": "cursor"}]
+    for i, mm in enumerate(maps):
+        step = getattr(mm, "step", None)
+        reason = getattr(mm, "reason", None) or ""
+        opts.append({"label": f"step {step} {reason}".strip(), "value": str(i)})
+    return opts
+
+
+def pick_snapshot(maps: list[Any], step: int | None, choice: str | None = "cursor") -> Any | None:
+    """The chosen snapshot, or the last one taken at or before ``step`` (else the first)."""
+    if not maps:
+        return None
+    if choice and choice != "cursor":
+        try:
+            return maps[int(choice)]
+        except (ValueError, IndexError):
+            pass
+    if step is None:
+        return maps[-1]
+    before = [m for m in maps if getattr(m, "step", None) is not None and int(m.step) <= step]
+    return before[-1] if before else maps[0]
+
+
+def segment_map_view(maps: list[Any], step: int | None, choice: str | None, meta: dict[str, Any],
+                     ev: pd.DataFrame | None = None) -> go.Figure | str:
+    mm = pick_snapshot(maps, step, choice)
+    if mm is None:
+        return source_reason("snapshots", meta, ev) + " (no snapshot recorded; snapshot_every or an OOM takes one)"
+    return memory.segment_map_figure(mm)
+
+
+def memory_row_at(reader: RunReader, step: int, rank: int = 0, lookback: int = 500) -> pd.DataFrame:
+    """Memory rows of ``rank`` just before and at ``step`` (for the breakdown at the cursor)."""
+    r = reader.ranks.get(rank)
+    if r is None:
+        return pd.DataFrame()
+    df = r.read("memory", "step <= ? AND step > ?", (int(step), int(step) - lookback))
+    if "_rowid" in df:
+        df = df.drop(columns="_rowid")
+    df.insert(0, "rank", rank)
+    return df
+
+
+def verdicts_for(path: Any) -> list[Any] | None:
+    """``gpudash.analysis.summarize(run)`` if the analysis package provides it; None otherwise."""
+    try:
+        analysis = importlib.import_module("gpudash.analysis")
+        summarize = analysis.summarize
+    except (ImportError, AttributeError):
+        return None
+    from gpudash.store.run import load_run
+
+    run = load_run(path)
+    try:
+        return list(summarize(run))
+    except Exception:  # noqa: BLE001 - analysis bugs must not take the page down
+        return None
+    finally:
+        run.close()
+
+
+def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None) -> html.Div:
+    view = view if view is not None else load_view(reader)
+    if rank not in view.ranks:
+        rank = view.ranks[0]
+    figs, specs = {}, {}
+    for g in LIVE_GRAPHS:
+        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step)
+    problems = list(view.problems)
+    maps = load_snapshots(reader, problems)
+    view.problems = problems
+    mem_now = memory.memory_at(view.frame("memory"), None, rank)
+    extra: dict[str, Any] = {
+        "memory_at": memory.memory_at_figure(mem_now),
+        "segment_map": segment_map_view(maps, view.last_step, "cursor", view.meta, view.frame("events")),
+        "snapshot_options": snapshot_options(maps),
+        "activations": memory.activations_figure(view.frame("activations"), None, rank),
+        "event_rows": events.event_rows(view.frame("events")),
+        "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
+    }
+    state = initial_state(run_id, view, specs, rank)
+    state["downsampled"] = any(view.levels.values()) or any(
+        len(view.frame(t)) >= MAX_POINTS for t in NUMERIC_TABLES)
+    return run_page(run_id, view, rank, figs, specs, state, extra)
+
+
+def _step_times(reader: RunReader, s0: float, s1: float) -> tuple[float, float] | None:
+    lo, hi = np.inf, -np.inf
+    for r in reader.ranks.values():
+        try:
+            a, b = r.conn.execute("SELECT min(time), max(time) FROM steps WHERE step >= ? AND step <= ?",
+                                  (s0, s1)).fetchone()
+        except Exception:  # noqa: BLE001 - a damaged table: fall back to the whole run
+            continue
+        if a is not None:
+            lo, hi = min(lo, a), max(hi, b)
+    return None if lo == np.inf else (float(lo), float(hi))
+
+
+def range_view(reader: RunReader, base: RunView, x0: float, x1: float, xmode: str = "step") -> RunView:
+    """The view's numeric tables re-read for a zoomed range, at most MAX_POINTS rows per rank."""
+    if xmode == "step":
+        times = _step_times(reader, x0, x1)
+        if times is None:
+            return base
+        t0, t1 = times
+    else:
+        t0, t1 = base.t0 + x0, base.t0 + x1
+    frames = dict(base.frames)
+    levels = dict(base.levels)
+    for table in NUMERIC_TABLES:
+        df, level = reader.read_range(table, t0, t1, max_rows=MAX_POINTS)
+        if level:
+            df = rolled_frame(df)
+        elif "_rowid" in df:
+            df = df.drop(columns="_rowid")
+        for c in ("step", "gpu"):
+            if c in df and df[c].notna().all():
+                df[c] = df[c].astype("int64")
+        frames[table] = downsample_frame(df, table, MAX_POINTS)
+        levels[table] = level
+    return RunView(path=base.path, meta=base.meta, status=base.status, frames=frames, levels=levels,
+                   problems=base.problems, cursor=base.cursor, last=base.last, t0=base.t0)
+

@@ -1,0 +1,210 @@
+"""The run page: header, replay bar, and the memory, throughput, device, stability, events and
+hot-spot views, for live and saved runs alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import dcc, html
+from gpudash.layouts import device, events, hotspots, memory, stability, throughput
+from gpudash.layouts.common import fmt_bytes, note, source_reason
+from gpudash.layouts.data import RunView
+from gpudash.layouts.runs import device_label
+from gpudash.layouts.series import Series
+
+__all__ = ["LIVE_GRAPHS", "SPEEDS", "build_graph", "graph_specs", "run_page", "summary_children"]
+
+#: Graphs that grow by extendData while a run is live.
+LIVE_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph", "loss-graph", "signals-graph",
+               "device-graph", "host-graph")
+#: Graphs that carry the replay cursor as their first layout shape.
+CURSOR_GRAPHS = ("memory-graph", "step-time-graph", "loss-graph", "phases-graph")
+SPEEDS = (1, 2, 5, 10, 20, 50, 100)
+GRAPH_CONFIG: Any = {"displaylogo": False, "scrollZoom": False}
+
+
+def _ranks(frames: dict[str, Any]) -> list[int]:
+    ranks: set[int] = set()
+    for df in frames.values():
+        if df is not None and len(df) and "rank" in df:
+            ranks.update(int(r) for r in df["rank"].unique())
+    return sorted(ranks) or [0]
+
+
+def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0) -> list[Series]:
+    """The series ``graph`` shows for these frames (the same function decides rebuilds while live)."""
+    import pandas as pd
+
+    empty = pd.DataFrame()
+    steps, mem = frames.get("steps", empty), frames.get("memory", empty)
+    ranks = _ranks({"steps": steps})
+    if graph == "memory-graph":
+        return memory.memory_series(mem, rank)
+    if graph == "step-time-graph":
+        return throughput.step_time_series(steps, ranks)
+    if graph == "rates-graph":
+        return throughput.rate_series(steps, ranks)
+    if graph == "phases-graph":
+        return throughput.phase_series(steps, rank)
+    if graph == "loss-graph":
+        return stability.loss_series(steps, ranks)
+    if graph == "signals-graph":
+        return stability.signal_series(steps, mem, rank)[0]
+    if graph == "device-graph":
+        return device.device_series(frames.get("device", empty))
+    if graph == "host-graph":
+        return device.host_series(frames.get("host", empty))
+    raise KeyError(graph)
+
+
+def _cursor_shape(step: int | None) -> dict[str, Any]:
+    return {"type": "line", "xref": "x", "yref": "paper", "x0": step or 0, "x1": step or 0, "y0": 0, "y1": 1,
+            "line": {"color": "#111", "width": 1.5, "dash": "dot"}, "visible": step is not None}
+
+
+def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None) -> tuple[go.Figure, list[Series]]:
+    """A whole figure for ``graph`` from the view's (downsampled) frames."""
+    live = view.status == "live"
+    f = view.frames
+    specs = graph_specs(graph, f, rank)
+    if graph == "memory-graph":
+        fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
+    elif graph == "step-time-graph":
+        fig = throughput.step_time_figure(view.frame("steps"), specs, live)
+    elif graph == "rates-graph":
+        fig = throughput.rates_figure(view.frame("steps"), specs, live)
+    elif graph == "phases-graph":
+        fig = throughput.phase_figure(view.frame("steps"), specs, live)
+    elif graph == "loss-graph":
+        fig = stability.loss_figure(view.frame("steps"), specs, live)
+    elif graph == "signals-graph":
+        _, titles = stability.signal_series(view.frame("steps"), view.frame("memory"), rank)
+        fig = device.panels_figure("Stability signals", f, specs, view.t0, live, axis_titles=titles, xaxis_title="step")
+    elif graph == "device-graph":
+        fig = device.panels_figure("Device", f, specs, view.t0, live)
+    elif graph == "host-graph":
+        fig = device.panels_figure("Host (CPU, process memory)", f, specs, view.t0, live)
+    else:
+        raise KeyError(graph)
+    if graph in CURSOR_GRAPHS:
+        fig.update_layout(shapes=[_cursor_shape(cursor), *(fig.layout.shapes or ())])
+    return fig, specs
+
+
+def _graph(graph_id: str, fig: go.Figure) -> dcc.Graph:
+    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph")
+
+
+def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[str, go.Figure],
+          specs: dict[str, list[Series]]) -> Any:
+    """The graph, or for a finished run with nothing recorded, one line saying why (and a hidden graph)."""
+    fig = figs[graph_id]
+    if specs.get(graph_id) or view.status == "live" or reason_source is None:
+        return _graph(graph_id, fig)
+    reason = source_reason(reason_source, view.meta, view.frame("events"))
+    return html.Div([note(reason, id=f"{graph_id}-reason"),
+                     html.Div(_graph(graph_id, fig), style={"display": "none"})])
+
+
+def summary_children(verdicts: list[Any]) -> list[Any]:
+    """The post-mortem verdicts as text (title, severity, evidence, recommendation)."""
+    out: list[Any] = []
+    for v in verdicts:
+        sev = str(getattr(v, "severity", "ok"))
+        items: list[Any] = [html.Span(sev, className=f"sev sev-{sev}"), html.B(str(getattr(v, "title", "")))]
+        evidence = getattr(v, "evidence", None) or []
+        body: list[Any] = [html.Li(str(e)) for e in evidence]
+        rec = getattr(v, "recommendation", None)
+        if rec:
+            body.append(html.Li(["→ ", str(rec)], className="rec"))
+        out.append(html.Div([html.Div(items), html.Ul(body)], className="verdict"))
+    return out
+
+
+def _section(title: str, children: list[Any], sid: str) -> html.Section:
+    return html.Section([html.H3(title), *children], id=sid, className="view")
+
+
+def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, go.Figure], specs: dict[str, list[Series]],
+             state: dict[str, Any], extra: dict[str, Any]) -> html.Div:
+    """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
+    rows, hot-spot rows, the summary verdicts (or None) and the snapshot options."""
+    meta = view.meta
+    last = view.last_step
+    first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
+    stats = throughput.throughput_stats(view.frame("steps"), meta)
+    lights = stability.stability_lights(view.frame("steps"), view.frame("memory"), view.frame("events"))
+    device_name = device_label(meta)
+    cap = meta.get("device_capacity_bytes")
+    header = html.Div([
+        html.Div([dcc.Link("← all runs", href="/"), html.H2(str(meta.get("name") or run_id), id="run-name")]),
+        html.Div([
+            html.Span(view.status, id="run-status", className=f"status status-{view.status}"),
+            html.Span(f" {device_name}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
+            html.Span(f" · ranks {', '.join(map(str, view.ranks))}", className="muted"),
+            html.Span(" · step ", className="muted"), html.Span("-" if last is None else str(last), id="last-step"),
+            html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")
+            and view.status != "live" else None,
+        ]),
+        html.Div([note(p) for p in view.problems], id="run-problems"),
+        html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
+                 style={} if extra.get("verdicts") else {"display": "none"}),
+    ], className="run-header")
+    replay = html.Div([
+        html.Button("▶ play", id="play-button", n_clicks=0, className="button"),
+        dcc.Dropdown(id="speed", options=[{"label": f"{s}x", "value": s} for s in SPEEDS], value=10, clearable=False,
+                     style={"width": "90px"}),
+        html.Button("⏮ prev event", id="prev-event", n_clicks=0, className="button"),
+        html.Button("next event ⏭", id="next-event", n_clicks=0, className="button"),
+        html.Span("cursor: ", className="muted"), html.Span("-" if last is None else str(last), id="cursor-label"),
+        html.Div(dcc.Slider(id="cursor-slider", min=first_step, max=max(last or 0, first_step + 1),
+                            value=last if last is not None else 0, step=1, updatemode="mouseup", marks=None,
+                            tooltip={"placement": "bottom", "always_visible": False}), className="slider"),
+        dcc.Interval(id="play-interval", interval=500, disabled=True),
+    ], className="replay-bar", id="replay-bar")
+    acts_reason = None if len(view.frame("activations")) else source_reason("activations", meta, view.frame("events"))
+    snap = extra.get("segment_map")
+    mem_section = _section("Memory", [
+        _view("memory-graph", view, "memory", figs, specs),
+        html.Div([
+            html.Div(_graph("memory-at-graph", extra["memory_at"]), className="half"),
+            html.Div([dcc.Dropdown(id="snapshot-pick", options=extra.get("snapshot_options") or [], value="cursor",
+                                   clearable=False),
+                      html.Div(_graph("segment-map", snap) if isinstance(snap, go.Figure) else note(str(snap)),
+                               id="segment-map-box")], className="half"),
+        ], className="row"),
+        html.Div(note(acts_reason) if acts_reason else _graph("activations-graph", extra["activations"]),
+                 id="activations-box"),
+    ], "memory-view")
+    tp_section = _section("Throughput", [
+        html.Ul([html.Li(t) for t in throughput.stats_lines(stats)], id="throughput-stats", className="stats"),
+        _view("step-time-graph", view, None, figs, specs),
+        html.Div([html.Div(_view("rates-graph", view, None, figs, specs), className="half"),
+                  html.Div(_view("phases-graph", view, None, figs, specs), className="half")], className="row"),
+    ], "throughput-view")
+    dev_section = _section("Device", [
+        _view("device-graph", view, "device", figs, specs),
+        _view("host-graph", view, "host", figs, specs),
+    ], "device-view")
+    stab_section = _section("Stability", [
+        html.Div(stability.lights_row(lights), id="stability-lights", className="lights"),
+        _view("loss-graph", view, None, figs, specs),
+        _view("signals-graph", view, "allocator", figs, specs),
+    ], "stability-view")
+    ev_rows = extra.get("event_rows") or []
+    ev_section = _section("Events", [
+        _graph("events-graph", events.events_figure(view.frame("events"))),
+        html.Div(events.events_table(ev_rows), id="events-box"),
+    ], "events-view")
+    hot_rows = extra.get("hotspot_rows") or []
+    hot_section = _section("Python hot spots", [
+        hotspots.hotspots_table(hot_rows) if hot_rows else note(source_reason("stacks", meta, view.frame("events")))
+    ], "hotspots-view")
+    return html.Div([
+        header, replay, mem_section, tp_section, dev_section, stab_section, ev_section, hot_section,
+        dcc.Store(id="live-state", data=state),
+        dcc.Store(id="page-run", data={"run": run_id, "rank": rank,
+                                       "step_s": stats.get("median_s") or 0.1}),
+        dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),
+    ], id="run-page")

@@ -1,0 +1,42 @@
+"""The dashboard's CSS and page shell (inline: the app serves no asset files)."""
+
+from __future__ import annotations
+
+__all__ = ["CSS", "index_string"]
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; background: #f6f7f9; color: #222; }
+#page { max-width: 1500px; margin: 0 auto; padding: 12px 20px 60px; }
+.topbar { background: #1f2937; color: #fff; padding: 8px 20px; font-weight: 600; }
+.topbar a { color: #fff; text-decoration: none; }
+.muted { color: #666; }
+.note { color: #555; background: #fff; border: 1px dashed #bbb; padding: 10px 12px; margin: 6px 0; font-size: 14px; }
+.view { background: #fff; border: 1px solid #e3e5e8; border-radius: 6px; padding: 8px 14px; margin: 14px 0; }
+.view h3 { margin: 6px 0; font-size: 16px; }
+.row { display: flex; gap: 12px; flex-wrap: wrap; }
+.half { flex: 1 1 480px; min-width: 0; }
+.status { padding: 1px 8px; border-radius: 10px; font-size: 13px; color: #fff; background: #888; }
+.status-live { background: #2ca02c; } .status-finished { background: #1f77b4; } .status-crashed { background: #d62728; }
+.runs-table { border-collapse: collapse; width: 100%; background: #fff; margin: 10px 0; }
+.runs-table th, .runs-table td { border-bottom: 1px solid #e3e5e8; padding: 6px 10px; text-align: left; font-size: 14px; }
+.button { padding: 4px 10px; margin-right: 6px; border: 1px solid #bbb; border-radius: 4px; background: #fff;
+  cursor: pointer; text-decoration: none; color: #222; font-size: 13px; }
+.replay-bar { display: flex; align-items: center; gap: 8px; flex-wrap: wrap; background: #fff; border: 1px solid #e3e5e8;
+  border-radius: 6px; padding: 8px 14px; position: sticky; top: 0; z-index: 10; }
+.replay-bar .slider { flex: 1 1 400px; min-width: 300px; }
+.lights { display: flex; gap: 18px; flex-wrap: wrap; margin: 6px 0; font-size: 13px; }
+.light { display: inline-block; width: 12px; height: 12px; border-radius: 6px; margin-right: 5px; vertical-align: -1px; }
+.light-green { background: #2ca02c; } .light-amber { background: #ffb000; } .light-red { background: #d62728; }
+.light-grey { background: #bbb; }
+.stats { display: flex; gap: 22px; flex-wrap: wrap; list-style: none; padding: 0; margin: 4px 0; font-size: 14px; }
+.verdict { border-left: 4px solid #bbb; padding: 4px 10px; margin: 6px 0; background: #fff; }
+.sev { font-size: 12px; padding: 0 6px; border-radius: 8px; margin-right: 6px; color: #fff; background: #888; }
+.sev-bad { background: #d62728; } .sev-warn { background: #ffb000; } .sev-ok { background: #2ca02c; }
+#last-step { font-weight: 600; }
+"""
+
+
+def index_string(title: str = "gpudash") -> str:
+    return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>{%favicon%}{%css%}<style>" + CSS
+            + "</style></head><body><div class='topbar'><a href='/'>gpudash</a></div>{%app_entry%}<footer>"
+            "{%config%}{%scripts%}{%renderer%}</footer></body></html>")

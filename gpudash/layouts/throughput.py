@@ -1,0 +1,160 @@
+"""Throughput views: step time (median and p95 over a window), samples/s, tokens/s, MFU and
+the phase breakdown, so an input-bound run looks different from a compute-bound one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from gpudash.layouts.common import base_figure, fmt_num, fmt_s, waiting_figure
+from gpudash.layouts.series import WINDOW, Series, add_series, series_xy
+
+__all__ = [
+    "PHASE_COLORS",
+    "phase_columns",
+    "phase_figure",
+    "phase_series",
+    "rate_series",
+    "rates_figure",
+    "step_time_figure",
+    "step_time_series",
+    "throughput_stats",
+]
+
+PHASE_COLORS = {"data": "#8c564b", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
+                "offload": "#9467bd"}
+_NOT_PHASES = {"duration_s"}
+
+
+def phase_columns(steps: pd.DataFrame) -> list[str]:
+    """``<phase>_s`` columns (data_s, forward_s, ...), known phases first."""
+    cols = [c for c in steps.columns if c.endswith("_s") and c not in _NOT_PHASES and steps[c].notna().any()]
+    known = [f"{p}_s" for p in PHASE_COLORS]
+    return [c for c in known if c in cols] + sorted(c for c in cols if c not in known)
+
+
+def step_time_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
+    if "duration_s" not in steps or not steps["duration_s"].notna().any():
+        return []
+    out = []
+    for r in ranks:
+        suffix = f" r{r}" if len(ranks) > 1 else ""
+        out += [Series("steps", "duration_s", f"step time{suffix}", rank=r, color="#aec7e8" if len(ranks) == 1 else None),
+                Series("steps", "duration_s", f"median ({WINDOW}){suffix}", rank=r, fn="median",
+                       color="#1f77b4" if len(ranks) == 1 else None),
+                Series("steps", "duration_s", f"p95 ({WINDOW}){suffix}", rank=r, fn="p95",
+                       color="#ff7f0e" if len(ranks) == 1 else None)]
+    return out
+
+
+def step_time_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+    fig = base_figure("Step time", yaxis_title="seconds")
+    for s in specs:
+        add_series(fig, s, *series_xy(s, steps))
+    if not specs and live:
+        waiting_figure(fig)
+    return fig
+
+
+def rate_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
+    out = []
+    for col, label, axis in (("samples", "samples/s", "y"), ("tokens", "tokens/s", "y2")):
+        if col in steps and steps[col].notna().any():
+            for r in ranks:
+                out.append(Series("steps", col, label + (f" r{r}" if len(ranks) > 1 else ""), rank=r, fn="rate",
+                                  yaxis=axis))
+    return out
+
+
+def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+    fig = base_figure("Samples/s and tokens/s", yaxis_title="samples/s")
+    fig.update_layout(yaxis2={"title": "tokens/s", "overlaying": "y", "side": "right", "showgrid": False})
+    for s in specs:
+        add_series(fig, s, *series_xy(s, steps))
+    if not specs:
+        waiting_figure(fig, "waiting for the first records..." if live else
+                       "samples/tokens not recorded (pass monitor.step(samples=..., tokens=...))")
+    return fig
+
+
+def phase_series(steps: pd.DataFrame, rank: int = 0) -> list[Series]:
+    return [Series("steps", c, c.removesuffix("_s"), rank=rank, style="bar",
+                   color=PHASE_COLORS.get(c.removesuffix("_s"))) for c in phase_columns(steps)]
+
+
+def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+    fig = base_figure("Phase breakdown per step", yaxis_title="seconds")
+    fig.update_layout(barmode="stack", bargap=0)
+    for s in specs:
+        add_series(fig, s, *series_xy(s, steps))
+    if not specs:
+        waiting_figure(fig, "waiting for the first records..." if live else
+                       "no phases recorded (wrap parts of the step in monitor.phase(name))")
+    return fig
+
+
+def _meta_num(meta: dict[str, Any], *keys: str) -> float | None:
+    for src in (meta, meta.get("estimate") or {}, meta.get("config") or {}):
+        if not isinstance(src, dict):
+            continue
+        for k in keys:
+            try:
+                v = float(src[k])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if np.isfinite(v) and v > 0:
+                return v
+    return None
+
+
+def throughput_stats(steps: pd.DataFrame, meta: dict[str, Any], window: int = WINDOW * 2) -> dict[str, Any]:
+    """Headline numbers over the last ``window`` steps (of rank 0): medians, rates, MFU, phase shares."""
+    s = steps
+    if "rank" in s and len(s):
+        s = s[s["rank"] == s["rank"].min()]
+    s = s.tail(window)
+    out: dict[str, Any] = {"window": len(s)}
+    if not len(s) or "duration_s" not in s:
+        return out
+    dur = s["duration_s"].astype(float)
+    out["median_s"] = float(dur.median())
+    out["p95_s"] = float(dur.quantile(0.95))
+    total = float(dur.sum())
+    for col in ("samples", "tokens"):
+        if col in s and s[col].notna().any() and total > 0:
+            out[f"{col}_per_s"] = float(s[col].sum()) / total
+    if "mfu" in s and s["mfu"].notna().any():
+        out["mfu"] = float(s["mfu"].median())
+    else:
+        peak = _meta_num(meta, "peak_flops", "device_peak_flops", "peak_tflops_bf16")
+        fpt = _meta_num(meta, "flops_per_token")
+        if peak and fpt and out.get("tokens_per_s"):
+            out["mfu"] = out["tokens_per_s"] * fpt / peak
+    phases = phase_columns(s)
+    if phases and total > 0:
+        out["phases"] = {c.removesuffix("_s"): float(s[c].sum()) / total for c in phases}
+    return out
+
+
+def stats_lines(stats: dict[str, Any]) -> list[str]:
+    """The stats as short text items for the throughput header."""
+    if "median_s" not in stats:
+        return ["no steps yet"]
+    items = [f"step time median {fmt_s(stats['median_s'])}, p95 {fmt_s(stats['p95_s'])} "
+             f"(last {stats['window']} steps)"]
+    if "samples_per_s" in stats:
+        items.append(f"{fmt_num(stats['samples_per_s'])} samples/s")
+    if "tokens_per_s" in stats:
+        items.append(f"{fmt_num(stats['tokens_per_s'])} tokens/s")
+    items.append(f"MFU {100 * stats['mfu']:.1f} %" if "mfu" in stats else "MFU: device peak unknown")
+    if stats.get("phases"):
+        top = max(stats["phases"].items(), key=lambda kv: kv[1])
+        items.append(f"largest phase: {top[0]} {100 * top[1]:.0f} %")
+        if stats["phases"].get("data", 0) > 0.3:
+            items.append("input-bound: data loading takes over 30 % of the step")
+    return items
+
+
+__all__ += ["stats_lines"]
