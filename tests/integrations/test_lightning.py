@@ -1,0 +1,84 @@
+"""GpudashCallback with a real lightning.pytorch.Trainer on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+L = pytest.importorskip("lightning.pytorch")
+
+from gpudash import load_run  # noqa: E402
+from gpudash.integrations.lightning import GpudashCallback  # noqa: E402
+
+STEPS = 5
+
+
+class Tiny(L.LightningModule):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(float(loss))
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _loader() -> Any:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 16, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, 10 * x[:, :1]), batch_size=8)
+
+
+def _fit(root: Path, callback: GpudashCallback, **kwargs: Any) -> Tiny:
+    torch.manual_seed(0)
+    model = Tiny()
+    trainer = L.Trainer(default_root_dir=str(root), accelerator="cpu", devices=1, max_steps=STEPS, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[callback], **kwargs)
+    trainer.fit(model, _loader())
+    return model
+
+
+def test_lightning_steps_loss_lr_grad_norm_memory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "pl"
+    model = _fit(tmp_path, GpudashCallback(run_dir, host_hz=0, handle_signals=False),
+                 accumulate_grad_batches=2, gradient_clip_val=0.01)
+    run = load_run(run_dir)
+    assert run.status == "finished"
+    s = run.steps
+    assert list(s["step"]) == list(range(STEPS))
+    assert (s["samples"] == 16).all()  # two micro-batches of 8
+    assert "tokens" not in s or s["tokens"].isna().all()  # float features: no tokens
+    for phase in ("forward_s", "backward_s", "optimizer_s"):
+        assert (s[phase] > 0).all(), phase
+    # loss: the mean of training_step's two losses in each optimizer step
+    pairs = [sum(model.losses[2 * i: 2 * i + 2]) / 2 for i in range(STEPS)]
+    assert list(s["loss"]) == pytest.approx(pairs, rel=1e-5)
+    assert list(s["lr"]) == pytest.approx([0.1 * 0.5**i for i in range(STEPS)])  # the rate each step used
+    assert (s["grad_norm"] > 0.01).all()  # measured before clipping to 0.01
+    mem = run.memory
+    n_params = sum(p.numel() for p in model.parameters())
+    assert (mem["params_bytes"] == 4 * n_params).all()
+    assert (mem["grads_bytes"] == 4 * n_params).all()
+    assert run.meta["config"]["framework"] == "lightning"
+    assert run.meta["config"]["accumulate_grad_batches"] == 2
+    run.close()
+
+
+def test_default_run_dir(tmp_path: Path) -> None:
+    _fit(tmp_path, GpudashCallback(host_hz=0, handle_signals=False, grad_norm=False))
+    run = load_run(tmp_path / "gpudash")
+    assert len(run.steps) == STEPS and "grad_norm" not in run.steps
+    assert (run.steps["samples"] == 8).all()
+    run.close()
