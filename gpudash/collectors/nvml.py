@@ -23,7 +23,7 @@ Raw metrics (name: NVML call -> raw value):
 Recording format (:func:`record_nvml` writes it; JSON)::
 
     {"format": "gpudash-nvml-recording", "version": 1, "synthetic": false,
-     "driver_version": "...", "hz": 20.0,
+     "pid": 1234, "driver_version": "...", "hz": 20.0, "sample_cost_us": 180.0,
      "devices": [{"index", "uuid", "pci_bus_id", "name", "memory_total_bytes"}],
      "probe": {"0": {"utilization": "ok", "gpm": "ok", "energy": "not supported: ..."}},
      "ticks": [{"t": 1.7e9, "gpus": {"0": {"utilization": [97, 41], ...}}}]}
@@ -235,7 +235,7 @@ class RecordingSource:
         return value
 
     def recording(self, **extra: Any) -> dict[str, Any]:
-        return {"format": RECORDING_FORMAT, "version": 1, "synthetic": False, **extra,
+        return {"format": RECORDING_FORMAT, "version": 1, "synthetic": False, "pid": os.getpid(), **extra,
                 "devices": self.devices(), "probe": self.probe, "ticks": self.ticks}
 
     def close(self) -> None:
