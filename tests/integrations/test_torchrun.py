@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch.distributed.run")
 
-from gpudash import load_run  # noqa: E402
-from gpudash.analysis.ranks import rank_skew, straggler_summary  # noqa: E402
+from gpudash import load_run
+from gpudash.analysis.ranks import rank_skew, straggler_summary
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 STEPS = 12
