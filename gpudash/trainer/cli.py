@@ -1,0 +1,140 @@
+"""``gpudash train``: the memory-optimized trainer from the command line.
+
+    gpudash train --preset tiny --steps 50 --ckpt block --precision bf16 --run-dir runs/tiny-block
+
+Testing aids (documented, off by default): ``--memory-budget-gb`` and
+``--inject-oom-at-batch`` make OOMs happen on a CPU, ``--inject-nan-at-step``
+makes the loss non-finite, ``--slow-data-ms`` makes the run input-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from gpudash.errors import UserError
+
+__all__ = ["add_arguments", "run", "summary_lines"]
+
+
+def _steps_list(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected step numbers like 5,6,7, got {text!r}") from None
+    if any(s < 0 for s in out):
+        raise argparse.ArgumentTypeError("step numbers must be >= 0")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpudash.trainer.model import PRESETS
+
+    p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
+    p.add_argument("--steps", type=int, default=50, help="optimizer steps (default: 50)")
+    p.add_argument("--ckpt", default="none", help="gradient checkpointing: none, block, every-N, attn, mlp")
+    p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (default: fp32)")
+    p.add_argument("--offload", default="none", help="none, optimizer or optimizer+grads (default: none)")
+    p.add_argument("--weights", default="fp32", help="device weight dtype fp32 or bf16 (bf16 needs --offload)")
+    p.add_argument("--batch", default="auto", help="micro-batch: auto (estimator, then adaptive) or N")
+    p.add_argument("--effective-batch", type=int, default=0,
+                   help="samples per optimizer step (default: N for --batch N, 16 for auto)")
+    p.add_argument("--max-micro-batch", type=int, default=0, help="cap for the adaptive micro-batch")
+    p.add_argument("--seq-len", type=int, default=0, help="longest sample in tokens (default: preset block size)")
+    p.add_argument("--min-len", type=int, default=0, help="shortest sample (default: seq-len / 2)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/train-<time>)")
+    p.add_argument("--name", default=None, help="run name shown in the dashboard")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    p.add_argument("--memory-cap-gb", type=float, default=0.0,
+                   help="CUDA: behave like a card of this size (set_per_process_memory_fraction)")
+    p.add_argument("--memory-budget-gb", type=float, default=0.0,
+                   help="CPU testing aid: OOM when measured bytes exceed this")
+    p.add_argument("--inject-oom-at-batch", type=int, default=0, metavar="N",
+                   help="testing aid: raise OutOfMemoryError in forward while the micro-batch is >= N")
+    p.add_argument("--inject-nan-at-step", type=_steps_list, default=(), metavar="N[,M...]",
+                   help="testing aid: make the loss non-finite at these steps")
+    p.add_argument("--slow-data-ms", type=float, default=0.0, metavar="MS",
+                   help="testing aid: sleep in the data phase of every step (input-bound run)")
+    p.add_argument("--fallback-after", type=int, default=3, help="non-finite steps in a row before fp32 fallback")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from gpudash.trainer.config import TrainConfig
+
+    run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    try:
+        return TrainConfig(
+            preset=args.preset, steps=args.steps, run_dir=run_dir, name=args.name, device=args.device,
+            ckpt=args.ckpt, precision=args.precision, offload=args.offload, weights=args.weights,
+            batch=args.batch, effective_batch=args.effective_batch, max_micro_batch=args.max_micro_batch,
+            seq_len=args.seq_len, min_len=args.min_len, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed,
+            memory_cap_gb=args.memory_cap_gb, memory_budget_gb=args.memory_budget_gb,
+            inject_oom_at_batch=args.inject_oom_at_batch, inject_nan_at_steps=args.inject_nan_at_step,
+            slow_data_ms=args.slow_data_ms, fallback_after=args.fallback_after, progress=not args.no_progress,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def summary_lines(run_dir: Path) -> list[str]:
+    """Peak memory by category, tokens/s, events: what a user wants after a run."""
+    from gpudash.info import human_bytes
+    from gpudash.store import load_run
+
+    r = load_run(run_dir)
+    try:
+        lines = [f"run      {run_dir}  ({r.status})"]
+        summ = r.meta.get("train_summary") or {}
+        if summ.get("seconds"):
+            lines.append(f"speed    {summ['tokens'] / summ['seconds']:,.0f} tokens/s over {summ['seconds']:.1f} s"
+                         f"   final micro-batch {summ.get('final_micro_batch')}, precision "
+                         f"{summ.get('final_precision')}")
+        if len(r.steps) and "loss" in r.steps:
+            lines.append(f"loss     {r.steps['loss'].iloc[0]:.3f} -> {r.steps['loss'].iloc[-1]:.3f}")
+        est = r.meta.get("estimate") or {}
+        m = r.memory
+        rows = []
+        for col in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+                    "allocated_bytes", "offload_host_bytes", "budget_peak_bytes"):
+            if col in m and m[col].notna().any():
+                pred = est.get(col)
+                rows.append(f"  {col.removesuffix('_bytes'):<14} {human_bytes(m[col].max()):>11}"
+                            + (f"   predicted {human_bytes(pred)}" if pred is not None else ""))
+        if rows:
+            lines.append("peak memory by category (measured max):")
+            lines.extend(rows)
+            if est.get("peak_bytes"):
+                lines.append(f"  {'peak':<14} {'':>11}   predicted {human_bytes(est['peak_bytes'])}")
+        if len(r.events):
+            counts = r.events["kind"].value_counts()
+            lines.append("events   " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+            for _, ev in r.events.iterrows():
+                if ev["kind"] in ("oom", "precision_fallback", "batch_size_change", "loss_spike", "nan",
+                                  "config_warning"):
+                    lines.append(f"  step {int(ev['step']):>4}  {ev['kind']}: {ev['message']}")
+        lines.append(f"look at it: gpudash serve {run_dir.parent}   |   gpudash info {run_dir}")
+        return lines
+    finally:
+        r.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    from gpudash.trainer.loop import Trainer
+
+    try:
+        trainer = Trainer(cfg)
+        run_dir = trainer.run()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    except MemoryError as exc:
+        raise UserError(str(exc)) from None
+    if trainer.rank == 0:
+        print("\n".join(summary_lines(run_dir)))
+    return 0

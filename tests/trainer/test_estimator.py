@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpudash.trainer.estimator import estimate, safe_micro_batch, what_fits
+from gpudash.trainer.model import GPT, preset
+
+SAME_SHAPE = {"seq_len": 64, "min_len": 64, "batch": 8, "steps": 3}
+
+
+def _saved_bytes(mode: str, precision: str, b: int = 4, t: int = 64) -> int:
+    """What autograd really keeps for one forward, as the Monitor counts it."""
+    from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
+
+    torch.manual_seed(0)
+    model = GPT(preset("tiny"))
+    apply_checkpointing(model, parse_mode(mode))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        st = x.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return x
+
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
+    idx = torch.randint(0, 256, (b, t))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), ctx:
+        model(idx, idx)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["none", "block", "every-2", "attn", "mlp"])
+def test_activation_model_matches_what_autograd_saves(mode: str, precision: str) -> None:
+    predicted = estimate(preset("tiny"), micro_batch=4, seq_len=64, ckpt=mode, precision=precision).activations_bytes
+    measured = _saved_bytes(mode, precision)
+    assert abs(predicted - measured) / measured < 0.01
+
+
+@pytest.mark.parametrize("mode", ["none", "block"])
+def test_estimate_matches_the_monitors_measured_categories(run_train, mode: str) -> None:  # type: ignore[no-untyped-def]
+    r = run_train(mode, ckpt=mode, **SAME_SHAPE)
+    est = r.meta["estimate"]
+    mem = r.memory
+    assert est["params_bytes"] == mem["params_bytes"].max()
+    assert est["grads_bytes"] == mem["grads_bytes"].max()
+    # fused AdamW adds a 4-byte step counter per parameter tensor
+    assert abs(est["optimizer_bytes"] - mem["optimizer_bytes"].max()) / est["optimizer_bytes"] < 0.01
+    assert abs(est["activations_bytes"] - mem["activations_bytes"].max()) / est["activations_bytes"] < 0.10
+    measured_sum = sum(mem[c].max() for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
+    predicted_sum = sum(est[c] for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
+    assert abs(predicted_sum - measured_sum) / measured_sum < 0.10
+
+
+def test_techniques_move_memory_the_right_way() -> None:
+    cfg = preset("gpt2-124m")
+    base = estimate(cfg, micro_batch=8, seq_len=1024)
+    assert estimate(cfg, micro_batch=8, seq_len=1024, ckpt="block").activations_bytes < 0.35 * base.activations_bytes  # logits stay
+    assert estimate(cfg, micro_batch=8, seq_len=1024, precision="bf16").activations_bytes < base.activations_bytes
+    off = estimate(cfg, micro_batch=8, seq_len=1024, offload="optimizer+grads")
+    assert off.optimizer_bytes == 0 and off.grads_bytes < base.grads_bytes and off.host_bytes > 0
+    assert off.peak_bytes < base.peak_bytes
+    with pytest.raises(ValueError, match="offload"):
+        estimate(cfg, micro_batch=1, seq_len=8, weights="bf16")
+
+
+def test_llama_7b_on_a_24_gb_card() -> None:
+    fits = [f for f in what_fits(preset("llama-7b"), card_bytes=24 * 2**30, seq_len=2048) if f.micro_batch]
+    assert fits, "some technique mix must fit"
+    assert all(f.offload != "none" and f.weights == "bf16" for f in fits)  # fp32 weights alone are 25 GiB
+    assert max(f.micro_batch for f in fits if f.ckpt == "block") >= 2
+    assert all(f.peak_bytes <= 24 * 2**30 for f in fits)
+
+
+def test_safe_micro_batch_respects_capacity() -> None:
+    cfg = preset("gpt2-124m")
+    cap = 16 * 2**30
+    b = safe_micro_batch(cfg, capacity_bytes=cap, seq_len=1024, limit=256, fraction=0.8)
+    assert b >= 1
+    assert estimate(cfg, micro_batch=b, seq_len=1024, accum=2).peak_bytes <= 0.8 * cap
+    assert estimate(cfg, micro_batch=b + 1, seq_len=1024, accum=2).peak_bytes > 0.8 * cap
