@@ -30,7 +30,7 @@ CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
     ("activations_bytes", "activations", "#d62728", "raw"),
     ("other_bytes", "other (allocated)", "#9467bd", "raw"),
     ("reserved_bytes", "allocator cache", "#c7c7c7", "cache"),
-    ("other_processes_bytes", "other processes / context", "#8c564b", "raw"),
+    ("non_pytorch_bytes", "other processes / context", "#8c564b", "raw"),
 )
 STATE_COLORS = {"active_allocated": "#d62728", "active_pending_free": "#ff9896", "inactive": "#c7c7c7"}
 
@@ -65,8 +65,10 @@ def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
     cap = _first_num(meta.get("device_capacity_bytes"), meta.get("device_total_bytes"))
     if cap:
         out.append(("device capacity", cap, "solid"))
-    budget = _first_num(meta.get("memory_budget_bytes"), meta.get("budget_bytes"), config.get("memory_budget_bytes"),
-                        config.get("budget_bytes"), config.get("memory_cap_bytes"))
+    gib = 2**30
+    budget = _first_num(meta.get("memory_budget_bytes"), config.get("memory_budget_bytes"),
+                        _first_num(config.get("memory_cap_gb")) and float(config["memory_cap_gb"]) * gib,
+                        _first_num(config.get("memory_budget_gb")) and float(config["memory_budget_gb"]) * gib)
     if budget and budget != cap:
         out.append(("budget", budget, "dot"))
     pred = _first_num(estimate.get("peak_bytes"))

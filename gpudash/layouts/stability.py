@@ -16,7 +16,11 @@ __all__ = ["Light", "lights_row", "loss_figure", "loss_series", "signal_series",
 
 Light = tuple[str, str, str]  # (signal, "green" | "amber" | "red" | "grey", one-line detail)
 _NONFINITE = ("nonfinite", "non_finite", "nonfinite_steps", "found_inf")
-_SKIPPED = ("skipped", "skipped_step", "skipped_steps")
+_SKIPPED = ("skipped", "skipped_step")
+#: cumulative counters: a rise is an event (the trainer logs skipped_steps as a running total)
+_CUMULATIVE = ("skipped_steps",)
+_RETRIES = ("alloc_retries", "num_alloc_retries")
+_OOMS = ("ooms", "num_ooms")
 
 
 def _has(df: pd.DataFrame, col: str) -> bool:
@@ -60,13 +64,17 @@ def signal_series(steps: pd.DataFrame, memory: pd.DataFrame, rank: int = 0) -> t
         specs.append(Series("steps", "grad_norm", "grad norm", rank=rank, yaxis=axis("grad norm")))
     if _has(steps, "loss_scale"):
         specs.append(Series("steps", "loss_scale", "loss scale", rank=rank, yaxis=axis("log loss scale")))
-    for col in (*_SKIPPED, *_NONFINITE):
+    for col in (*_SKIPPED, *_NONFINITE, *_CUMULATIVE):
         if _has(steps, col):
-            specs.append(Series("steps", col, col, rank=rank, style="markers", yaxis=axis("count")))
-    for col in ("num_alloc_retries", "num_ooms"):
+            specs.append(Series("steps", col, col.replace("_", " "), rank=rank, yaxis=axis("count")))
+    for col in (*_RETRIES, *_OOMS):
         if _has(memory, col):
-            specs.append(Series("memory", col, col.removeprefix("num_"), rank=rank, yaxis=axis("count")))
-    if _has(memory, "reserved_bytes") and _has(memory, "allocated_bytes"):
+            specs.append(Series("memory", col, col.removeprefix("num_").replace("_", " "), rank=rank,
+                                yaxis=axis("count")))
+    if _has(memory, "fragmentation_pct"):
+        specs.append(Series("memory", "fragmentation_pct", "fragmentation (inactive split / reserved)", rank=rank,
+                            yaxis=axis("%")))
+    elif _has(memory, "reserved_bytes") and _has(memory, "allocated_bytes"):
         specs.append(Series("memory", "reserved_bytes", "fragmentation (cache / reserved)", rank=rank, fn="frag",
                             yaxis=axis("%")))
     return specs, titles
@@ -92,6 +100,9 @@ def stability_lights(steps: pd.DataFrame, memory: pd.DataFrame, events: pd.DataF
     else:
         lights.append(("loss spikes", "grey", "loss not logged"))
     bad = _count(steps, _NONFINITE + _SKIPPED)
+    for col in _CUMULATIVE:
+        if _has(steps, col):
+            bad = (bad or 0) + int(pd.to_numeric(steps[col], errors="coerce").max())
     if _has(steps, "loss"):
         nonfinite_loss = int((~np.isfinite(pd.to_numeric(steps["loss"], errors="coerce").dropna())).sum())
         bad = (bad or 0) + nonfinite_loss
@@ -102,16 +113,22 @@ def stability_lights(steps: pd.DataFrame, memory: pd.DataFrame, events: pd.DataF
         lights.append(("non-finite / skipped", "green" if bad == 0 else "amber" if share < 0.05 else "red",
                        f"{bad} step(s)"))
     ooms = int((events["kind"] == "oom").sum()) if len(events) and "kind" in events else 0
-    if _has(memory, "num_ooms"):
-        ooms = max(ooms, int(pd.to_numeric(memory["num_ooms"], errors="coerce").max()))
+    for col in _OOMS:
+        if _has(memory, col):
+            ooms = max(ooms, int(pd.to_numeric(memory[col], errors="coerce").max()))
     lights.append(("OOMs", "green" if ooms == 0 else "red", f"{ooms} OOM(s)"))
-    if _has(memory, "num_alloc_retries"):
-        retries = int(pd.to_numeric(memory["num_alloc_retries"], errors="coerce").max())
+    retry_col = next((c for c in _RETRIES if _has(memory, c)), None)
+    if retry_col:
+        retries = int(pd.to_numeric(memory[retry_col], errors="coerce").max())
         lights.append(("allocator retries", "green" if retries == 0 else "amber" if retries < 10 else "red",
                        f"{retries} cudaMalloc retries"))
     else:
         lights.append(("allocator retries", "grey", "no allocator data"))
-    if _has(memory, "reserved_bytes") and _has(memory, "allocated_bytes"):
+    if _has(memory, "fragmentation_pct"):
+        frag_pct = float(pd.to_numeric(memory["fragmentation_pct"], errors="coerce").dropna().iloc[-1])
+        lights.append(("fragmentation", "green" if frag_pct < 20 else "amber" if frag_pct < 40 else "red",
+                       f"{frag_pct:.0f} % of reserved memory is split free blocks"))
+    elif _has(memory, "reserved_bytes") and _has(memory, "allocated_bytes"):
         last = memory.dropna(subset=["reserved_bytes", "allocated_bytes"]).iloc[-1]
         res = float(last["reserved_bytes"])
         frag = 0.0 if res <= 0 else max(0.0, res - float(last["allocated_bytes"])) / res

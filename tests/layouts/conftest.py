@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runmaker import HOSTILE, train  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two finished runs: ``rich`` (every view has data, a hostile name) and ``plain`` (CPU defaults)."""
+    root = tmp_path_factory.mktemp("runs")
+    train(root / "rich", 40, rich=True, name=f"rich {HOSTILE}")
+    train(root / "plain", 30)
+    return root
