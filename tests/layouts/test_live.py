@@ -1,0 +1,88 @@
+"""The live tick against a run a real Monitor is writing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from runmaker import LiveRun
+
+from gpudash.layouts import run_page
+from gpudash.layouts.data import load_view
+from gpudash.layouts.live import initial_state, live_tick
+from gpudash.store.reader import RunReader
+
+
+def _specs(view):  # type: ignore[no-untyped-def]
+    return {g: run_page.build_graph(g, view)[1] for g in run_page.LIVE_GRAPHS}
+
+
+def _spec_fn(g, f):  # type: ignore[no-untyped-def]
+    return run_page.graph_specs(g, f, 0)
+
+
+def test_live_ticks_append_each_step_once(tmp_path: Path) -> None:
+    run_dir = tmp_path / "live"
+    with LiveRun(run_dir, delay=0.02) as live:
+        reader = RunReader(run_dir)
+        deadline = time.time() + 30
+        view = load_view(reader)
+        while (view.last_step or 0) < 5 and time.time() < deadline:
+            time.sleep(0.2)
+            view = load_view(reader)
+        assert view.status == "live"
+        specs = _specs(view)
+        state = initial_state("live", view, specs, 0)
+        seen = [int(s) for s in view.frame("steps")["step"]]
+        step_graph = run_page.LIVE_GRAPHS.index("step-time-graph")
+        assert step_graph >= 0
+        for _ in range(6):
+            time.sleep(0.4)
+            res = live_tick(reader, state, _spec_fn)
+            state = res.state
+            ext = res.extends.get("step-time-graph")
+            if "step-time-graph" in res.rebuild:
+                break
+            if ext is not None:
+                data, idx = ext
+                assert idx[0] == 0  # the raw step-time trace
+                seen += data["x"][0]
+                # appended values are plain lists, never numpy buffers (extendData concatenates lists)
+                assert all(isinstance(v, float) for v in data["y"][0])
+        live.stop()
+        res = live_tick(reader, state, _spec_fn)
+        if res.extends.get("step-time-graph"):
+            seen += res.extends["step-time-graph"][0]["x"][0]
+        state = res.state
+        reader.close()
+    assert seen == list(range(len(seen))), "each step drawn exactly once, in order"
+    assert state["last_step"] == seen[-1]
+    assert state["status"] == "finished"
+    assert len(seen) > 10
+
+
+def test_new_column_triggers_rebuild(tmp_path: Path) -> None:
+    from gpudash.monitor import Monitor
+
+    run_dir = tmp_path / "grow"
+    mon = Monitor(run_dir, flush_interval=0.1, host_hz=0)
+    for _ in range(5):
+        with mon.step(samples=4):
+            mon.log(loss=1.0)
+    mon.flush()
+    reader = RunReader(run_dir)
+    view = load_view(reader)
+    state = initial_state("grow", view, _specs(view), 0)
+    assert not state["specs"]["signals-graph"]
+    for i in range(3):
+        with mon.step(samples=4):
+            mon.log(loss=1.0, grad_norm=0.5 + i)
+    mon.flush()
+    res = live_tick(reader, state, _spec_fn)
+    assert "signals-graph" in res.rebuild
+    assert "step-time-graph" in res.extends
+    assert res.state["last_step"] == 7
+    mon.close()
+    res = live_tick(reader, res.state, _spec_fn)
+    assert res.state["status"] == "finished" and not res.extends
+    reader.close()

@@ -1,0 +1,209 @@
+"""Figure builders on real run directories written by a real Monitor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plotly
+import pytest
+
+from gpudash.layouts import compare, events, hotspots, memory, run_page, runs, stability, throughput
+from gpudash.layouts.common import source_reason
+from gpudash.layouts.data import load_view
+from gpudash.layouts.pages import build_run_page, load_snapshots, pick_snapshot, range_view
+from gpudash.layouts.series import Series, series_xy, spike_mask
+from gpudash.store.reader import RunReader
+
+
+@pytest.fixture(scope="module")
+def rich(runs_dir: Path):  # type: ignore[no-untyped-def]
+    reader = RunReader(runs_dir / "rich")
+    yield reader, load_view(reader)
+    reader.close()
+
+
+def _points(fig) -> int:  # type: ignore[no-untyped-def]
+    return max((len(t.x) for t in fig.data if t.x is not None), default=0)
+
+
+def test_every_live_graph_has_traces(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    for g in run_page.LIVE_GRAPHS:
+        fig, specs = run_page.build_graph(g, view)
+        if g == "device-graph":
+            assert specs == []  # no GPU here: the page shows the reason instead
+            continue
+        assert specs, g
+        assert len(fig.data) == len(specs)
+        assert [t.uid for t in fig.data] == [s.key for s in specs]
+        assert fig.layout.uirevision == "gpudash"
+
+
+def test_memory_by_category(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    fig, specs = run_page.build_graph("memory-graph", view)
+    names = [s.name for s in specs]
+    assert names[:3] == ["parameters", "gradients", "optimizer state"]
+    assert "allocator cache" in names and "activations" in names
+    cache = next(s for s in specs if s.name == "allocator cache")
+    x, y = series_xy(cache, view.frame("memory"))
+    assert y and all(v == 200_000 for v in y)  # reserved - allocated as logged
+    texts = [a.text for a in fig.layout.annotations]
+    assert any("budget" in t for t in texts) and any("estimate" in t for t in texts)
+    assert any(t == "OOM" for t in texts)
+
+
+def test_memory_at_cursor(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    at = memory.memory_at(view.frame("memory"), 10)
+    assert at["step"] == 10
+    assert at["parameters"] > 0 and at["allocator cache"] == 200_000
+    assert memory.memory_at(view.frame("memory"), -1) == {}
+
+
+def test_segment_map_from_stored_snapshot(rich) -> None:  # type: ignore[no-untyped-def]
+    reader, _ = rich
+    maps = load_snapshots(reader)
+    assert len(maps) == 1
+    assert pick_snapshot(maps, 5) is maps[0] and pick_snapshot([], 5) is None
+    fig = memory.segment_map_figure(maps[0])
+    states = {t.name for t in fig.data}
+    assert "active_allocated" in states and "inactive" in states
+    assert any("largest free block" in a.text for a in fig.layout.annotations)
+    assert sum(len(t.x) for t in fig.data) == len(maps[0].blocks)
+
+
+def test_throughput_stats_and_phases(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    st = throughput.throughput_stats(view.frame("steps"), view.meta)
+    assert st["median_s"] > 0 and st["p95_s"] >= st["median_s"]
+    assert st["samples_per_s"] > 0 and st["tokens_per_s"] == pytest.approx(8 * st["samples_per_s"])
+    assert set(st["phases"]) == {"data", "forward", "backward", "optimizer"}
+    assert any("MFU" in line for line in throughput.stats_lines(st))
+    mfu = throughput.throughput_stats(view.frame("steps"), {"peak_flops": 1e12, "flops_per_token": 1e6})
+    assert mfu["mfu"] == pytest.approx(mfu["tokens_per_s"] * 1e6 / 1e12)
+
+
+def test_stability_spike_and_lights(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    fig, specs = run_page.build_graph("loss-graph", view)
+    spikes = next(t for t in fig.data if t.name == "spike")
+    assert list(spikes.x) == [20]
+    lights = {name: color for name, color, _ in stability.stability_lights(
+        view.frame("steps"), view.frame("memory"), view.frame("events"))}
+    assert lights["loss spikes"] == "amber" and lights["OOMs"] == "red"
+    assert lights["allocator retries"] == "green" and lights["fragmentation"] == "green"
+
+
+def test_spike_mask_ignores_noise() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    loss = 2.0 + 0.01 * rng.standard_normal(200)
+    assert not spike_mask(loss).any()
+    loss[150] = 6.0
+    loss[170] = float("nan")
+    assert list(np.flatnonzero(spike_mask(loss))) == [150]
+
+
+def test_unrecorded_sources_say_why(runs_dir: Path) -> None:
+    reader = RunReader(runs_dir / "plain")
+    view = load_view(reader)
+    assert "no CUDA device" in source_reason("allocator", view.meta, view.frame("events"))
+    assert "NVML" in source_reason("device", view.meta, view.frame("events"))
+    assert "py-spy" in source_reason("stacks", {}, None) or "stacks" in source_reason("stacks", {}, None)
+    page = json.dumps(build_run_page("plain", reader), cls=plotly.utils.PlotlyJSONEncoder)
+    assert "device-graph-reason" in page and "NVML" in page
+    assert "no CUDA device: allocator snapshots" in page
+    reader.close()
+
+
+def test_events_table_click_and_neighbors(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    rows = events.event_rows(view.frame("events"))
+    kinds = [r["kind"] for r in rows]
+    assert "oom" in kinds and "batch_size_change" in kinds
+    oom = next(r for r in rows if r["kind"] == "oom")
+    assert "<img" in oom["message"]  # kept as text: a DataTable cell never renders HTML
+    fig = events.events_figure(view.frame("events"))
+    hover = [h for t in fig.data for h in t.hovertext]
+    assert not any("<img" in h for h in hover) and any("&lt;img" in h for h in hover)
+    assert events.event_step({"points": [{"x": 35, "customdata": 35}]}) == 35
+    assert events.event_step(None, {"row": rows.index(oom)}, rows) == oom["step"]
+    assert events.neighbor_event([3, 10, 35], 10, 1) == 35
+    assert events.neighbor_event([3, 10, 35], 10, -1) == 3
+    assert events.neighbor_event([3, 10, 35], 35, 1) is None
+
+
+def test_hotspots(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    rows = hotspots.hotspot_rows(view.frame("stacks"))
+    assert rows[0]["frame"] == "torch:backward" and rows[0]["self_pct"] == 75.0
+    main = next(r for r in rows if r["frame"] == "train.py:main")
+    assert main["total_pct"] == 100.0 and main["self_pct"] == 0.0
+
+
+def test_runs_list_and_page(runs_dir: Path) -> None:
+    rows = runs.list_runs(runs_dir)
+    assert [r["id"] for r in rows] == ["plain", "rich"]  # newest first
+    rich = rows[1]
+    assert rich["status"] == "finished" and rich["steps"] == 40 and rich["device"] == "cpu"
+    assert rich["peak_bytes"] == 600_000 + 1000 * 39 + 200_000
+    assert rich["tokens_per_s"] > 0 and rich["duration_s"] > 0
+    page = runs.runs_page(runs_dir, rows)
+    assert "/run/rich" in json.dumps(page.to_plotly_json(), cls=plotly.utils.PlotlyJSONEncoder)
+
+
+def test_compare(runs_dir: Path) -> None:
+    views = [(rid, load_view(RunReader(runs_dir / rid))) for rid in ("rich", "plain")]
+    rows = compare.compare_rows(views)
+    assert rows[0]["peak vs first"] == "1.00x" and rows[0]["step vs first"] == "1.00x"
+    assert rows[1]["run"] == "plain" and rows[1]["parameters"] == rows[0]["parameters"]
+    mem, st = compare.compare_figures(views)
+    assert len(mem.data) == 2 and len(st.data) == 2
+
+
+def test_range_view_requery(rich) -> None:  # type: ignore[no-untyped-def]
+    reader, view = rich
+    part = range_view(reader, view, 10, 20, "step")
+    steps = part.frame("steps")["step"]
+    assert steps.min() >= 10 and steps.max() <= 20 and len(steps) == 11
+
+
+def test_series_rate_and_elapsed(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    x, y = series_xy(Series("steps", "samples", "s/s", fn="rate"), view.frame("steps"))
+    assert len(x) == 40 and all(v > 0 for v in y)
+    hx, _ = series_xy(Series("host", "cpu_pct", "cpu", x="elapsed"), view.frame("host"), view.t0)
+    assert hx and 0 <= hx[0] < 60
+
+
+def test_html_in_names_stays_text(runs_dir: Path) -> None:
+    reader = RunReader(runs_dir / "rich")
+    page = build_run_page("rich", reader)
+    reader.close()
+    name = next(c for c in _walk(page) if getattr(c, "id", None) == "run-name")
+    assert name.children == "rich <img src=x onerror=alert(1)>"  # a text child: React escapes it
+
+
+def _walk(c):  # type: ignore[no-untyped-def]
+    yield c
+    kids = getattr(c, "children", None)
+    if isinstance(kids, list | tuple):
+        for k in kids:
+            yield from _walk(k)
+    elif kids is not None and hasattr(kids, "children"):
+        yield from _walk(kids)
+
+
+def test_downsampled_big_frame_bounded(tmp_path: Path) -> None:
+    from gpudash.layouts.data import downsample_frame
+    import numpy as np
+    import pandas as pd
+
+    n = 200_000
+    df = pd.DataFrame({"rank": 0, "step": np.arange(n), "time": np.arange(n) * 0.1,
+                       "duration_s": np.r_[np.full(n - 1, 0.1), 5.0]})
+    small = downsample_frame(df, "steps", 4000)
+    assert len(small) <= 4000 and small["duration_s"].max() == 5.0
