@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runmaker import HOSTILE, train  # noqa: E402
+from runmaker import HOSTILE, train
 
 
 @pytest.fixture(scope="session")

@@ -198,9 +198,10 @@ def _walk(c):  # type: ignore[no-untyped-def]
 
 
 def test_downsampled_big_frame_bounded(tmp_path: Path) -> None:
-    from gpudash.layouts.data import downsample_frame
     import numpy as np
     import pandas as pd
+
+    from gpudash.layouts.data import downsample_frame
 
     n = 200_000
     df = pd.DataFrame({"rank": 0, "step": np.arange(n), "time": np.arange(n) * 0.1,
