@@ -133,8 +133,8 @@ class StackCollector:
 
     def start(self, monitor: Monitor) -> None:
         exe = self.py_spy or find_py_spy()
-        if exe is None:
-            monitor.unavailable(self.name, "py-spy is not installed (pip install py-spy)")
+        if exe is None or not (shutil.which(exe) or Path(exe).is_file()):
+            monitor.unavailable(self.name, f"py-spy is not installed ({exe or 'not on PATH'}; pip install py-spy)")
             return
         self.py_spy = exe
         self._monitor = monitor
@@ -150,8 +150,11 @@ class StackCollector:
                 "-o", str(out)]
 
     def _window(self, out: Path) -> tuple[int, str]:
-        proc = subprocess.Popen(self._command(out, self.window_s), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            proc = subprocess.Popen(self._command(out, self.window_s), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except OSError as exc:
+            return -1, f"error: cannot run py-spy: {exc}"
         self._proc = proc
         if self._stop.is_set():  # stop() came while this window was starting
             with contextlib.suppress(OSError):
@@ -163,6 +166,13 @@ class StackCollector:
         return proc.returncode, err.decode(errors="replace")
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # noqa: BLE001 - never kill the sampler silently
+            if self._monitor is not None:
+                self._monitor.unavailable(self.name, f"stopped after an error: {type(exc).__name__}: {exc}")
+
+    def _loop(self) -> None:
         monitor = self._monitor
         assert monitor is not None and self._tmp is not None
         out = Path(self._tmp.name) / "window.txt"

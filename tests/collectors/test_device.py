@@ -162,7 +162,7 @@ def test_no_nvml_here_is_unsupported_not_an_error(tmp_path: Path) -> None:
         pytest.skip("NVML is present on this machine")
     with pytest.raises(Unsupported):
         record_nvml(tmp_path / "rec.json", seconds=0.1)
-    with Monitor(tmp_path / "r", host_hz=0) as m:
+    with Monitor(tmp_path / "r", host_hz=0):
         pass
     ev = gpudash.load_run(tmp_path / "r").events
     msgs = ev.loc[ev["kind"] == "collector_unavailable", "message"].tolist()

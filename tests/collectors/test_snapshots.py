@@ -1,0 +1,110 @@
+"""The snapshot collector end to end: schedule, request file, OOM; stored and read back.
+
+``take_snapshot`` stands in for ``torch.cuda.memory._snapshot`` (no GPU here)
+and returns the documented-format fixture (synthetic until a GPU snapshot
+replaces it); everything after it is the real pipeline.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import gpudash
+from gpudash.collectors.oom import record_oom
+from gpudash.collectors.snapshots import SnapshotCollector
+from gpudash.monitor import Monitor
+from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "snapshot_synthetic.pickle"
+
+
+def take() -> dict[str, Any]:
+    with open(FIXTURE, "rb") as f:
+        return pickle.load(f)  # our own fixture: trusted
+
+
+def loop(m: Monitor, steps: int, between: Any = None) -> None:
+    for i in range(steps):
+        with m.step():
+            pass
+        if between is not None:
+            between(i)
+
+
+def test_every_n_steps(tmp_path: Path) -> None:
+    col = SnapshotCollector(every=4, take_snapshot=take)
+    with Monitor(tmp_path / "r", host_hz=0) as m:
+        m.add_collector(col)
+        loop(m, 10)
+    maps = gpudash.load_run(tmp_path / "r").snapshots
+    assert [(mm.step, mm.reason) for mm in maps] == [(4, "every 4 steps"), (8, "every 4 steps")]
+    assert maps[0].reserved_bytes == gpudash.load_snapshot(FIXTURE).reserved_bytes
+    assert col.taken == 2
+
+
+def test_request_file_is_served_once_and_removed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    col = SnapshotCollector(take_snapshot=take, poll_interval=0.05)
+    with Monitor(run_dir, host_hz=0) as m:
+        m.add_collector(col)
+        loop(m, 2)
+        (run_dir / SNAPSHOT_REQUEST_FILE).write_text("")
+        deadline = time.monotonic() + 20
+        while (run_dir / SNAPSHOT_REQUEST_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        loop(m, 3)
+    assert not (run_dir / SNAPSHOT_REQUEST_FILE).exists()
+    maps = gpudash.load_run(run_dir).snapshots
+    assert [(mm.step, mm.reason) for mm in maps] == [(2, "requested")]
+
+
+def test_stale_request_from_an_earlier_run_is_ignored(tmp_path: Path) -> None:
+    import os
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    req = run_dir / SNAPSHOT_REQUEST_FILE
+    req.write_text("")
+    old = time.time() - 3600
+    os.utime(req, (old, old))
+    with Monitor(run_dir, host_hz=0) as m:
+        m.add_collector(SnapshotCollector(take_snapshot=take, poll_interval=0.05))
+        loop(m, 3, between=lambda i: time.sleep(0.1))
+    assert gpudash.load_run(run_dir).snapshots == []
+
+
+def test_oom_observer_records_event_and_snapshot_at_once(tmp_path: Path) -> None:
+    col = SnapshotCollector(take_snapshot=take, oom_snapshot_gap_s=3600)
+    m = Monitor(tmp_path / "r", host_hz=0)
+    m.add_collector(col)
+    loop(m, 3)
+    # what the allocator passes: device, bytes asked, device (or capped) total, device free
+    col.on_oom(0, 30 << 20, 80 << 30, 12 << 20)
+    col.on_oom(0, 30 << 20, 80 << 30, 12 << 20)  # a retry soon after: event yes, snapshot no
+    record_oom(m, "CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0 has a total capacity of 80.00 GiB "
+                  "of which 12.00 MiB is free.")  # the trainer's except-block: already recorded
+    m.close("crashed", "exception: OutOfMemoryError")
+    run = gpudash.load_run(tmp_path / "r")
+    ooms = run.events[run.events["kind"] == "oom"]
+    assert len(ooms) == 2
+    d = ooms.iloc[0]["data"]
+    assert (d["requested_bytes"], d["free_bytes"], d["capacity_bytes"], d["device"]) == (30 << 20, 12 << 20,
+                                                                                         80 << 30, 0)
+    assert d["source"] == "allocator_observer"
+    assert [(mm.reason, mm.step) for mm in run.snapshots] == [("oom", 3)]
+    assert run.status == "crashed"
+
+
+def test_a_failing_snapshot_never_reaches_the_loop(tmp_path: Path) -> None:
+    def broken() -> dict[str, Any]:
+        return {"segments": "not a list"}
+
+    with Monitor(tmp_path / "r", host_hz=0) as m:
+        m.add_collector(SnapshotCollector(every=1, take_snapshot=broken))
+        loop(m, 3)
+    run = gpudash.load_run(tmp_path / "r")
+    assert len(run.steps) == 3 and run.snapshots == []
+    assert (run.events["kind"] == "snapshot_failed").sum() >= 1
