@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,7 @@ class ChunkWriter:
         self._conn = conn
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {CHUNK_TABLE} (id INTEGER PRIMARY KEY, tbl TEXT, level INTEGER,"
-            " first_rowid INTEGER, last_rowid INTEGER, columns TEXT, data BLOB)"
+            " first_rowid INTEGER, last_rowid INTEGER, columns TEXT, data BLOB, crc INTEGER)"
         )
         conn.execute(f"CREATE INDEX IF NOT EXISTS {CHUNK_TABLE}_tbl ON {CHUNK_TABLE}(tbl, level, first_rowid)")
 
@@ -73,10 +74,11 @@ class ChunkWriter:
             level += 1
 
     def _put(self, table: str, level: int, first: int, last: int, columns: list[str], arr: np.ndarray) -> None:
+        data = encode(columns, arr)
         self._conn.execute(
-            f"INSERT INTO {CHUNK_TABLE} (tbl, level, first_rowid, last_rowid, columns, data)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (table, level, first, last, json.dumps(columns), encode(columns, arr)),
+            f"INSERT INTO {CHUNK_TABLE} (tbl, level, first_rowid, last_rowid, columns, data, crc)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (table, level, first, last, json.dumps(columns), data, zlib.crc32(data)),
         )
 
     def _compact(self, table: str, level: int) -> bool:
@@ -98,16 +100,17 @@ def read_chunks(conn: sqlite3.Connection, table: str) -> tuple[dict[str, np.ndar
     """Concatenate a table's chunks: (columns, last rowid covered). Stops at the first gap or bad chunk."""
     try:
         rows = conn.execute(
-            f"SELECT first_rowid, last_rowid, columns, data FROM {CHUNK_TABLE} WHERE tbl = ? ORDER BY first_rowid",
+            f"SELECT first_rowid, last_rowid, columns, data, crc FROM {CHUNK_TABLE} WHERE tbl = ?"
+            " ORDER BY first_rowid",
             (table,),
         ).fetchall()
     except sqlite3.Error:
         return {}, 0
     chunks: list[Chunk] = []
     expect = 1
-    for first, last, cols, data in rows:
-        if first != expect:
-            break
+    for first, last, cols, data, crc in rows:
+        if first != expect or zlib.crc32(data) != crc:
+            break  # a gap or a damaged chunk: the rows after it are read through SQL
         try:
             chunks.append(Chunk(first, last, decode(json.loads(cols), last - first + 1, data)))
         except (ValueError, TypeError):

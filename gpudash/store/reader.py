@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -71,22 +73,60 @@ class RankReader:
         self.rank = rank_from_db_name(path.name) or 0
         self.problems: list[str] = []
         self._columns: dict[str, list[str]] = {}
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self.conn = self._open(path)
 
+    def _open(self, path: Path) -> sqlite3.Connection:
+        try:
+            return self._connect(path)
+        except sqlite3.DatabaseError as exc:
+            padded = self._pad_truncated(path)
+            if padded is None:
+                raise
+            self._note(f"{path.name}: file is truncated ({exc}); reading the intact part")
+            return self._connect(padded)
+
     @staticmethod
-    def _open(path: Path) -> sqlite3.Connection:
+    def _connect(path: Path) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=5)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return conn
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as exc:
+            if "malformed" in str(exc) or "not a database" in str(exc):
+                raise
             # a WAL database in a folder we may write to: let SQLite create the -shm file
             conn = sqlite3.connect(path, check_same_thread=False, timeout=5)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return conn
 
+    def _pad_truncated(self, path: Path) -> Path | None:
+        """SQLite refuses a file shorter than its header says. Copy it (never touch
+        the original), pad the copy with empty pages and read that instead."""
+        try:
+            with open(path, "rb") as f:
+                header = f.read(100)
+            size = path.stat().st_size
+        except OSError:
+            return None
+        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+            return None
+        page = int.from_bytes(header[16:18], "big")
+        page = 65536 if page == 1 else page
+        declared = int.from_bytes(header[28:32], "big") * page
+        if declared <= size:
+            return None
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="gpudash-salvage-")
+        copy = Path(self._tmpdir.name) / path.name
+        shutil.copyfile(path, copy)
+        with open(copy, "r+b") as f:
+            f.truncate(declared)
+        return copy
+
     def close(self) -> None:
         self.conn.close()
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
 
     def _note(self, msg: str) -> None:
         if msg not in self.problems:
@@ -136,6 +176,7 @@ class RankReader:
         self._columns.clear()
 
     def max_rowid(self, table: str) -> int:
+        """Largest rowid, or 0 when unknown (empty or damaged)."""
         try:
             return int(self.conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0)
         except sqlite3.DatabaseError:
@@ -160,25 +201,34 @@ class RankReader:
 
     def _salvage(self, table: str, sql_cols: str, where: str, params: tuple[Any, ...], after: int,
                  exc: Exception) -> list[tuple[Any, ...]]:
-        """Read a damaged table block by block, skipping blocks that fail."""
-        top = self.max_rowid(table) or after + 1_000_000
-        rows: list[tuple[Any, ...]] = []
-        lost = 0
+        """Read a damaged table block by block; a failing block is bisected down to
+        single rows, so only the damaged rows are lost. Scanning stops after a run
+        of empty blocks past the last row found (a truncated file ends there)."""
         extra = f" AND {where}" if where else ""
-        for lo in range(after, top, _SALVAGE_BLOCK):
-            sql = f'SELECT {sql_cols} FROM "{table}" WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid'
+        sql = f'SELECT {sql_cols} FROM "{table}" WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid'
+        lost = 0
+
+        def block(lo: int, hi: int) -> list[tuple[Any, ...]]:
+            nonlocal lost
             try:
-                rows += self.conn.execute(sql, (lo, lo + _SALVAGE_BLOCK, *params)).fetchall()
+                return self.conn.execute(sql, (lo, hi, *params)).fetchall()
             except sqlite3.DatabaseError:
-                for rid in range(lo + 1, min(lo + _SALVAGE_BLOCK, top) + 1):
-                    try:
-                        rows += self.conn.execute(
-                            f'SELECT {sql_cols} FROM "{table}" WHERE rowid = ?{extra}', (rid, *params)
-                        ).fetchall()
-                    except sqlite3.DatabaseError:
-                        lost += 1
+                if hi - lo <= 1:
+                    lost += 1
+                    return []
+                mid = (lo + hi) // 2
+                return block(lo, mid) + block(mid, hi)
+
+        top = self.max_rowid(table)
+        rows: list[tuple[Any, ...]] = []
+        lo, misses = after, 0
+        while (top and lo < top) or (not top and misses < 8):
+            got = block(lo, lo + _SALVAGE_BLOCK)
+            rows += got
+            misses = 0 if got else misses + 1
+            lo += _SALVAGE_BLOCK
         self._note(f"{self.path.name}: table {table} is damaged ({exc}); kept {len(rows)} rows, "
-                   f"lost about {lost}")
+                   f"about {lost} unreadable")
         return rows
 
     def read_numeric(self, table: str) -> pd.DataFrame:
@@ -251,7 +301,7 @@ class RunReader:
         self.problems: list[str] = []
         self.ranks: dict[int, RankReader] = {}
         self.refresh()
-        if not self.ranks and not (self.path / RUN_META_FILE).exists():
+        if not self.ranks and not self.problems and not (self.path / RUN_META_FILE).exists():
             raise RunError(f"{self.path}: not a gpudash run (no rank*.db or run.json inside)")
 
     def refresh(self) -> None:

@@ -34,8 +34,6 @@ from gpudash.store.schema import (
 
 __all__ = ["Recorder", "to_plain"]
 
-_META = "__meta__"
-
 
 def to_plain(value: Any) -> Any:
     """Turn tensors and numpy scalars into plain Python values (off the hot path)."""
@@ -108,11 +106,14 @@ class Recorder:
         self.capacity = capacity
         self.dropped = 0
         self.errors: list[str] = []
+        self._meta_pending: dict[str, Any] = {}
+        self._meta_lock = threading.Lock()
         self._buf: deque[tuple[str, dict[str, Any]]] = deque(maxlen=capacity)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._flushed = threading.Condition()
-        self._flush_count = 0
+        self._req_seq = 0  # flush requests made / served (see flush())
+        self._done_seq = 0
         self._columns: dict[str, dict[str, str]] = {}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
@@ -142,7 +143,9 @@ class Recorder:
         self._buf.append((table, row))
 
     def put_meta(self, **items: Any) -> None:
-        self.put(_META, items)
+        """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
+        with self._meta_lock:
+            self._meta_pending.update(items)
 
     # ---- control ------------------------------------------------------------------------
     def flush(self, timeout: float = 10.0) -> bool:
@@ -150,9 +153,10 @@ class Recorder:
         if not self._thread.is_alive():
             return False
         with self._flushed:
-            target = self._flush_count + 1
+            self._req_seq += 1
+            mine = self._req_seq
             self._wake.set()
-            return self._flushed.wait_for(lambda: self._flush_count > target, timeout)
+            return self._flushed.wait_for(lambda: self._done_seq >= mine, timeout)
 
     def close(self, status: str = "finished", reason: str = "closed", timeout: float = 10.0) -> None:
         """Flush everything, record why the run ended, stop the thread."""
@@ -180,9 +184,11 @@ class Recorder:
             self._wake.wait(self.flush_interval)
             self._wake.clear()
             stopping = self._stop.is_set()
+            with self._flushed:
+                serving = self._req_seq
             self._flush_once()
             with self._flushed:
-                self._flush_count += 1
+                self._done_seq = serving
                 self._flushed.notify_all()
             if stopping:
                 return
@@ -196,12 +202,10 @@ class Recorder:
         except IndexError:
             pass
         by_table: dict[str, list[dict[str, Any]]] = {}
-        meta: dict[str, Any] = {}
+        with self._meta_lock:
+            meta, self._meta_pending = self._meta_pending, {}
         for table, row in items:
-            if table == _META:
-                meta.update(row)
-            else:
-                by_table.setdefault(table, []).append(row)
+            by_table.setdefault(table, []).append(row)
         meta["heartbeat"] = time.time()
         meta["dropped_records"] = self.dropped
         try:

@@ -1,0 +1,131 @@
+"""The run store: writer, columnar chunks, roll-ups, tailing, damage, drops."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpudash.store import RunError, RunReader, load_run
+from gpudash.store.chunks import MERGE_FANOUT
+from gpudash.store.writer import Recorder
+
+
+def _write_steps(rec: Recorder, start: int, n: int, t0: float, dt: float = 0.01) -> None:
+    for i in range(start, start + n):
+        rec.put("steps", {"step": i, "time": t0 + i * dt, "duration_s": dt, "loss": 1.0 / (i + 1)})
+
+
+def test_round_trip_with_dynamic_columns(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=0.05)
+    rec.put("steps", {"step": 0, "time": 1.0, "duration_s": 0.1, "loss": 2.0})
+    rec.put("steps", {"step": 1, "time": 2.0, "duration_s": 0.1, "loss": 1.5, "grad/norm": 3.0, "note": "x"})
+    rec.put("events", {"time": 2.0, "step": 1, "kind": "k", "message": "<b>m</b>", "data": {"a": 1}})
+    rec.close()
+    run = load_run(tmp_path)
+    assert run.status == "finished"
+    assert list(run.steps["step"]) == [0, 1]
+    assert run.steps["grad_norm"].isna().tolist() == [True, False]  # 'grad/norm' -> safe column
+    assert pd.isna(run.steps["note"].iloc[0]) and run.steps["note"].iloc[1] == "x"
+    assert run.events["message"].tolist() == ["<b>m</b>"]
+    assert run.events["data"].tolist() == [{"a": 1}]
+    # plain SQLite, readable without gpudash
+    with sqlite3.connect(tmp_path / "rank0.db") as c:
+        assert c.execute("select count(*) from steps").fetchone()[0] == 2
+
+
+def test_chunks_with_merges_equal_plain_sql(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=60)
+    t0 = time.time()
+    n_flushes = MERGE_FANOUT + 10  # forces one merge to level 1
+    for f in range(n_flushes):
+        _write_steps(rec, f * 7, 7, t0)
+        if f == 20:
+            rec.put("steps", {"step": -1, "time": t0, "duration_s": 0.0, "late_col": 5.0})
+        assert rec.flush()
+    rec.close()
+    fast = load_run(tmp_path).steps.drop(columns="rank")
+    with sqlite3.connect(tmp_path / "rank0.db") as c:
+        plain = pd.read_sql_query("select * from steps order by rowid", c)
+        levels = [r[0] for r in c.execute("select level from colchunks")]
+    assert max(levels) == 1 and len(levels) < n_flushes
+    assert len(fast) == len(plain) == n_flushes * 7 + 1
+    pd.testing.assert_frame_equal(fast[plain.columns].astype(float), plain.astype(float))
+
+
+def test_rollups_keep_mean_min_max(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=60)
+    t0 = 60.0 * 16_667  # a bucket boundary for both levels
+    vals = np.arange(300, dtype=float)
+    for i, v in enumerate(vals):
+        rec.put("memory", {"step": i, "time": t0 + i * 0.5, "allocated_bytes": v})
+        if i % 37 == 0:
+            rec.flush()
+    rec.close()
+    reader = RunReader(tmp_path)
+    r1 = reader.ranks[0].read_rollup("memory", 1, None, None)
+    assert len(r1) == 150
+    assert r1["allocated_bytes"].iloc[0] == 0.5 and r1["allocated_bytes__max"].iloc[0] == 1
+    r60 = reader.ranks[0].read_rollup("memory", 60, None, None)
+    assert r60["n"].tolist() == [120, 120, 60]
+    assert r60["allocated_bytes__min"].tolist() == [0, 120, 240]
+    assert r60["allocated_bytes__max"].tolist() == [119, 239, 299]
+    assert r60["step__max"].tolist() == [119, 239, 299]
+    df, level = reader.read_range("memory", max_rows=100)
+    assert level == 60 and len(df) == 3
+    df, level = reader.read_range("memory", t0, t0 + 10, max_rows=100)
+    assert level == 0 and len(df) == 21
+
+
+def test_read_since_tails_a_growing_run(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=0.02)
+    reader = RunReader(tmp_path)
+    cursor = None
+    seen: list[int] = []
+    t0 = time.time()
+    for batch in range(5):
+        _write_steps(rec, batch * 10, 10, t0)
+        rec.flush()
+        new, cursor = reader.read_since(cursor)
+        seen += new["steps"]["step"].tolist()
+    rec.close()
+    new, cursor = reader.read_since(cursor)
+    assert "steps" not in new
+    assert seen == list(range(50))
+    assert reader.status() == "finished"
+
+
+def test_full_buffer_drops_oldest_and_counts(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=60, capacity=100)
+    _write_steps(rec, 0, 1000, 0.0)
+    assert rec.dropped == 900
+    rec.close()
+    run = load_run(tmp_path)
+    assert run.steps["step"].tolist() == list(range(900, 1000))
+    assert run.meta["dropped_records"] == 900
+
+
+def test_heartbeat_stops_means_crashed(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=0.05)
+    rec.flush()
+    reader = RunReader(tmp_path)
+    assert reader.status() == "live"
+    meta = reader.ranks[0].meta()
+    assert reader.ranks[0].status(meta, now=meta["heartbeat"] + 60) == "crashed"
+    rec.close()
+    assert reader.status() == "finished"
+
+
+def test_bad_paths_give_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(RunError, match="no such run directory"):
+        load_run(tmp_path / "nope")
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(RunError, match="not a directory"):
+        load_run(tmp_path / "file.txt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="not a gpudash run"):
+        load_run(tmp_path / "empty")

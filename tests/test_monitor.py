@@ -1,0 +1,94 @@
+"""The Monitor around a real CPU training loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gpudash
+from gpudash.collectors.categories import CategoryCollector
+
+
+def test_real_loop_records_steps_phases_scalars_memory(tmp_path: Path, train_tiny: Any) -> None:
+    train_tiny(tmp_path / "r", steps=30)
+    run = gpudash.load_run(tmp_path / "r")
+    assert run.status == "finished" and run.meta["end_reason"] == "closed"
+    s = run.steps
+    assert s["step"].tolist() == list(range(30))
+    for col in ("time", "duration_s", "data_s", "forward_s", "backward_s", "optimizer_s", "loss", "lr",
+                "samples", "tokens"):
+        assert col in s and s[col].notna().all(), col
+    phases = s[["data_s", "forward_s", "backward_s", "optimizer_s"]].sum(axis=1)
+    assert (phases <= s["duration_s"] + 1e-9).all()
+    assert s["time"].is_monotonic_increasing
+    m = run.memory
+    n_params = (32 * 64 + 64) + (64 * 4 + 4)
+    assert (m["params_bytes"] == n_params * 4).all()
+    assert (m["grads_bytes"] == n_params * 4).all()  # read after backward, before zero_grad
+    assert (m["optimizer_bytes"].iloc[1:] >= 2 * n_params * 4).all()  # Adam moments
+    act = m["activations_bytes"].dropna()
+    assert len(act) >= 1 and (act > 0).all()
+    per_module = run.activations
+    assert set(per_module["module"]) >= {"0", "1"}  # Linear 2 saves ReLU 1's output: counted once, at 1
+
+
+def test_activation_sampling_adapts_to_budget(tmp_path: Path, train_tiny: Any) -> None:
+    mon = train_tiny(tmp_path / "r", steps=40, close=False, activations_budget=0.0001)
+    cat = next(c for c in mon.collectors if isinstance(c, CategoryCollector))
+    assert cat.act_sampler.every > 1  # a tiny budget spreads the sampled steps out
+    mon.close()
+    m = gpudash.load_run(tmp_path / "r").memory
+    assert m["activations_bytes"].notna().sum() < 40
+
+
+def test_collector_errors_never_reach_the_loop(tmp_path: Path, train_tiny: Any) -> None:
+    mon = gpudash.Monitor(tmp_path / "r")
+
+    def broken(step: int, row: dict[str, Any]) -> None:
+        raise RuntimeError("boom")
+
+    mon.add_step_hooks(end=broken)
+    for _ in range(3):
+        with mon.step():
+            pass
+    mon.close()
+    run = gpudash.load_run(tmp_path / "r")
+    assert len(run.steps) == 3
+    ev = run.events[run.events["message"].str.startswith("broken:")]
+    assert len(ev) == 1 and "boom" in ev["message"].iloc[0] and ev["kind"].iloc[0] == "collector_unavailable"
+
+
+def test_events_meta_and_log_outside_a_step(tmp_path: Path) -> None:
+    with gpudash.Monitor(tmp_path / "r", name="exp") as mon:
+        mon.set_meta(config={"batch": 4})
+        mon.log(lr=0.5)  # outside a step: goes to the next step
+        with mon.step(samples=4):
+            mon.event("batch_size_change", "4 -> 3", old=4, new=3)
+    run = gpudash.load_run(tmp_path / "r")
+    assert run.name == "exp"
+    assert run.meta["config"] == {"batch": 4}
+    assert run.steps["lr"].tolist() == [0.5]
+    ev = run.events[run.events["kind"] == "batch_size_change"].iloc[0]
+    assert ev["kind"] == "batch_size_change" and ev["data"] == {"old": 4, "new": 3} and ev["step"] == 0
+
+
+def test_failed_step_is_not_counted(tmp_path: Path) -> None:
+    mon = gpudash.Monitor(tmp_path / "r")
+    for i in range(3):
+        try:
+            with mon.step():
+                if i == 1:
+                    raise MemoryError("retry me")
+        except MemoryError:
+            pass
+    mon.close()
+    assert gpudash.load_run(tmp_path / "r").steps["step"].tolist() == [0, 1]
+
+
+def test_import_gpudash_does_not_import_torch_or_dash() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, gpudash; gpudash.load_run; print('torch' in sys.modules, 'dash' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
