@@ -258,6 +258,7 @@ class Trainer:
                 stats["loss"] = loss_val
                 stats["tokens"] = tokens
                 stats["micro_steps"] = len(mbs)
+                self._after_step(mon, step, stats)  # inside the step, so its events carry this step
                 return stats
         except torch.OutOfMemoryError as exc:
             return str(exc).splitlines()[0] if str(exc) else "out of memory"
@@ -368,7 +369,6 @@ class Trainer:
                         break
                     self._recover(mon, step, result, before)  # outside the except block
                 self.tokens_seen += result["tokens"]
-                self._after_step(mon, step, result)
                 if progress is not None:
                     progress.update(step + 1, result["loss"], self.batch.micro,
                                     self.tokens_seen / max(time.perf_counter() - t0, 1e-9))
