@@ -74,17 +74,18 @@ class Rollups:
                 continue
             uniq, inv = np.unique(group, axis=0, return_inverse=True)
             inv = inv.reshape(-1)
-            vals = values[ok]
+            order = np.argsort(inv, kind="stable")
+            starts = np.searchsorted(inv[order], np.arange(len(uniq)))
+            vals = values[ok][order]
             valid = ~np.isnan(vals)
-            n = np.bincount(inv, minlength=len(uniq))
-            sums = np.zeros((len(uniq), vals.shape[1]))
-            cnts = np.zeros_like(sums)
-            mins = np.full_like(sums, np.inf)
-            maxs = np.full_like(sums, -np.inf)
-            np.add.at(sums, inv, np.where(valid, vals, 0.0))
-            np.add.at(cnts, inv, valid)
-            np.minimum.at(mins, inv, np.where(valid, vals, np.inf))
-            np.maximum.at(maxs, inv, np.where(valid, vals, -np.inf))
+            n = np.diff(np.append(starts, len(vals)))
+            if vals.shape[1]:
+                sums = np.add.reduceat(np.where(valid, vals, 0.0), starts, axis=0)
+                cnts = np.add.reduceat(valid.astype(float), starts, axis=0)
+                mins = np.fmin.reduceat(vals, starts, axis=0)  # fmin/fmax skip NaN
+                maxs = np.fmax.reduceat(vals, starts, axis=0)
+            else:
+                sums = cnts = mins = maxs = np.zeros((len(uniq), 0))
             all_cols = sorted(c for c in self._cols[name] if c not in ("bucket", "n", *keys)
                               and not c.endswith(("__min", "__max")))
             rows = []
@@ -111,6 +112,8 @@ class Rollups:
         acc["__n__"][0] += n
         for j, c in enumerate(cols):
             cur = acc.get(c)
+            if not cnts[j]:
+                continue
             if cur is None:
                 acc[c] = [float(sums[j]), float(cnts[j]), float(mins[j]), float(maxs[j])]
             else:
@@ -163,7 +166,7 @@ class Rollups:
 def _row(key: tuple[float, ...], acc: _Acc, cols: list[str]) -> list[Any]:
     out: list[Any] = [key[0], *(int(k) for k in key[1:]), int(acc["__n__"][0])]
     for c in cols:
-        s, cnt, lo, hi = acc.get(c, [0.0, 0.0, np.inf, -np.inf])
+        s, cnt, lo, hi = acc.get(c, [0.0, 0.0, np.nan, np.nan])
         if cnt:
             out += [s / cnt, lo, hi]
         else:

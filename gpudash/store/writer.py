@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections import deque
@@ -33,6 +34,11 @@ from gpudash.store.schema import (
 )
 
 __all__ = ["Recorder", "to_plain"]
+
+#: Rows converted between GIL hand-backs: the training thread never waits for a whole flush.
+_SLICE = 4096
+#: Records per transaction.
+_BATCH = 50_000
 
 
 def to_plain(value: Any) -> Any:
@@ -115,6 +121,7 @@ class Recorder:
         self._req_seq = 0  # flush requests made / served (see flush())
         self._done_seq = 0
         self._columns: dict[str, dict[str, str]] = {}
+        self._colnames: dict[str, str] = {}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
         self._conn = _connect(self.path)
@@ -158,7 +165,7 @@ class Recorder:
             self._wake.set()
             return self._flushed.wait_for(lambda: self._done_seq >= mine, timeout)
 
-    def close(self, status: str = "finished", reason: str = "closed", timeout: float = 10.0) -> None:
+    def close(self, status: str = "finished", reason: str = "closed", timeout: float = 120.0) -> None:
         """Flush everything, record why the run ended, stop the thread."""
         if self._stop.is_set():
             return
@@ -167,6 +174,8 @@ class Recorder:
         self._wake.set()
         self._thread.join(timeout)
         if self._thread.is_alive():  # pragma: no cover - writer stuck on a slow disk
+            print(f"gpudash: writer for {self.path} did not finish within {timeout:.0f} s; "
+                  f"{len(self._buf)} records not written", file=sys.stderr)
             return
         try:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -194,13 +203,21 @@ class Recorder:
                 return
 
     def _flush_once(self) -> None:
-        items: list[tuple[str, dict[str, Any]]] = []
+        """Drain the buffer in transactions of at most _BATCH records, so a long
+        backlog is committed piece by piece; write meta and the heartbeat."""
         pop = self._buf.popleft
-        try:
-            while True:
-                items.append(pop())
-        except IndexError:
-            pass
+        while True:
+            items: list[tuple[str, dict[str, Any]]] = []
+            try:
+                for _ in range(_BATCH):
+                    items.append(pop())
+            except IndexError:
+                pass
+            self._commit(items)
+            if len(items) < _BATCH:
+                return
+
+    def _commit(self, items: list[tuple[str, dict[str, Any]]]) -> None:
         by_table: dict[str, list[dict[str, Any]]] = {}
         with self._meta_lock:
             meta, self._meta_pending = self._meta_pending, {}
@@ -212,13 +229,15 @@ class Recorder:
             self._conn.execute("BEGIN")
             for table, rows in by_table.items():
                 self._insert(table, rows)
-            self._write_meta(meta, in_txn=True)
+            self._write_meta(meta)
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
                 self._conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            with self._meta_lock:
+                self._meta_pending = {**meta, **self._meta_pending}
             msg = f"writer: {exc}"
             if msg not in self.errors:
                 self.errors.append(msg)
@@ -238,41 +257,61 @@ class Recorder:
             for _, name, ctype, *_ in c.execute(f'PRAGMA table_info("{table}")'):
                 self._columns[table][name] = ctype
 
-    def _ensure_columns(self, table: str, rows: list[dict[str, Any]]) -> None:
+    def _ensure_columns(self, table: str, keys: dict[str, str], rows: list[dict[str, Any]]) -> None:
         known = self._columns[table]
-        for row in rows:
-            for key, value in row.items():
-                if key not in known and value is not None:
-                    ctype = _sql_type(value)
-                    self._conn.execute(f'ALTER TABLE "{table}" ADD COLUMN "{key}" {ctype}')
-                    known[key] = ctype
+        for key, col in keys.items():
+            if col in known:
+                continue
+            value = next((r[key] for r in rows if r.get(key) is not None), None)
+            if value is None:
+                continue
+            ctype = _sql_type(to_plain(value))
+            self._conn.execute(f'ALTER TABLE "{table}" ADD COLUMN "{col}" {ctype}')
+            known[col] = ctype
+
+    def _column(self, key: str) -> str:
+        col = self._colnames.get(key)
+        if col is None:
+            col = self._colnames[key] = column_name(key)
+        return col
 
     def _insert(self, table: str, rows: list[dict[str, Any]]) -> None:
         if table not in self._columns:
             raise sqlite3.OperationalError(f"unknown table {table!r}")
-        rows = [{column_name(k): to_plain(v) for k, v in r.items()} for r in rows]
+        keys: dict[str, str] = {}
+        for r in rows:
+            for k in r:
+                if k not in keys:
+                    keys[k] = self._column(k)
         if table in DYNAMIC_TABLES:
-            self._ensure_columns(table, rows)
-        cols = [c for c in self._columns[table] if any(c in r for r in rows)]
+            self._ensure_columns(table, keys, rows)
+        known = self._columns[table]
+        by_col = {c: k for k, c in keys.items() if c in known}
+        cols = [c for c in known if c in by_col]
         if not cols:
             return
+        src = [by_col[c] for c in cols]
         quoted = ", ".join(f'"{c}"' for c in cols)
         marks = ", ".join("?" * len(cols))
-        data = [tuple(_cell(r.get(c)) for c in cols) for r in rows]
+        data: list[tuple[Any, ...]] = []
+        for i in range(0, len(rows), _SLICE):
+            data += [tuple([_cell(r.get(k)) for k in src]) for r in rows[i:i + _SLICE]]
+            if i:
+                time.sleep(0)  # hand the GIL back to the training thread between slices
         first = (self._conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0) + 1
         self._conn.executemany(f'INSERT INTO "{table}" ({quoted}) VALUES ({marks})', data)
         if table in NUMERIC_TABLES:
             numeric = [c for c in cols if self._columns[table].get(c) in ("REAL", "INTEGER")]
             idx = [cols.index(c) for c in numeric]
             try:
-                arr = np.array([[row[i] for i in idx] for row in data], dtype=float)
+                arr = np.array(data, dtype=float)[:, idx]
             except (TypeError, ValueError):
                 arr = np.array([[_num(row[i]) for i in idx] for row in data], dtype=float)
             arr = arr.reshape(len(data), len(numeric))
             self._chunks.append(table, first, numeric, arr)
             self._rollups.update(table, numeric, arr)
 
-    def _write_meta(self, meta: dict[str, Any], in_txn: bool = False) -> None:
+    def _write_meta(self, meta: dict[str, Any]) -> None:
         rows = [(k, json.dumps(v, default=str)) for k, v in meta.items()]
         self._conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
 
@@ -284,7 +323,12 @@ def _num(value: Any) -> float:
         return float("nan")
 
 
+_PLAIN = frozenset({int, float, str, bytes, type(None)})
+
+
 def _cell(value: Any) -> Any:
+    if value.__class__ in _PLAIN:
+        return value
     if isinstance(value, dict | list):
         return json.dumps(value, default=str)
-    return value
+    return to_plain(value)

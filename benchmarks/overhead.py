@@ -1,0 +1,240 @@
+"""What gpudash costs the training loop, next to wandb and trackio, in one run.
+
+    benchmarks/setup_env.sh            # once: .venv-bench with gpudash, wandb, trackio
+    .venv-bench/bin/python benchmarks/overhead.py [--steps 3000] [--big-steps 1000000]
+
+Part 1, added cost per step: a loop whose body is a fixed ~50 µs of CPU work,
+bare and instrumented with (a) gpudash: step + 4 phases + 8 scalars, (b)
+wandb.log of the same 8 scalars (offline), (c) trackio.log of the same 8
+scalars. Added µs = percentile of the instrumented loop minus the same
+percentile of the bare loop, variants interleaved in rounds so drift hits all.
+
+Part 2, a real training step (~5 ms MLP on CPU): step-time ratio against the
+bare loop, gpudash at default settings with memory-by-category on (watch).
+
+Part 3, the store: write throughput (records/s through Monitor.step),
+bytes per step on disk, and ``load_run`` time for a run of ``--big-steps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gpudash  # noqa: E402
+from gpudash.monitor import Monitor  # noqa: E402
+
+SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens_per_s", "batch", "mfu", "skipped")
+
+
+def busy(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def scalars(i: int) -> dict[str, float]:
+    return {k: float(i % 97) * 0.01 + j for j, k in enumerate(SCALARS)}
+
+
+# ---- instrumented loop bodies -------------------------------------------------------
+def body_bare(ctx: Any, i: int) -> None:
+    busy(50)
+
+
+def body_gpudash(mon: Monitor, i: int) -> None:
+    with mon.step(samples=8, tokens=1024):
+        with mon.phase("data"):
+            busy(5)
+        with mon.phase("forward"):
+            busy(15)
+        with mon.phase("backward"):
+            busy(20)
+        with mon.phase("optimizer"):
+            busy(10)
+        mon.log(**scalars(i))
+
+
+def body_wandb(run: Any, i: int) -> None:
+    busy(50)
+    run.log(scalars(i))
+
+
+def body_trackio(tr: Any, i: int) -> None:
+    busy(50)
+    tr.log(scalars(i))
+
+
+def timed(body: Callable[[Any, int], None], ctx: Any, n: int, start: int) -> list[float]:
+    out = []
+    for i in range(start, start + n):
+        t0 = time.perf_counter()
+        body(ctx, i)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def part1(steps: int, tmp: Path) -> list[tuple[str, float, float, float]]:
+    variants: dict[str, tuple[Callable[[Any, int], None], Any, Callable[[], None]]] = {}
+    variants["bare"] = (body_bare, None, lambda: None)
+    mon = Monitor(tmp / "overhead", host_hz=1)
+    variants["gpudash"] = (body_gpudash, mon, mon.close)
+    try:
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        run = wandb.init(mode="offline", dir=str(tmp), project="bench", settings=wandb.Settings(console="off"))
+        variants["wandb (offline)"] = (body_wandb, run, run.finish)
+    except Exception as exc:  # noqa: BLE001
+        print(f"wandb not available: {exc}")
+    try:
+        os.environ["TRACKIO_DIR"] = str(tmp / "trackio")
+        import trackio
+
+        trackio.init(project="bench", name="overhead")
+        variants["trackio"] = (body_trackio, trackio, trackio.finish)
+    except Exception as exc:  # noqa: BLE001
+        print(f"trackio not available: {exc}")
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    rounds = 10
+    for r in range(rounds):
+        for name, (body, ctx, _) in variants.items():
+            times[name] += timed(body, ctx, steps // rounds, r * steps)
+    for _, (_, _, close) in variants.items():
+        close()
+    base = times["bare"]
+    b50, b99 = np.percentile(base, 50), np.percentile(base, 99)
+    rows = []
+    for name, t in times.items():
+        p50, p99 = np.percentile(t, 50), np.percentile(t, 99)
+        rows.append((name, (p50 - b50) * 1e6, (p99 - b99) * 1e6, p50 / b50))
+    return rows
+
+
+def part2(steps: int, tmp: Path) -> list[tuple[str, float, float]]:
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.GELU(), torch.nn.Linear(1024, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.randn(64, 256), torch.randint(0, 16, (64,))
+
+    def train_step(mon: Monitor | None) -> None:
+        if mon is None:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return
+        with mon.step(samples=64):
+            with mon.phase("forward"):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            with mon.phase("backward"):
+                loss.backward()
+            with mon.phase("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            mon.log(loss=loss, **{k: v for k, v in scalars(0).items() if k != "loss"})
+
+    mon = Monitor(tmp / "real")
+    mon.watch(model, opt)
+    for _ in range(20):
+        train_step(None)
+        train_step(mon)
+    bare: list[float] = []
+    inst: list[float] = []
+    for _ in range(10):
+        for target, m in ((bare, None), (inst, mon)):
+            for _ in range(steps // 10):
+                t0 = time.perf_counter()
+                train_step(m)
+                target.append(time.perf_counter() - t0)
+    mon.close()
+    b = statistics.median(bare)
+    return [("bare", b * 1e3, 1.0), ("gpudash (default + watch)", statistics.median(inst) * 1e3,
+                                     statistics.median(inst) / b)]
+
+
+def part3(big_steps: int, tmp: Path) -> dict[str, float]:
+    run_dir = tmp / "big"
+    mon = Monitor(run_dir, host_hz=1, buffer_records=2_000_000)
+    t0 = time.perf_counter()
+    for i in range(big_steps):
+        with mon.step(samples=8, tokens=1024):
+            with mon.phase("data"):
+                pass
+            with mon.phase("forward"):
+                pass
+            with mon.phase("backward"):
+                pass
+            with mon.phase("optimizer"):
+                pass
+            mon.log(**scalars(i))
+            mon.log_memory(params_bytes=1e8, grads_bytes=1e8, optimizer_bytes=2e8, activations_bytes=3e8 + i)
+    t_loop = time.perf_counter() - t0
+    mon.close()
+    t_written = time.perf_counter() - t0
+    size = sum(f.stat().st_size for f in run_dir.iterdir())
+    t1 = time.perf_counter()
+    run = gpudash.load_run(run_dir)
+    t_load = time.perf_counter() - t1
+    assert len(run.steps) == big_steps and len(run.memory) == big_steps, (len(run.steps), run.problems)
+    return {
+        "steps": big_steps,
+        "records": 2 * big_steps,
+        "loop_s": t_loop,
+        "write_records_per_s": 2 * big_steps / t_written,
+        "bytes_per_step": size / big_steps,
+        "load_run_s": t_load,
+        "dropped": float(run.meta.get("dropped_records", 0)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--real-steps", type=int, default=400)
+    ap.add_argument("--big-steps", type=int, default=1_000_000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpudash-bench-"))
+    print(f"# gpudash overhead  {time.strftime('%Y-%m-%d')}  {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, python {platform.python_version()}\n")
+    print("## 1. Added cost per step (50 µs body; step + 4 phases + 8 scalars)\n")
+    print("| logger | added µs, median | added µs, p99 | step-time ratio |")
+    print("|---|---:|---:|---:|")
+    for name, d50, d99, ratio in part1(args.steps, tmp):
+        print(f"| {name} | {d50:.1f} | {d99:.1f} | {ratio:.3f} |")
+    print("\n## 2. Real training step (MLP, CPU, 1 thread)\n")
+    print("| loop | median step ms | ratio |")
+    print("|---|---:|---:|")
+    for name, ms, ratio in part2(args.real_steps, tmp):
+        print(f"| {name} | {ms:.2f} | {ratio:.3f} |")
+    print(f"\n## 3. Store, {args.big_steps:,} steps (steps + memory rows)\n")
+    r = part3(args.big_steps, tmp)
+    print("| metric | value |")
+    print("|---|---:|")
+    print(f"| Monitor loop, µs per step (no work) | {r['loop_s'] / r['steps'] * 1e6:.1f} |")
+    print(f"| writer throughput, records/s | {r['write_records_per_s']:,.0f} |")
+    print(f"| bytes per step on disk | {r['bytes_per_step']:.0f} |")
+    print(f"| load_run (steps, memory, events), s | {r['load_run_s']:.2f} |")
+    print(f"| dropped records | {r['dropped']:.0f} |")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
