@@ -32,6 +32,7 @@ from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
 from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
+    activations_at,
     build_run_page,
     load_snapshots,
     memory_row_at,
@@ -193,6 +194,7 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
             reader, lock = readers.get(state["run"])
         except (InvalidRunId, RunError):
             raise PreventUpdate from None
+        prev_status = state.get("status")
         with lock:
             res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0))))
             view: RunView | None = load_view(reader) if (res.rebuild or res.new_events) else None
@@ -226,7 +228,9 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
                                                                       view.frame("events")))
             ev_fig = events.events_figure(view.frame("events"))
             ev_rows = events.event_rows(view.frame("events"))
-        return [new, *extends, *figures, "-" if last is None else str(last), status, f"status status-{status}",
+        changed = status != prev_status  # the summary panel re-runs the analysis only then
+        return [new, *extends, *figures, "-" if last is None else str(last), status if changed else no_update,
+                f"status status-{status}" if changed else no_update,
                 no_update if last is None else max(last, 1), last if (follow and last is not None) else no_update,
                 stats, lights, ev_fig, ev_rows, (n or 0) + 1 if done else no_update]
 
@@ -281,7 +285,7 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
         with lock:
             rows = memory_row_at(reader, int(step), rank)
             maps = load_snapshots(reader)
-            acts = reader.read_table("activations")
+            acts = activations_at(reader, int(step), rank)
             meta = dict(reader.run_meta(), **(reader.rank_meta().get(rank) or {}))
         seg = segment_map_view(maps, int(step), pick, meta)
         seg_child = dcc.Graph(id="segment-map", figure=seg, config=run_page.GRAPH_CONFIG) if not isinstance(seg, str) \
@@ -304,8 +308,8 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
         _register_zoom(app, readers, graph_id, xmode)
 
     @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),
-                  Input("page-run", "data"))
-    def summary(page: dict[str, Any] | None) -> tuple[Any, dict[str, str]]:
+                  Input("page-run", "data"), Input("run-status", "children"))
+    def summary(page: dict[str, Any] | None, _status: str | None) -> tuple[Any, dict[str, str]]:
         if not page:
             raise PreventUpdate
         try:

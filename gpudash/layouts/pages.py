@@ -20,6 +20,7 @@ from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES
 
 __all__ = [
+    "activations_at",
     "build_run_page",
     "load_snapshots",
     "memory_row_at",
@@ -31,8 +32,24 @@ __all__ = [
 ]
 
 
+_SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
+
+
 def load_snapshots(reader: RunReader, problems: list[str] | None = None) -> list[Any]:
-    """MemoryMap objects of the run's allocator snapshots ([] if none or the parser is missing)."""
+    """MemoryMap objects of the run's allocator snapshots ([] if none or the parser is missing).
+
+    Decoded once per run and snapshot count: the cursor asks for them on every move."""
+    key = (str(reader.path.resolve()), sum(r.max_rowid("snapshots") for r in reader.ranks.values()))
+    if key in _SNAP_CACHE:
+        return _SNAP_CACHE[key]
+    maps = _decode_snapshots(reader, problems)
+    if len(_SNAP_CACHE) > 16:
+        _SNAP_CACHE.clear()
+    _SNAP_CACHE[key] = maps
+    return maps
+
+
+def _decode_snapshots(reader: RunReader, problems: list[str] | None) -> list[Any]:
     frame = reader.read_table("snapshots")
     if not len(frame):
         return []
@@ -86,6 +103,18 @@ def memory_row_at(reader: RunReader, step: int, rank: int = 0, lookback: int = 5
     if r is None:
         return pd.DataFrame()
     df = r.read("memory", "step <= ? AND step > ?", (int(step), int(step) - lookback))
+    if "_rowid" in df:
+        df = df.drop(columns="_rowid")
+    df.insert(0, "rank", rank)
+    return df
+
+
+def activations_at(reader: RunReader, step: int, rank: int = 0) -> pd.DataFrame:
+    """Activation rows of the last sampled step at or before ``step``."""
+    r = reader.ranks.get(rank)
+    if r is None:
+        return pd.DataFrame()
+    df = r.read("activations", "step = (SELECT max(step) FROM activations WHERE step <= ?)", (int(step),))
     if "_rowid" in df:
         df = df.drop(columns="_rowid")
     df.insert(0, "rank", rank)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,3 +43,23 @@ def driver() -> Iterator[object]:
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layouts"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A dashboard on a free loopback port over two finished runs (``rich`` and ``plain``)."""
+    from runmaker import HOSTILE, train
+
+    from gpudash.app import serve_in_thread
+
+    root = tmp_path_factory.mktemp("browser-runs")
+    train(root / "rich", 40, rich=True, name=f"rich {HOSTILE}")
+    train(root / "plain", 30)
+    url, stop = serve_in_thread(root, "127.0.0.1", 0)
+    try:
+        yield url, root
+    finally:
+        stop()

@@ -1,0 +1,145 @@
+"""Real headless Chromium against a real server: pages render, no console errors, live updates arrive."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+RUN_VIEWS = ("memory-graph", "memory-at-graph", "segment-map", "activations-graph", "step-time-graph", "rates-graph",
+             "phases-graph", "host-graph", "loss-graph", "signals-graph", "events-graph")
+DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshot-run-page.png"
+
+
+def wait_for(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.time() + timeout
+    last: Any = None
+    while time.time() < deadline:
+        try:
+            last = fn()
+        except Exception:  # noqa: BLE001 - the page is still rendering
+            last = None
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def severe_logs(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+def rendered(driver: Any, graph_id: str) -> bool:
+    return bool(driver.execute_script(
+        "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+        "return !!(g && g._fullLayout && g.querySelector('.main-svg'));", graph_id))
+
+
+def full_screenshot(driver: Any, path: Path) -> None:
+    height = driver.execute_script("return document.body.scrollHeight")
+    driver.set_window_size(1400, min(int(height) + 40, 8000))
+    time.sleep(0.8)
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1000)
+
+
+def test_runs_page(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.get(url)
+    rows = wait_for(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), what="runs table")
+    assert len(rows) == 2
+    links = [a.get_attribute("href") for a in driver.find_elements("css selector", "#runs-table a.run-link")]
+    assert links[0].endswith("/run/plain") and links[1].endswith("/run/rich")  # newest first
+    assert "finished" in rows[0].text and "cpu" in rows[0].text
+    driver.save_screenshot(str(artifacts / "runs-page.png"))
+    assert severe_logs(driver) == []
+
+
+def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.get(url + "run/rich")
+    for graph_id in RUN_VIEWS:
+        wait_for(lambda g=graph_id: rendered(driver, g), what=f"{graph_id} rendered")
+    assert driver.find_element("id", "last-step").text == "39"
+    # names from run files are text: the hostile name shows literally and no <img> was injected
+    assert driver.find_element("id", "run-name").text == "rich <img src=x onerror=alert(1)>"
+    assert driver.execute_script("return document.querySelectorAll('img[src=\"x\"]').length") == 0
+    reason = driver.find_element("id", "device-graph-reason").text
+    assert "NVML" in reason
+    assert driver.find_elements("css selector", "#hotspots-table")
+    assert driver.find_elements("css selector", "#stability-lights .light-red")  # the OOM
+    time.sleep(0.5)
+    full_screenshot(driver, artifacts / "run-page.png")
+    if os.environ.get("GPUDASH_UPDATE_SCREENSHOT"):
+        DOCS_SHOT.parent.mkdir(exist_ok=True)
+        shutil.copy(artifacts / "run-page.png", DOCS_SHOT)
+    assert severe_logs(driver) == []
+
+
+def test_replay_cursor_jumps_to_events(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.get(url + "run/rich")
+    wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph")
+    assert driver.find_element("id", "cursor-label").text == "39"
+    driver.find_element("id", "prev-event").click()
+    wait_for(lambda: driver.find_element("id", "cursor-label").text == "36", what="cursor at the OOM (step 36)")
+    wait_for(lambda: "step 36" in driver.execute_script(
+        "return document.querySelector('#memory-at-graph .gtitle').textContent"), what="memory map follows cursor")
+    x0 = driver.execute_script(
+        "return document.querySelector('#memory-graph .js-plotly-plot').layout.shapes[0].x0")
+    assert x0 == 36
+    driver.find_element("id", "play-button").click()
+    wait_for(lambda: int(driver.find_element("id", "cursor-label").text) != 36, what="play advances the cursor")
+    driver.find_element("id", "play-button").click()
+    driver.save_screenshot(str(artifacts / "run-page-replay.png"))
+    assert severe_logs(driver) == []
+
+
+def test_last_step_advances_live(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    from runmaker import LiveRun
+
+    url, root = served
+    with LiveRun(root / "live", delay=0.05, name="live-run"):
+        wait_for(lambda: (root / "live" / "rank0.db").exists(), what="run started")
+        time.sleep(1.0)
+        driver.get(url + "run/live")
+        wait_for(lambda: rendered(driver, "step-time-graph"), what="step-time graph")
+        driver.execute_script("window.__gpudashNoReload = 1;")
+        assert driver.find_element("id", "run-status").text == "live"
+        seen = []
+        deadline = time.time() + 20
+        while time.time() < deadline and len(set(seen)) < 4:
+            text = driver.find_element("id", "last-step").text
+            if text.isdigit() and (not seen or int(text) != seen[-1]):
+                seen.append(int(text))
+            time.sleep(0.2)
+        assert len(set(seen)) >= 4 and seen == sorted(seen), seen
+        assert driver.execute_script("return window.__gpudashNoReload") == 1  # updated without a reload
+        n_points = driver.execute_script(
+            "return document.querySelector('#step-time-graph .js-plotly-plot').data[0].x.length")
+        assert n_points > 5
+        driver.save_screenshot(str(artifacts / "run-page-live.png"))
+    wait_for(lambda: driver.find_element("id", "run-status").text == "finished", what="status finished")
+    assert severe_logs(driver) == []
+
+
+def test_compare_page(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.get(url)
+    wait_for(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), what="runs table")
+    for box in driver.find_elements("css selector", "#runs-table input[type=checkbox]")[:2]:
+        box.click()
+    wait_for(lambda: "runs=" in (driver.find_element("id", "compare-link").get_attribute("href") or ""),
+             what="compare link")
+    driver.find_element("id", "compare-link").click()
+    wait_for(lambda: rendered(driver, "compare-memory") and rendered(driver, "compare-step-time"), what="compare")
+    assert len(driver.find_elements("css selector", "#compare-table tbody tr")) >= 2
+    driver.save_screenshot(str(artifacts / "compare-page.png"))
+    assert severe_logs(driver) == []
