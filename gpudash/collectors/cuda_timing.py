@@ -8,7 +8,7 @@ a background thread polls ``Event.query()`` (non-blocking) and then adds
 end on the GPU) and queues the row. Rows go out in step order. If more than
 ``max_pending`` steps are in flight (the GPU is far behind, or stuck), the
 oldest row is written without GPU times rather than holding memory. ``drain``
-waits for the remaining events: only at flush and close.
+waits (polling, bounded) for the remaining events: only at flush and close.
 
 Each timer call is wrapped so that a CUDA error here disables GPU timing
 (recorded once) and never reaches the training loop; rows still get written.
@@ -17,6 +17,7 @@ Each timer call is wrapped so that a CUDA error here disables GPU timing
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ class CudaTimer:
     def __init__(self, monitor: Monitor, event_cls: Any, *, max_pending: int = 256,
                  poll_interval: float = 0.05) -> None:
         """``event_cls``: ``torch.cuda.Event`` (anything with ``record``, ``query``,
-        ``elapsed_time`` in ms and ``synchronize``)."""
+        and ``elapsed_time`` in ms)."""
         self.monitor = monitor
         self._event_cls = event_cls
         self.max_pending = max_pending
@@ -171,18 +172,32 @@ class CudaTimer:
             self._resolve(head)
             done += 1
 
-    def drain(self) -> None:
-        """Wait for every step in flight and write its row (flush/close only)."""
+    def drain(self, timeout: float = 10.0) -> None:
+        """Wait (polling, at most ``timeout`` s) for every step in flight and write its row;
+        rows whose events never complete (a hung GPU) are written without GPU times."""
+        deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 if not self._pending:
                     return
-                head = self._pending.popleft()
+                head = self._pending[0]
             try:
-                head.end.synchronize()
+                ready = bool(head.end.query())
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
-            self._resolve(head)
+                ready = True
+            if not ready and time.monotonic() < deadline:
+                time.sleep(0.001)
+                continue
+            with self._lock:
+                if not self._pending or self._pending[0] is not head:
+                    continue
+                self._pending.popleft()
+            if ready:
+                self._resolve(head)
+            else:
+                self.dropped += 1
+                self._put(head.row)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_interval):

@@ -8,6 +8,7 @@ finishing its queue. On a GPU the timer runs with the real class (issue 7).
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,6 @@ class HostEvent:
 
     def query(self) -> bool:
         return self.n <= HostEvent.completed_upto
-
-    def synchronize(self) -> None:
-        HostEvent.completed_upto = max(HostEvent.completed_upto, self.n)
 
     def elapsed_time(self, end: HostEvent) -> float:
         assert self.query() and end.query(), "elapsed_time on an event that has not completed"
@@ -68,7 +66,8 @@ def test_rows_wait_for_events_then_carry_gpu_times(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         while timer.pending and time.monotonic() < deadline:
             time.sleep(0.01)
-        run_steps(m, 2)  # still in flight at close: drain() resolves them
+        run_steps(m, 2)  # still in flight at close: drain() resolves them once the "GPU" is done
+        threading.Timer(0.2, gpu_done).start()
         timer.close()
         m.cuda_timer = None
     steps = gpudash.load_run(tmp_path / "r").steps
@@ -108,3 +107,17 @@ def test_a_cuda_error_disables_timing_not_training(tmp_path: Path) -> None:
     assert len(run.steps) == 3 and "gpu_s" not in run.steps
     ev = run.events[run.events["kind"] == "collector_unavailable"]
     assert [d["source"] for d in ev["data"]].count("cuda_timing") == 1
+
+
+def test_drain_gives_up_on_a_hung_gpu(tmp_path: Path) -> None:
+    HostEvent.completed_upto = HostEvent.seq
+    with Monitor(tmp_path / "r", host_hz=0, cuda_timing=False) as m:
+        timer = CudaTimer(m, HostEvent, poll_interval=0.01)
+        m.cuda_timer = timer
+        run_steps(m, 3)
+        timer.drain(timeout=0.2)  # the events never complete
+        assert timer.pending == 0 and timer.dropped == 3
+        timer.close()
+        m.cuda_timer = None
+    steps = gpudash.load_run(tmp_path / "r").steps
+    assert len(steps) == 3 and "gpu_s" not in steps
