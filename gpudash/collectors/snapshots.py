@@ -77,6 +77,7 @@ class SnapshotCollector:
         self._served_mtime = 0.0
         self._last_oom_snapshot = -1e18
         self._history_on = False
+        self._armed = False
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self, monitor: Monitor) -> None:
@@ -99,6 +100,24 @@ class SnapshotCollector:
         self._monitor = monitor
         self._torch = torch
         self._take = torch.cuda.memory._snapshot
+        # the OOM observer and history attach to the per-device allocators, which
+        # exist only once CUDA is initialised: arm now, or at the first step after
+        self._begin(monitor)
+        if torch.cuda.is_initialized():
+            self._arm()
+        else:
+            monitor.add_step_hooks(start=self._arm_when_ready)
+
+    def _arm_when_ready(self, step: int) -> None:
+        if not self._armed and self._torch.cuda.is_initialized():
+            self._arm()
+
+    def _arm(self) -> None:
+        monitor = self._monitor
+        if self._armed or monitor is None:
+            return
+        self._armed = True
+        torch = self._torch
         if self.record_history:
             try:
                 torch.cuda.memory._record_memory_history(max_entries=self.history_entries, stacks="python")
@@ -106,7 +125,6 @@ class SnapshotCollector:
             except Exception as exc:  # noqa: BLE001 - older torch: snapshots without frames
                 monitor.unavailable("snapshot_history", f"allocation history not recorded: {exc}")
         self._attach_oom_observer(monitor)
-        self._begin(monitor)
 
     def _begin(self, monitor: Monitor) -> None:
         self._served_mtime = time.time() - 5.0  # a request left over from an earlier run is stale
@@ -122,7 +140,11 @@ class SnapshotCollector:
             return
         with _ATTACH_LOCK:
             if not _ATTACHED:
-                attach(_dispatch_oom)
+                try:
+                    attach(_dispatch_oom)
+                except Exception as exc:  # noqa: BLE001 - e.g. cudaMallocAsync backend has no observer
+                    monitor.unavailable("oom_observer", f"cannot attach the OOM observer: {exc}")
+                    return
                 _ATTACHED = True
         _LIVE.add(self)
 

@@ -113,7 +113,7 @@ def aggregate_stacks(counts: Counter[str], max_stacks: int, max_stack_chars: int
 class StackCollector:
     name = "stacks"
 
-    def __init__(self, hz: float = 10.0, *, window_s: float = 10.0, max_stacks: int = 500,
+    def __init__(self, hz: float = 10.0, *, window_s: float = 5.0, max_stacks: int = 500,
                  max_stack_chars: int = 4000, pid: int | None = None, py_spy: str | None = None) -> None:
         if hz <= 0:
             raise ValueError("stacks hz must be > 0")
