@@ -253,8 +253,16 @@ def record_fixtures(out: Path, seconds: float) -> None:
     worker = threading.Thread(target=train)
     worker.start()
     time.sleep(2.0)  # warm up, so the recording sees a busy GPU
+    from gpudash.collectors.device import resolve_nvml_index, torch_device_identity
+
+    src = NvmlSource()
+    devices = src.devices()
+    src.close()
+    idx = torch.cuda.current_device()
+    uuid, pci = torch_device_identity(torch, idx)
+    nvml = resolve_nvml_index(devices, idx, uuid=uuid, pci=pci, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     rec = record_nvml(out / "nvml_recording_h200.json", seconds=seconds, hz=20.0,
-                      gpus=[torch.cuda.current_device()])
+                      gpus=[nvml if nvml is not None else idx])
     stop.set()
     worker.join()
     print(f"wrote {out}/snapshot_h200.pickle and {out}/nvml_recording_h200.json "

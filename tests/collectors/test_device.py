@@ -226,3 +226,26 @@ DEVICES = [{"index": 0, "uuid": "GPU-aaaa1111-0000", "pci_bus_id": "00000000:19:
 ])
 def test_resolve_nvml_index(cuda: int, kw: dict[str, Any], expected: int | None) -> None:
     assert resolve_nvml_index(DEVICES, cuda, **kw) == expected
+
+
+def test_collector_samples_the_gpu_cuda_visible_devices_names(tmp_path: Path, recording: dict[str, Any],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before CUDA is up the collector maps LOCAL_RANK through CUDA_VISIBLE_DEVICES."""
+    rec = copy.deepcopy(recording)
+    g = str(gpus_of(rec)[0])
+    second = {**rec["devices"][0], "index": 1, "uuid": rec["devices"][0].get("uuid", "GPU-x") + "-b"}
+    rec["devices"] = [rec["devices"][0], second]
+    rec["probe"]["1"] = rec["probe"][g]
+    for t in rec["ticks"]:
+        t["gpus"]["1"] = t["gpus"][g]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    col = DeviceCollector(hz=200, source_factory=lambda: ReplaySource(rec))
+    with Monitor(tmp_path / "r", host_hz=0, device_hz=0) as m:
+        m.add_collector(col)
+        deadline = time.monotonic() + 20
+        while col.samples < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    run = gpudash.load_run(tmp_path / "r")
+    assert set(run.device["gpu"]) == {1}
+    assert run.meta["device_gpus"] == [1]
