@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.trainer.checkpointing import parse_mode
+from gpudash.trainer.shapes import PRESETS
 
 __all__ = ["TrainConfig"]
 
@@ -73,6 +74,12 @@ class TrainConfig:
     """MonitorOptions fields for the run's Monitor."""
 
     def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown --preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        block = PRESETS[self.preset].block_size
+        if self.model_overrides.get("block_size", block) < self.seq_len:
+            raise ValueError(f"--seq-len {self.seq_len} is longer than the {self.preset} block size "
+                             f"{self.model_overrides.get('block_size', block)}")
         if self.steps < 1:
             raise ValueError("--steps must be >= 1")
         parse_mode(self.ckpt)

@@ -88,6 +88,7 @@ class Trainer:
         self.lr_scale = 1.0
         self.tokens_seen = 0
         self.ooms = 0
+        self._owns_process_group = False
 
     # ---- setup -------------------------------------------------------------------------------
     def _capacity(self) -> tuple[float | None, str]:
@@ -125,6 +126,7 @@ class Trainer:
 
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+                self._owns_process_group = True
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index]
                                                if self.device.type == "cuda" else None)
         params = list(self.model.parameters())
@@ -380,6 +382,10 @@ class Trainer:
                                         "final_micro_batch": self.batch.micro})
         if self.offload is not None:
             self.offload.close()
+        if self._owns_process_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
         return run_dir
 
 

@@ -11,6 +11,9 @@ torch = pytest.importorskip("torch")
 import gpudash  # noqa: E402
 from gpudash.trainer import TrainConfig, train  # noqa: E402
 
+# the CI box is small and shared: one intra-op thread avoids OpenMP spin contention
+torch.set_num_threads(1)
+
 # small and quiet: no host sampling thread, activations measured on every step
 FAST_MONITOR = {"host_hz": 0.0, "activations_every": 1, "handle_signals": False}
 

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudash.cli import main
+
+
+def _gpudash(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUDASH_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "gpudash", *args], capture_output=True, text=True, timeout=120,
+                          env={**env, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--precision", "fp8"],
+    ["train", "--batch", "lots"],
+    ["train", "--weights", "bf16", "--precision", "bf16"],
+    ["train", "--precision", "fp16", "--offload", "optimizer"],
+    ["train", "--preset", "gpt5"],
+    ["train", "--device", "cuda", "--steps", "1"] if not __import__("torch").cuda.is_available() else ["train", "--steps", "0"],
+    ["train", "--seq-len", "4096"],
+    ["estimate", "--offload", "disk"],
+])
+def test_bad_flags_and_impossible_configs_get_one_line(args: list[str]) -> None:
+    out = _gpudash(*args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("gpudash: error: ") and "Traceback" not in out.stderr
+
+
+def test_unknown_flag_ends_in_one_error_line_without_traceback() -> None:
+    out = _gpudash("train", "--bogus")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == "gpudash: error: unrecognized arguments: --bogus"
+    assert "Traceback" not in out.stderr
+
+
+def test_estimate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--preset", "gpt2-124m", "--batch", "4", "--seq-len", "512", "--ckpt", "block",
+                 "--precision", "bf16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"):
+        assert isinstance(data[key], int) and data[key] > 0
+
+
+def test_estimate_answers_will_it_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--preset", "llama-7b", "--seq-len", "2048", "--card-gb", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "offload optimizer+grads" in out and "ckpt block" in out
+
+
+def test_train_cli_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["train", "--steps", "3", "--batch", "2", "--seq-len", "16", "--device", "cpu", "--ckpt", "block",
+               "--inject-oom-at-batch", "2", "--run-dir", str(tmp_path / "r")])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert "step 3/3" in cap.err  # progress line
+    for text in ("peak memory by category", "activations", "tokens/s", "oom", "batch_size_change"):
+        assert text in cap.out, text
