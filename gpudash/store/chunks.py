@@ -96,8 +96,11 @@ class ChunkWriter:
         return True
 
 
-def read_chunks(conn: sqlite3.Connection, table: str) -> tuple[dict[str, np.ndarray], int]:
-    """Concatenate a table's chunks: (columns, last rowid covered). Stops at the first gap or bad chunk."""
+def read_chunks(conn: sqlite3.Connection, table: str) -> tuple[list[str], np.ndarray | None, int]:
+    """Concatenate a table's chunks into one (columns, rows) float64 matrix.
+
+    Returns ``(names, matrix, last rowid covered)``; stops at the first gap or
+    damaged chunk (the caller reads the remaining rows through SQL)."""
     try:
         rows = conn.execute(
             f"SELECT first_rowid, last_rowid, columns, data, crc FROM {CHUNK_TABLE} WHERE tbl = ?"
@@ -105,27 +108,32 @@ def read_chunks(conn: sqlite3.Connection, table: str) -> tuple[dict[str, np.ndar
             (table,),
         ).fetchall()
     except sqlite3.Error:
-        return {}, 0
-    chunks: list[Chunk] = []
+        return [], None, 0
+    parts: list[tuple[list[str], np.ndarray]] = []
+    names: list[str] = []
     expect = 1
     for first, last, cols, data, crc in rows:
         if first != expect or zlib.crc32(data) != crc:
             break  # a gap or a damaged chunk: the rows after it are read through SQL
         try:
-            chunks.append(Chunk(first, last, decode(json.loads(cols), last - first + 1, data)))
+            cols = json.loads(cols)
+            flat = np.frombuffer(data, dtype="<f8")
+            if flat.size != (last - first + 1) * len(cols):
+                break
         except (ValueError, TypeError):
             break
+        parts.append((cols, flat.reshape(len(cols), last - first + 1)))
+        names += [c for c in cols if c not in names]
         expect = last + 1
-    if not chunks:
-        return {}, 0
-    if len(chunks) == 1:
-        return dict(chunks[0].columns), chunks[0].last_rowid
-    names: list[str] = []
-    for ch in chunks:
-        names += [c for c in ch.columns if c not in names]
-    out = {}
-    for c in names:
-        out[c] = np.concatenate(
-            [ch.columns.get(c, np.full(ch.last_rowid - ch.first_rowid + 1, np.nan)) for ch in chunks]
-        )
-    return out, chunks[-1].last_rowid
+    if not parts:
+        return [], None, 0
+    blocks = []
+    for cols, mat in parts:
+        if cols == names:
+            blocks.append(mat)
+            continue
+        full = np.full((len(names), mat.shape[1]), np.nan)
+        for i, c in enumerate(cols):
+            full[names.index(c)] = mat[i]
+        blocks.append(full)
+    return names, np.concatenate(blocks, axis=1), expect - 1

@@ -38,6 +38,7 @@ __all__ = ["RankReader", "RunReader", "RunError", "Cursor", "is_run_dir"]
 #: flush intervals) is treated as dead: its run reads ``crashed``.
 STALE_AFTER_S = 3.0
 _SALVAGE_BLOCK = 2048
+_MMAP_BYTES = 1 << 32
 
 Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 
@@ -91,6 +92,7 @@ class RankReader:
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=5)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")  # big chunk blobs read without copies
             return conn
         except sqlite3.OperationalError as exc:
             if "malformed" in str(exc) or "not a database" in str(exc):
@@ -236,12 +238,14 @@ class RankReader:
         cols = self.columns(table)
         if not cols:
             return pd.DataFrame()
-        chunk_cols, covered = read_chunks(self.conn, table)
+        names, mat, covered = read_chunks(self.conn, table)
         tail = self.read(table, after_rowid=covered)
-        if not chunk_cols:
+        if mat is None:
             return tail.drop(columns="_rowid")
-        n = len(next(iter(chunk_cols.values())))
-        head = pd.DataFrame({c: chunk_cols.get(c, np.full(n, np.nan)) for c in cols if c in chunk_cols})
+        n = mat.shape[1]
+        # (columns, rows) transposed is a zero-copy (rows, columns) block for pandas
+        head = pd.DataFrame(mat.T, columns=names, copy=False)
+        chunk_cols = set(names)
         text_cols = [c for c in cols if c not in chunk_cols]
         if text_cols and covered:
             try:
@@ -258,7 +262,8 @@ class RankReader:
         for c in ("step", "gpu"):
             if c in df and df[c].notna().all():
                 df[c] = df[c].astype("int64")
-        return df[[c for c in cols if c in df.columns]]
+        order = [c for c in cols if c in df.columns]
+        return df if list(df.columns) == order else df[order]
 
     def read_rollup(self, table: str, level: int, t0: float | None, t1: float | None) -> pd.DataFrame:
         name = rollup_table(table, level)

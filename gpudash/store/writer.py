@@ -68,6 +68,7 @@ def _sql_type(value: Any) -> str:
 
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    conn.execute("PRAGMA page_size=65536")  # big pages: short overflow chains for chunk blobs
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
