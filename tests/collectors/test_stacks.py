@@ -68,7 +68,7 @@ def test_samples_this_process_or_says_why(tmp_path: Path) -> None:
     if can:
         assert stack_events == []
         st = run.stacks
-        assert len(st) > 0 and st["count"].sum() >= 20
+        assert len(st) > 0 and st["count"].sum() >= 5
         mine = st[st["stack"].str.contains("busy")]
         assert mine["count"].sum() > 0.3 * st["count"].sum()  # where the time went
         assert run.meta["stacks_hz"] == 50
