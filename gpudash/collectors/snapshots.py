@@ -52,6 +52,13 @@ def _dispatch_oom(device: int, alloc: int, device_limit: int, device_free: int) 
             pass
 
 
+def _free_blocks(snap: dict[str, Any]) -> dict[str, int]:
+    """Largest free (inactive) block and the total in them, straight from a raw snapshot."""
+    sizes = [int(b.get("size", 0)) for seg in snap.get("segments") or () for b in seg.get("blocks") or ()
+             if b.get("state") == "inactive"]
+    return {"largest_free_bytes": max(sizes, default=0), "inactive_bytes": sum(sizes)}
+
+
 class SnapshotCollector:
     name = "snapshots"
 
@@ -209,14 +216,20 @@ class SnapshotCollector:
                 data["device_total_bytes"] = total  # device_limit is a memory-fraction cap
         except Exception:  # noqa: BLE001 - the observer's own numbers still stand
             pass
+        snap: dict[str, Any] | None = None
+        now = time.monotonic()
+        if now - self._last_oom_snapshot >= self.oom_snapshot_gap_s:
+            self._last_oom_snapshot = now
+            try:
+                assert self._take is not None
+                snap = self._take()
+                data.update(_free_blocks(snap))
+            except Exception:  # noqa: BLE001 - the event matters more than the map
+                snap = None
         monitor.event("oom", oom_message_summary(data), **data)
         note_observed_oom(monitor)
-        now = time.monotonic()
-        if now - self._last_oom_snapshot < self.oom_snapshot_gap_s:
-            return
-        self._last_oom_snapshot = now
-        assert self._take is not None
-        self._store(self._take(), time.time(), monitor.step_index, "oom")
+        if snap is not None:
+            self._store(snap, time.time(), monitor.step_index, "oom")
 
     # ---- collector thread ---------------------------------------------------------------
     def _store(self, snap: dict[str, Any], t: float, step: int, reason: str) -> None:

@@ -94,6 +94,8 @@ def test_oom_observer_records_event_and_snapshot_at_once(tmp_path: Path) -> None
     assert (d["requested_bytes"], d["free_bytes"], d["capacity_bytes"], d["device"]) == (30 << 20, 12 << 20,
                                                                                          80 << 30, 0)
     assert d["source"] == "allocator_observer"
+    assert d["largest_free_bytes"] == gpudash.load_snapshot(FIXTURE).largest_free_bytes
+    assert "largest_free_bytes" not in ooms.iloc[1]["data"]  # no second snapshot within the gap
     assert [(mm.reason, mm.step) for mm in run.snapshots] == [("oom", 3)]
     assert run.status == "crashed"
 
