@@ -267,6 +267,44 @@ def record_fixtures(out: Path, seconds: float) -> None:
     worker.join()
     print(f"wrote {out}/snapshot_h200.pickle and {out}/nvml_recording_h200.json "
           f"({len(rec['ticks'])} ticks, median NVML sample {rec.get('sample_cost_us') or 0:.0f} µs)")
+    run_under_all_collectors(out / "run")
+
+
+def run_under_all_collectors(run_dir: Path, steps: int = 60) -> None:
+    """A short real training loop on the GPU with every collector on (stacks too, snapshots every
+    20 steps, one on request) -> a run directory to commit as a sample run."""
+    import torch
+
+    from gpudash.collectors.oom import record_oom
+    from gpudash.monitor import Monitor
+    from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    with Monitor(run_dir, device_hz=20, stacks_hz=20, snapshot_every=20) as m:
+        m.watch(model, opt)
+        for i in range(steps):
+            with m.step(samples=128):
+                with m.phase("data"):
+                    x = torch.randn(128, 2048).pin_memory().to("cuda", non_blocking=True)
+                with m.phase("forward"):
+                    loss = model(x).square().mean()
+                with m.phase("backward"):
+                    loss.backward()
+                with m.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                m.log(loss=loss)
+            if i == 10:
+                (run_dir / SNAPSHOT_REQUEST_FILE).write_text("")
+            time.sleep(0.02)
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        try:
+            torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError as exc:
+            record_oom(m, exc)
+    print(f"wrote the run directory {run_dir}")
 
 
 def table(rows: list[tuple[str, str, str]]) -> str:
