@@ -4,7 +4,11 @@ Under DDP every rank waits for the slowest one in the gradient all-reduce, so
 a straggler shows up twice: as a spread of step times across ranks, and as
 phases that take longer on the slow rank (data, forward) while the fast ranks
 spend the difference waiting inside ``backward``. :func:`rank_skew` lines the
-ranks up step by step; :func:`straggler_summary` names the usual suspect.
+ranks up step by step; :func:`straggler_summary` names the usual suspect;
+:func:`rank_summary` is the side-by-side table, one row per rank.
+
+Each function takes a :class:`gpudash.Run` or anything with ``steps`` and
+``memory`` DataFrames (e.g. frames a live view has read with ``RunReader``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["MEMORY_COLUMNS", "rank_skew", "straggler_summary"]
+__all__ = ["MEMORY_COLUMNS", "rank_skew", "rank_summary", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
@@ -118,4 +122,34 @@ def straggler_summary(skew: pd.DataFrame, threshold: float = 0.1) -> dict[str, A
         out["memory_imbalance_max"] = float(skew["memory_imbalance"].iloc[pos])
         out["memory_imbalance_step"] = int(skew.index[pos])
         out["heaviest_rank"] = int(skew["heaviest_rank"].iloc[pos])
+    return out
+
+
+def rank_summary(run: Any) -> pd.DataFrame:
+    """One row per rank: steps recorded, median and p95 step time, median of each
+    phase, peak memory, and how often this rank was the slowest (``slowest_share``)."""
+    steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
+    memory: pd.DataFrame = getattr(run, "memory", pd.DataFrame())
+    if steps.empty or "rank" not in steps or "duration_s" not in steps:
+        out = pd.DataFrame(columns=["steps", "step_median_s", "step_p95_s"])
+        out.index.name = "rank"
+        return out
+    g = steps.groupby("rank")
+    out = pd.DataFrame({"steps": g["step"].count() if "step" in steps else g.size(),
+                        "step_median_s": g["duration_s"].median(),
+                        "step_p95_s": g["duration_s"].quantile(0.95)})
+    for ph in (c for c in steps.columns if c.endswith("_s") and c not in _NOT_PHASES
+               and pd.api.types.is_numeric_dtype(steps[c])):
+        out[f"{ph.removesuffix('_s')}_median_s"] = g[ph].median()
+    mem = _memory_series(memory) if not memory.empty and "rank" in memory else None
+    if mem is not None:
+        values, source = mem
+        out["memory_peak_bytes"] = values.groupby(memory["rank"]).max()
+        out.attrs["memory_source"] = source
+    skew = rank_skew(run)
+    if not skew.empty:
+        share = skew["slowest_rank"].value_counts() / len(skew)
+        out["slowest_share"] = share.reindex(out.index).fillna(0.0)
+    out.index = out.index.astype("int64")
+    out.index.name = "rank"
     return out

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpudash import load_run
-from gpudash.analysis.ranks import rank_skew, straggler_summary
+from gpudash.analysis.ranks import rank_skew, rank_summary, straggler_summary
 from gpudash.monitor import Monitor
 
 STEPS = 6
@@ -53,6 +53,13 @@ def test_rank_skew_names_the_straggler_and_the_heavy_rank(two_rank_run: Path) ->
     assert summary["slowest_rank"] == 1 and summary["slowest_rank_share"] == 1.0
     assert summary["heaviest_rank"] == 1
     assert summary["slow_steps_share"] == 1.0
+    table = rank_summary(run)
+    assert list(table.index) == [0, 1]
+    assert list(table["steps"]) == [STEPS, STEPS]
+    assert table.loc[1, "data_median_s"] > table.loc[0, "data_median_s"] + 0.02
+    assert table.loc[1, "step_median_s"] > table.loc[0, "step_median_s"]
+    assert list(table["memory_peak_bytes"]) == [1_000_000, 1_500_000]
+    assert list(table["slowest_share"]) == [0.0, 1.0]
     run.close()
 
 
@@ -62,4 +69,6 @@ def test_single_rank_gives_empty_frame(tmp_path: Path) -> None:
     skew = rank_skew(run)
     assert skew.empty and "skew_ratio" in skew.columns
     assert straggler_summary(skew) == {"steps": 0}
+    table = rank_summary(run)
+    assert list(table.index) == [0] and "slowest_share" not in table
     run.close()
