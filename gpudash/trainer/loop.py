@@ -209,6 +209,7 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.meter is not None:
             self.meter.reset_peak()
+        cpu0 = time.thread_time()  # this thread's CPU time: a step cost that other processes do not inflate
         try:
             with mon.step(samples=len(samples)) as st:
                 with mon.phase("data"):
@@ -248,6 +249,7 @@ class Trainer:
                 loss_val = float(loss_sum)  # the step's one sync (grad norm below shares it)
                 mon.log(loss=loss_val, lr=lr, batch_size=len(samples), micro_batch=self.batch.micro,
                         micro_steps=len(mbs), skipped_steps=self.precision.skipped_steps,
+                        thread_cpu_s=time.thread_time() - cpu0,
                         **{k: v for k, v in stats.items() if k != "finite"})
                 if self.offload is not None:
                     mon.log_memory(offload_host_bytes=self.offload.state_bytes())
@@ -255,6 +257,7 @@ class Trainer:
                     mon.log_memory(budget_peak_bytes=self.meter.peak)
                 if self.device.type == "cuda":
                     stats["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+                    mon.log_memory(step_peak_bytes=stats["peak_bytes"])  # for estimate vs measured
                 elif self.meter is not None:
                     stats["peak_bytes"] = self.meter.peak
                 stats["loss"] = loss_val
@@ -266,30 +269,35 @@ class Trainer:
             return str(exc).splitlines()[0] if str(exc) else "out of memory"
 
     def _apply(self, mon: Monitor) -> dict[str, Any]:
-        """Clip, NaN/Inf guard, optimizer step (or skip), zero grads."""
+        """Clip, NaN/Inf guard, optimizer step (or skip), zero grads. Phases do not nest:
+        with offload, the copies are ``offload`` and the CPU update is ``optimizer``."""
         cfg = self.cfg
         prec = self.precision
+        off = self.offload
+        if off is not None:
+            with mon.phase("offload"):
+                off.gather_grads()
         with mon.phase("optimizer"):
-            if self.offload is not None:
-                with mon.phase("offload"):
-                    self.offload.gather_grads()
-                norm = self.offload.clip_(cfg.grad_clip)
+            if off is not None:
+                norm = off.clip_(cfg.grad_clip)
             else:
                 prec.unscale(self.optimizer)
                 params = [p for p in self.model.parameters() if p.grad is not None]
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            grad_norm = float(norm)
+            grad_norm = float(norm)  # the step's one host sync: the NaN/Inf guard needs it
             finite = math.isfinite(grad_norm)
             scale = prec.loss_scale
-            if self.offload is not None:
+            if off is not None:
                 if finite:
-                    with mon.phase("offload"):
-                        self.offload.step()
+                    off.cpu_step()
                 else:
                     prec.skipped_steps += 1
             else:
                 prec.step(self.optimizer, finite)
             self.optimizer.zero_grad(set_to_none=True)
+        if off is not None and finite:
+            with mon.phase("offload"):
+                off.push_params()
         out: dict[str, Any] = {"grad_norm": grad_norm if finite else float("nan")}
         if scale is not None:
             out["loss_scale"] = scale

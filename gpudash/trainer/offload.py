@@ -130,6 +130,11 @@ class OffloadOptimizer:
 
     def step(self) -> None:
         """AdamW on the CPU, then the new weights go back to the device."""
+        self.cpu_step()
+        self.push_params()
+
+    def cpu_step(self) -> None:
+        """AdamW over the fp32 master weights, on the CPU."""
         if self.stream is not None:
             self.stream.synchronize()  # last step's host -> device copies read the master weights
         for m, g in zip(self.master, self.host_grads, strict=True):
@@ -137,6 +142,9 @@ class OffloadOptimizer:
         self.optimizer.step()
         for m in self.master:
             m.grad = None
+
+    def push_params(self) -> None:
+        """Copy the updated master weights to the device (side stream on CUDA)."""
         if self.stream is not None:
             with torch.cuda.stream(self.stream):
                 for p, m in zip(self.params, self.master, strict=True):
