@@ -61,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-data-ms", type=float, default=0.0, metavar="MS",
                    help="testing aid: sleep in the data phase of every step (input-bound run)")
     p.add_argument("--fallback-after", type=int, default=3, help="non-finite steps in a row before fp32 fallback")
+    p.add_argument("--min-loss-scale", type=float, default=1.0, help="fp16: fall back to fp32 below this loss scale")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
 
@@ -76,7 +77,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
             seq_len=args.seq_len, min_len=args.min_len, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed,
             memory_cap_gb=args.memory_cap_gb, memory_budget_gb=args.memory_budget_gb,
             inject_oom_at_batch=args.inject_oom_at_batch, inject_nan_at_steps=args.inject_nan_at_step,
-            slow_data_ms=args.slow_data_ms, fallback_after=args.fallback_after, progress=not args.no_progress,
+            slow_data_ms=args.slow_data_ms, fallback_after=args.fallback_after,
+            min_loss_scale=args.min_loss_scale, progress=not args.no_progress,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -140,7 +140,7 @@ def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", pr
             grads = w * max(shape.vocab_size * shape.n_embd, shape.n_embd * shape.hidden)
     elif w != 4:
         raise ValueError("bf16 weights need --offload optimizer (fp32 master weights live on the host)")
-    logits_grads = tokens * shape.vocab_size * (4 + c)  # d(log-softmax) fp32 + d(logits)
+    logits_grads = tokens * shape.vocab_size * 8  # d(log-softmax) and d(logits), both fp32, side by side
     live = act + logits_grads + recompute
     backward = max(grads, live) if accum == 1 else grads + live
     peak = params + optimizer + backward

@@ -34,3 +34,13 @@ def test_nan_in_fp32_is_skipped_not_applied(run_train) -> None:  # type: ignore[
     assert list(r.events[r.events["kind"] == "nan"]["step"]) == [1]
     assert r.steps["skipped_steps"].iloc[-1] == 1
     assert r.steps["loss"].iloc[-1] == r.steps["loss"].iloc[-1]  # finite again after the skip
+
+
+def test_fp16_loss_scale_below_the_floor_also_falls_back(run_train) -> None:  # type: ignore[no-untyped-def]
+    from gpudash.trainer import TrainConfig
+
+    r = run_train("floor", steps=3, batch=2, seq_len=16, precision="fp16", inject_nan_at_steps=(0,),
+                  fallback_after=10, min_loss_scale=40000.0)
+    fb = r.events[r.events["kind"] == "precision_fallback"]
+    assert len(fb) == 1 and int(fb["step"].iloc[0]) == 0 and "below" in fb["data"].iloc[0]["reason"]
+    assert TrainConfig(precision="fp16").fallback_after == 3
