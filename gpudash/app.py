@@ -208,7 +208,7 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
                     figures[i] = fig
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
-                    new["points"][g] = max((len(d["x"]) for d in fig.to_plotly_json()["data"]), default=0)
+                    new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
         last = new.get("last_step")
         follow = cursor is None or slider_max is None or cursor >= slider_max
         status = str(new.get("status", "live"))

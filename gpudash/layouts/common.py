@@ -11,8 +11,8 @@ import math
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 from dash import html
+from gpudash.layouts.fig import Fig
 
 __all__ = [
     "UIREVISION",
@@ -119,26 +119,32 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
+_COLORWAY = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+             "#17becf"]
+_AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb"}
+
+
 def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_title: str = "step",
-                bytes_axis: bool = False) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 14}},
-        height=height,
-        margin={"l": 60, "r": 20, "t": 36, "b": 36},
-        uirevision=UIREVISION,
-        template="plotly_white",
-        legend={"orientation": "h", "y": -0.18, "font": {"size": 11}},
-        hovermode="x unified",
-        xaxis_title=xaxis_title,
-        yaxis_title=yaxis_title,
-    )
+                bytes_axis: bool = False) -> Fig:
+    yaxis: dict[str, Any] = {**_AXIS, "title": {"text": yaxis_title}}
     if bytes_axis:
-        fig.update_yaxes(tickformat=".3s", ticksuffix="B")
-    return fig
+        yaxis.update(tickformat=".3s", ticksuffix="B")
+    return Fig({
+        "title": {"text": title, "x": 0.01, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 60, "r": 20, "t": 36, "b": 36},
+        "uirevision": UIREVISION,
+        "paper_bgcolor": "white",
+        "plot_bgcolor": "white",
+        "colorway": _COLORWAY,
+        "legend": {"orientation": "h", "y": -0.18, "font": {"size": 11}},
+        "hovermode": "x unified",
+        "xaxis": {**_AXIS, "title": {"text": xaxis_title}},
+        "yaxis": yaxis,
+    })
 
 
-def waiting_figure(fig: go.Figure, text: str = "waiting for the first records...") -> go.Figure:
+def waiting_figure(fig: Fig, text: str = "waiting for the first records...") -> Fig:
     fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                        font={"color": "#888"})
     return fig

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import dash_table, dcc, html
 from gpudash.layouts.common import base_figure, fmt_bytes, fmt_num, fmt_s, note, plot_text
 from gpudash.layouts.data import RunView
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.memory import CATEGORIES
 from gpudash.layouts.series import WINDOW
 
@@ -35,7 +35,7 @@ def _rank0(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["rank"] == df["rank"].min()] if "rank" in df and len(df) else df
 
 
-def compare_figures(views: list[tuple[str, RunView]]) -> tuple[go.Figure, go.Figure]:
+def compare_figures(views: list[tuple[str, RunView]]) -> tuple[Fig, Fig]:
     mem = base_figure("Memory (reserved, else allocated, else sum of categories)", height=340,
                       yaxis_title="bytes", bytes_axis=True)
     st = base_figure(f"Step time (median of {WINDOW})", height=340, yaxis_title="seconds")
@@ -44,11 +44,13 @@ def compare_figures(views: list[tuple[str, RunView]]) -> tuple[go.Figure, go.Fig
         if len(m):
             tot = total_memory(m)
             ok = tot.notna()
-            mem.add_trace(go.Scatter(x=m["step"][ok].tolist(), y=tot[ok].tolist(), mode="lines", name=plot_text(name)))
+            mem.add_trace({"type": "scatter", "x": m["step"][ok].tolist(), "y": tot[ok].tolist(), "mode": "lines",
+                           "name": plot_text(name)})
         s = _rank0(v.frame("steps"))
         if len(s) and "duration_s" in s:
             med = s["duration_s"].astype(float).rolling(WINDOW, min_periods=1).median()
-            st.add_trace(go.Scatter(x=s["step"].tolist(), y=med.tolist(), mode="lines", name=plot_text(name)))
+            st.add_trace({"type": "scatter", "x": s["step"].tolist(), "y": med.tolist(), "mode": "lines",
+                          "name": plot_text(name)})
     return mem, st
 
 

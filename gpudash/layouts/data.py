@@ -8,6 +8,7 @@ arrived since, and drops the few rows both reads saw (by step or time).
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from gpudash.layouts.downsample import MAX_POINTS, downsample_indices
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES
 
-__all__ = ["RAW_LIMIT", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta"]
+__all__ = ["RAW_LIMIT", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta", "time_bounds"]
 
 #: Tables with more rows than this are read through the 1 s / 60 s roll-ups.
 RAW_LIMIT = 50_000
@@ -119,6 +120,22 @@ def rolled_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def time_bounds(reader: RunReader, table: str) -> tuple[float | None, float | None]:
+    """First and last time in ``table``: two index lookups (``min(t), max(t)`` in one query scans the table)."""
+    lo: float | None = None
+    hi: float | None = None
+    for r in reader.ranks.values():
+        try:
+            a = r.conn.execute(f'SELECT min(time) FROM "{table}"').fetchone()[0]
+            b = r.conn.execute(f'SELECT max(time) FROM "{table}"').fetchone()[0]
+        except sqlite3.DatabaseError:
+            continue
+        if a is not None:
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+    return lo, hi
+
+
 def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = RAW_LIMIT) -> RunView:
     """Everything the run page needs, with numeric tables at most ``max_points`` rows per rank."""
     reader.refresh()
@@ -129,7 +146,8 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     for table in NUMERIC_TABLES:
         total = sum(r.count(table, None, None) for r in reader.ranks.values())
         if total > raw_limit:
-            df, level = reader.read_range(table, max_rows=max_points)
+            lo, hi = time_bounds(reader, table)
+            df, level = reader.read_range(table, lo, hi, max_rows=max_points)
             if level:
                 df = rolled_frame(df)
             levels[table] = level

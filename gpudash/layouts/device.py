@@ -4,8 +4,8 @@ host's CPU and memory (psutil), one panel per unit, a line per rank and GPU."""
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 from gpudash.layouts.common import base_figure, waiting_figure
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import Series, add_series, series_xy
 
 __all__ = ["UNITS", "device_series", "host_series", "panels_figure", "unit_of"]
@@ -64,7 +64,7 @@ def host_series(host: pd.DataFrame) -> list[Series]:
 
 
 def panels_figure(title: str, frames: dict[str, pd.DataFrame], specs: list[Series], t0: float, live: bool = False,
-                  axis_titles: dict[str, str] | None = None, xaxis_title: str = "seconds since start") -> go.Figure:
+                  axis_titles: dict[str, str] | None = None, xaxis_title: str = "seconds since start") -> Fig:
     """One panel per y axis (per unit), stacked, sharing the x axis."""
     axes = sorted({s.yaxis for s in specs}, key=lambda a: int(a[1:] or 1))
     n = max(len(axes), 1)

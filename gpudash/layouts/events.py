@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 from dash import dash_table
 from gpudash.layouts.common import base_figure, plot_text, waiting_figure
+from gpudash.layouts.fig import Fig
 
 __all__ = ["KIND_COLORS", "event_rows", "event_step", "events_figure", "events_table", "neighbor_event"]
 
@@ -21,7 +21,7 @@ def _step_of(ev: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(ev["step"], errors="coerce") if "step" in ev else pd.Series(index=ev.index, dtype=float)
 
 
-def events_figure(events: pd.DataFrame) -> go.Figure:
+def events_figure(events: pd.DataFrame) -> Fig:
     fig = base_figure("Events", height=260, yaxis_title="")
     fig.update_layout(hovermode="closest", showlegend=False)
     if not len(events):
@@ -29,11 +29,12 @@ def events_figure(events: pd.DataFrame) -> go.Figure:
     steps = _step_of(events)
     for kind, g in events.groupby("kind", sort=True):
         s = steps.loc[g.index]
-        fig.add_trace(go.Scatter(
-            x=s.fillna(0).astype(float).tolist(), y=[plot_text(kind)] * len(g), mode="markers", name=plot_text(kind),
-            marker={"size": 12, "color": KIND_COLORS.get(str(kind), "#17becf"), "symbol": "diamond"},
-            customdata=s.fillna(0).astype(int).tolist(),
-            hovertext=[plot_text(m, 200) for m in g["message"].fillna("")], hoverinfo="text+x"))
+        fig.add_trace({
+            "type": "scatter", "x": s.fillna(0).astype(float).tolist(), "y": [plot_text(kind)] * len(g),
+            "mode": "markers", "name": plot_text(kind),
+            "marker": {"size": 12, "color": KIND_COLORS.get(str(kind), "#17becf"), "symbol": "diamond"},
+            "customdata": s.fillna(0).astype(int).tolist(),
+            "hovertext": [plot_text(m, 200) for m in g["message"].fillna("")], "hoverinfo": "text+x"})
     return fig
 
 

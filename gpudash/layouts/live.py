@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from gpudash.layouts.data import LIVE_TABLES, RunView, order_key
 from gpudash.layouts.downsample import MAX_POINTS
@@ -68,18 +69,30 @@ def _dedupe(frames: dict[str, pd.DataFrame], last: dict[str, float]) -> dict[str
     out = {}
     for table, df in frames.items():
         key = order_key(table)
-        if key not in df:
+        if key not in df or "rank" not in df:
             out[table] = df
             continue
-        keep = pd.Series(True, index=df.index)
-        for rank, g in df.groupby("rank"):
-            mark = last.get(f"{rank}/{table}")
-            if mark is not None:
-                keep.loc[g.index] = pd.to_numeric(g[key], errors="coerce") > mark
-        df = df[keep]
-        if len(df):
-            out[table] = df.reset_index(drop=True)
+        ranks = df["rank"].to_numpy()
+        marks = np.array([last.get(f"{r}/{table}", -np.inf) for r in ranks], dtype=float)
+        vals = pd.to_numeric(df[key], errors="coerce").to_numpy(dtype=float)
+        keep = ~(vals <= marks)  # NaN keys are kept
+        if keep.all():
+            out[table] = df
+        elif keep.any():
+            out[table] = df[keep].reset_index(drop=True)
     return out
+
+
+def _advance(last: dict[str, float], table: str, df: pd.DataFrame) -> None:
+    key = order_key(table)
+    if key not in df or "rank" not in df:
+        return
+    vals = pd.to_numeric(df[key], errors="coerce").to_numpy(dtype=float)
+    for r in np.unique(df["rank"].to_numpy()):
+        v = vals[df["rank"].to_numpy() == r]
+        if np.isfinite(v).any():
+            k = f"{r}/{table}"
+            last[k] = max(float(np.nanmax(v)), last.get(k, float("-inf")))
 
 
 def new_specs(graph: str, frames: dict[str, pd.DataFrame], spec_fn: Any) -> list[Series]:
@@ -99,12 +112,7 @@ def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveRes
     frames = _dedupe(raw, last)
     result = LiveResult(state=state, frames=frames)
     for table, df in frames.items():
-        key = order_key(table)
-        if key in df:
-            for rank, g in df.groupby("rank"):
-                vals = pd.to_numeric(g[key], errors="coerce")
-                if vals.notna().any():
-                    last[f"{rank}/{table}"] = max(float(vals.max()), last.get(f"{rank}/{table}", float("-inf")))
+        _advance(last, table, df)
     state["last"] = last
     steps = frames.get("steps")
     if steps is not None and len(steps) and "step" in steps:
@@ -120,6 +128,8 @@ def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveRes
     for graph, spec_dicts in (state.get("specs") or {}).items():
         specs = [Series.from_dict(d) for d in spec_dicts]
         keys = {s.key for s in specs}
+        if not any(t in frames for t in ("steps", "memory", "host", "device")):
+            continue
         if any(s.key not in keys for s in spec_fn(graph, frames)):
             result.rebuild.add(graph)
             continue

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from gpudash.layouts.common import base_figure, fmt_bytes, plot_text, waiting_figure
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import Series, add_series, series_xy
 
 __all__ = [
@@ -78,20 +78,18 @@ def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
 
 
 def memory_figure(memory: pd.DataFrame, meta: dict[str, Any], events: pd.DataFrame, rank: int = 0,
-                  specs: list[Series] | None = None, live: bool = False) -> tuple[go.Figure, list[Series]]:
+                  specs: list[Series] | None = None, live: bool = False) -> tuple[Fig, list[Series]]:
     """Stacked area of memory by category against capacity / budget / prediction, OOMs marked."""
     fig = base_figure("Memory by category", height=340, yaxis_title="bytes", bytes_axis=True)
     specs = memory_series(memory, rank) if specs is None else specs
     for s in specs:
         add_series(fig, s, *series_xy(s, memory))
     for label, value, dash in capacity_lines(meta):
-        fig.add_hline(y=value, line_dash=dash, line_color="#444", annotation_text=f"{label} {fmt_bytes(value)}",
-                      annotation_position="top left")
+        fig.add_hline(value, dash=dash, text=f"{label} {fmt_bytes(value)}")
     if len(events) and "kind" in events:
         for _, ev in events[events["kind"] == "oom"].iterrows():
             if pd.notna(ev.get("step")):
-                fig.add_vline(x=float(ev["step"]), line_color="#d62728", line_dash="dot",
-                              annotation_text="OOM", annotation_font_color="#d62728")
+                fig.add_vline(float(ev["step"]), color="#d62728", dash="dot", text="OOM")
     if not specs and live:
         waiting_figure(fig)
     return fig, specs
@@ -118,14 +116,15 @@ def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str
     return out
 
 
-def memory_at_figure(values: dict[str, float]) -> go.Figure:
+def memory_at_figure(values: dict[str, float]) -> Fig:
     step = values.get("step")
     title = "Memory at the cursor" + (f" (step {int(step)})" if step is not None and np.isfinite(step) else "")
     fig = base_figure(title, height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
     colors = {label: color for _, label, color, _ in CATEGORIES}
     labels = [k for k in values if k != "step"]
-    fig.add_trace(go.Bar(x=labels, y=[values[k] for k in labels], marker_color=[colors.get(k, "#888") for k in labels],
-                         text=[fmt_bytes(values[k]) for k in labels], textposition="auto", hoverinfo="x+text"))
+    fig.add_trace({"type": "bar", "x": labels, "y": [values[k] for k in labels],
+                   "marker": {"color": [colors.get(k, "#888") for k in labels]},
+                   "text": [fmt_bytes(values[k]) for k in labels], "textposition": "auto", "hoverinfo": "x+text"})
     fig.update_layout(hovermode="closest", showlegend=False)
     return fig
 
@@ -142,7 +141,7 @@ def _frame_text(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)
 
 
-def segment_map_figure(mm: Any, max_segments: int = 60) -> go.Figure:
+def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     """Allocator segments as bars sized by bytes, blocks coloured by state, the largest free block called out."""
     segs: pd.DataFrame = getattr(mm, "segments", pd.DataFrame())
     blocks: pd.DataFrame = getattr(mm, "blocks", pd.DataFrame())
@@ -182,10 +181,11 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> go.Figure:
         b = blocks[states == state]
         hover = [f"{state} {fmt_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
                  for sz, fr in zip(b[size_c], b[frame_c] if frame_c else [None] * len(b), strict=False)]
-        fig.add_trace(go.Bar(orientation="h", y=[labels[int(s)] for s in b["_seg"]], x=b[size_c].astype(float).tolist(),
-                             base=b["_offset"].astype(float).tolist(), name=state,
-                             marker={"color": STATE_COLORS.get(state, "#7f7f7f"), "line": {"width": 0.5, "color": "#fff"}},
-                             hovertext=hover, hoverinfo="text"))
+        fig.add_trace({"type": "bar", "orientation": "h", "y": [labels[int(s)] for s in b["_seg"]],
+                       "x": b[size_c].astype(float).tolist(), "base": b["_offset"].astype(float).tolist(),
+                       "name": plot_text(state),
+                       "marker": {"color": STATE_COLORS.get(state, "#7f7f7f"), "line": {"width": 0.5, "color": "#fff"}},
+                       "hovertext": hover, "hoverinfo": "text"})
     free = blocks[states == "inactive"] if state_c else blocks.iloc[:0]
     if len(free):
         big = free.loc[free[size_c].idxmax()]
@@ -197,7 +197,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> go.Figure:
     return fig
 
 
-def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 0) -> go.Figure:
+def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 0) -> Fig:
     """Activations saved for backward per module in the sampled step at or before ``step``."""
     a = acts[acts["rank"] == rank] if "rank" in acts else acts
     if step is not None:
@@ -208,8 +208,9 @@ def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 
         return waiting_figure(fig, "no sampled step yet")
     last = int(a["step"].max())
     a = a[a["step"] == last]
-    fig.update_layout(title_text=f"Activations per module (step {last}, total {fmt_bytes(float(a['bytes'].sum()))})")
-    fig.add_trace(go.Bar(x=[plot_text(m) for m in a["module"]], y=a["bytes"].astype(float).tolist(),
-                         text=[fmt_bytes(float(b)) for b in a["bytes"]], hoverinfo="x+text",
-                         marker_color="#d62728"))
+    fig.update_layout(title={"text": f"Activations per module (step {last}, total "
+                                     f"{fmt_bytes(float(a['bytes'].sum()))})"})
+    fig.add_trace({"type": "bar", "x": [plot_text(m) for m in a["module"]], "y": a["bytes"].astype(float).tolist(),
+                   "text": [fmt_bytes(float(b)) for b in a["bytes"]], "hoverinfo": "x+text",
+                   "marker": {"color": "#d62728"}})
     return fig

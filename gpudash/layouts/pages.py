@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import html
 from gpudash.layouts import events, hotspots, memory
 from gpudash.layouts.common import source_reason
 from gpudash.layouts.data import RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.live import initial_state
 from gpudash.layouts.run_page import LIVE_GRAPHS, build_graph, run_page
 from gpudash.store.reader import RunReader
@@ -90,7 +90,7 @@ def pick_snapshot(maps: list[Any], step: int | None, choice: str | None = "curso
 
 
 def segment_map_view(maps: list[Any], step: int | None, choice: str | None, meta: dict[str, Any],
-                     ev: pd.DataFrame | None = None) -> go.Figure | str:
+                     ev: pd.DataFrame | None = None) -> Fig | str:
     mm = pick_snapshot(maps, step, choice)
     if mm is None:
         return source_reason("snapshots", meta, ev) + " (no snapshot recorded; snapshot_every or an OOM takes one)"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import plotly.graph_objects as go
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
 from gpudash.layouts.common import fmt_bytes, note, source_reason
 from gpudash.layouts.data import RunView
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import Series
 
@@ -63,7 +63,7 @@ def _cursor_shape(step: int | None) -> dict[str, Any]:
             "line": {"color": "#111", "width": 1.5, "dash": "dot"}, "visible": step is not None}
 
 
-def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None) -> tuple[go.Figure, list[Series]]:
+def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None) -> tuple[Fig, list[Series]]:
     """A whole figure for ``graph`` from the view's (downsampled) frames."""
     live = view.status == "live"
     f = view.frames
@@ -88,15 +88,15 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
     else:
         raise KeyError(graph)
     if graph in CURSOR_GRAPHS:
-        fig.update_layout(shapes=[_cursor_shape(cursor), *(fig.layout.shapes or ())])
+        fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
     return fig, specs
 
 
-def _graph(graph_id: str, fig: go.Figure) -> dcc.Graph:
+def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
     return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph")
 
 
-def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[str, go.Figure],
+def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[str, Fig],
           specs: dict[str, list[Series]]) -> Any:
     """The graph, or for a finished run with nothing recorded, one line saying why (and a hidden graph)."""
     fig = figs[graph_id]
@@ -126,7 +126,7 @@ def _section(title: str, children: list[Any], sid: str) -> html.Section:
     return html.Section([html.H3(title), *children], id=sid, className="view")
 
 
-def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, go.Figure], specs: dict[str, list[Series]],
+def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
              state: dict[str, Any], extra: dict[str, Any]) -> html.Div:
     """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
     rows, hot-spot rows, the summary verdicts (or None) and the snapshot options."""
@@ -171,7 +171,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, go.Figure], 
             html.Div(_graph("memory-at-graph", extra["memory_at"]), className="half"),
             html.Div([dcc.Dropdown(id="snapshot-pick", options=extra.get("snapshot_options") or [], value="cursor",
                                    clearable=False),
-                      html.Div(_graph("segment-map", snap) if isinstance(snap, go.Figure) else note(str(snap)),
+                      html.Div(_graph("segment-map", snap) if isinstance(snap, Fig) else note(str(snap)),
                                id="segment-map-box")], className="half"),
         ], className="row"),
         html.Div(note(acts_reason) if acts_reason else _graph("activations-graph", extra["activations"]),

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
+from gpudash.layouts.fig import Fig
 
 __all__ = ["WINDOW", "Series", "add_series", "series_xy", "spike_mask"]
 
@@ -67,29 +67,43 @@ def spike_mask(values: np.ndarray, window: int = WINDOW, z: float = 6.0) -> np.n
     return out
 
 
-def _y(spec: Series, df: pd.DataFrame) -> pd.Series | None:
-    fn, col = spec.fn, spec.col
-    if fn == "cache":
-        if "reserved_bytes" not in df or "allocated_bytes" not in df:
-            return None
-        return (df["reserved_bytes"] - df["allocated_bytes"]).clip(lower=0)
-    if fn == "frag":
-        if "reserved_bytes" not in df or "allocated_bytes" not in df:
-            return None
-        res = df["reserved_bytes"].where(df["reserved_bytes"] > 0)
-        return 100.0 * (res - df["allocated_bytes"]).clip(lower=0) / res
+def _num(df: pd.DataFrame, col: str, mask: np.ndarray | None) -> np.ndarray | None:
     if col not in df:
         return None
-    y = pd.to_numeric(df[col], errors="coerce")
+    a = df[col].to_numpy()
+    if a.dtype.kind not in "fiub":
+        a = pd.to_numeric(df[col], errors="coerce").to_numpy()
+    a = a.astype(float, copy=False)
+    return a[mask] if mask is not None else a
+
+
+def _y(spec: Series, get: Any) -> np.ndarray | None:
+    """The y values of ``spec``; ``get(col)`` returns a column as floats (or None)."""
+    fn = spec.fn
+    if fn in ("cache", "frag"):
+        res, alloc = get("reserved_bytes"), get("allocated_bytes")
+        if res is None or alloc is None:
+            return None
+        cache = np.clip(res - alloc, 0, None)
+        if fn == "cache":
+            return cache
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(res > 0, 100.0 * cache / res, np.nan)
+    y = get(spec.col)
+    if y is None:
+        return None
     if fn == "rate":
-        dur = df["duration_s"] if "duration_s" in df else None
-        return None if dur is None else y / dur.where(dur > 0)
+        dur = get("duration_s")
+        if dur is None:
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(dur > 0, y / dur, np.nan)
     if fn == "median":
-        return y.rolling(WINDOW, min_periods=1).median()
+        return pd.Series(y).rolling(WINDOW, min_periods=1).median().to_numpy()
     if fn == "p95":
-        return y.rolling(WINDOW, min_periods=1).quantile(0.95)
+        return pd.Series(y).rolling(WINDOW, min_periods=1).quantile(0.95).to_numpy()
     if fn == "spike":
-        return y.where(spike_mask(y.to_numpy()))
+        return np.where(spike_mask(y), y, np.nan)
     return y
 
 
@@ -98,46 +112,56 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
     """Plain lists (x, y) of ``spec`` for the rows of ``df``; ``history`` (earlier rows) feeds windows only."""
     if df is None or not len(df):
         return [], []
-    part = df
-    if "rank" in part:
-        part = part[part["rank"] == spec.rank]
-    if spec.gpu is not None and "gpu" in part:
-        part = part[part["gpu"] == spec.gpu]
-    if not len(part):
+    mask: np.ndarray | None = None
+    if "rank" in df:
+        mask = df["rank"].to_numpy() == spec.rank
+    if spec.gpu is not None and "gpu" in df:
+        g = df["gpu"].to_numpy() == spec.gpu
+        mask = g if mask is None else mask & g
+    if mask is not None and not mask.any():
         return [], []
-    skip = 0
-    if history is not None and len(history) and spec.windowed:
-        skip = len(history)
-        part = pd.concat([history, part], ignore_index=True)
-    y = _y(spec, part)
+    hist = history if history is not None and len(history) and spec.windowed else None
+    skip = 0 if hist is None else len(hist)
+
+    def get(col: str) -> np.ndarray | None:
+        a = _num(df, col, mask)
+        if a is None or hist is None:
+            return a
+        h = _num(hist, col, None)
+        return np.concatenate([h if h is not None else np.full(skip, np.nan), a])
+
+    y = _y(spec, get)
     if y is None:
         return [], []
     if spec.x == "elapsed":
-        x = part["time"].astype(float) - t0
+        x = _num(df, "time", mask)
+        if x is None:
+            return [], []
+        x = x - t0
     else:
-        x = part["step"] if "step" in part else pd.Series(np.arange(len(part)))
-    x, y = x.iloc[skip:], y.iloc[skip:]
-    ok = y.notna() & np.isfinite(y.astype(float)) & x.notna()
-    xs = x[ok].to_numpy()
-    if spec.x == "step" and xs.dtype.kind == "f" and np.all(xs == np.round(xs)):
-        xs = xs.astype(np.int64)
-    return xs.tolist(), y[ok].astype(float).tolist()
+        x = _num(df, "step", mask)
+        if x is None:
+            n = len(df) if mask is None else int(mask.sum())
+            x = np.arange(n, dtype=float)
+    y = y[skip:]
+    ok = np.isfinite(y) & np.isfinite(x)
+    xs, ys = x[ok], y[ok]
+    if spec.x == "step" and np.all(xs == np.round(xs)):
+        return xs.astype(np.int64).tolist(), ys.tolist()
+    return xs.tolist(), ys.tolist()
 
 
-def add_series(fig: go.Figure, spec: Series, x: list[Any], y: list[Any]) -> None:
+def add_series(fig: Fig, spec: Series, x: list[Any], y: list[Any]) -> None:
     """Append the trace for ``spec`` (``uid`` = its key) to ``fig``; data as plain lists."""
-    common: dict[str, Any] = {"x": x, "y": y, "name": spec.name, "uid": spec.key, "yaxis": spec.yaxis}
-    if spec.color:
-        common["marker"] = {"color": spec.color}
+    t: dict[str, Any] = {"x": x, "y": y, "name": spec.name, "uid": spec.key, "yaxis": spec.yaxis}
+    color = {"color": spec.color} if spec.color else {}
     if spec.style == "bar":
-        fig.add_trace(go.Bar(**common))
+        t.update(type="bar", marker=color)
     elif spec.style == "area":
-        fig.add_trace(go.Scatter(mode="lines", stackgroup="mem", stackgaps="interpolate",
-                                 line={"width": 0.5, **({"color": spec.color} if spec.color else {})},
-                                 **{k: v for k, v in common.items() if k != "marker"}))
+        t.update(type="scatter", mode="lines", stackgroup="mem", stackgaps="interpolate",
+                 line={"width": 0.5, **color})
     elif spec.style == "markers":
-        fig.add_trace(go.Scatter(mode="markers", **{**common, "marker": {"size": 9, "symbol": "x",
-                                                                         "color": spec.color or "#d62728"}}))
+        t.update(type="scatter", mode="markers", marker={"size": 9, "symbol": "x", "color": spec.color or "#d62728"})
     else:
-        fig.add_trace(go.Scatter(mode="lines", line={"width": 1.2, **({"color": spec.color} if spec.color else {})},
-                                 **{k: v for k, v in common.items() if k != "marker"}))
+        t.update(type="scatter", mode="lines", line={"width": 1.2, **color})
+    fig.add_trace(t)

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from dash import html
 from gpudash.layouts.common import base_figure, waiting_figure
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import Series, add_series, series_xy, spike_mask
 
 __all__ = ["Light", "lights_row", "loss_figure", "loss_series", "signal_series", "stability_lights"]
@@ -38,7 +38,7 @@ def loss_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
     return out
 
 
-def loss_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+def loss_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
     fig = base_figure("Loss (spikes marked)", yaxis_title="loss")
     for s in specs:
         add_series(fig, s, *series_xy(s, steps))

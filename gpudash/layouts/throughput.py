@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 from gpudash.layouts.common import base_figure, fmt_num, fmt_s, waiting_figure
+from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import WINDOW, Series, add_series, series_xy
 
 __all__ = [
@@ -49,7 +49,7 @@ def step_time_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
     return out
 
 
-def step_time_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+def step_time_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
     fig = base_figure("Step time", yaxis_title="seconds")
     for s in specs:
         add_series(fig, s, *series_xy(s, steps))
@@ -68,7 +68,7 @@ def rate_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
     return out
 
 
-def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
     fig = base_figure("Samples/s and tokens/s", yaxis_title="samples/s")
     fig.update_layout(yaxis2={"title": "tokens/s", "overlaying": "y", "side": "right", "showgrid": False})
     for s in specs:
@@ -84,7 +84,7 @@ def phase_series(steps: pd.DataFrame, rank: int = 0) -> list[Series]:
                    color=PHASE_COLORS.get(c.removesuffix("_s"))) for c in phase_columns(steps)]
 
 
-def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> go.Figure:
+def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
     fig = base_figure("Phase breakdown per step", yaxis_title="seconds")
     fig.update_layout(barmode="stack", bargap=0)
     for s in specs:
