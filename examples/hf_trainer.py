@@ -1,6 +1,7 @@
 """A Hugging Face ``Trainer`` run recorded by gpudash: two added lines.
 
     python examples/hf_trainer.py runs/hf-llama --steps 50
+    torchrun --nproc-per-node 2 examples/hf_trainer.py runs/hf-ddp   # every rank records
     gpudash serve runs
 
 A small Llama is built from its config (nothing is downloaded) and trained on
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     targs = TrainingArguments(
         output_dir=str(Path(args.run_dir).parent / "hf-output"), max_steps=args.steps,
         per_device_train_batch_size=args.batch_size, learning_rate=1e-3, warmup_steps=min(10, args.steps // 5),
-        logging_steps=5, save_strategy="no", report_to=[], bf16=torch.cuda.is_bf16_supported()
-        if torch.cuda.is_available() else False, dataloader_num_workers=0)
+        logging_steps=5, save_strategy="no", report_to=[], dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),  # under torchrun on CPU: DDP over gloo
+        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     trainer = Trainer(model=model, args=targs, train_dataset=ByteChunks(source, args.ctx),
                       callbacks=[GpudashCallback(args.run_dir)])  # gpudash line 2 of 2
     trainer.train()

@@ -61,8 +61,11 @@ class StepDriver:
         """The Monitor to record into: the user's, or a new one (a new one again after a close)."""
         if self.monitor is None or (self.owned and self.monitor.closed):
             kwargs = dict(self.monitor_kwargs)
-            kwargs.setdefault("rank", rank)
-            kwargs.setdefault("world_size", world_size)
+            if world_size > 1:
+                # the framework's view wins; a single-process framework under a launcher
+                # (torchrun with a setup it did not join) keeps the launcher's RANK
+                kwargs.setdefault("rank", rank)
+                kwargs.setdefault("world_size", world_size)
             kwargs.setdefault("config", config)
             self.monitor = Monitor(self.run_dir or default_dir, **kwargs)
             self.owned = True

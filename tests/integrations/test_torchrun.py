@@ -14,18 +14,23 @@ pytest.importorskip("torch.distributed.run")
 from gpudash import load_run
 from gpudash.analysis.ranks import rank_skew, straggler_summary
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "ddp_train.py"
 STEPS = 12
+
+
+def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_record_side_by_side(tmp_path: Path) -> None:
     run_dir = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
-           str(run_dir), "--steps", str(STEPS), "--straggle-rank", "1", "--straggle-s", "0.03"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _torchrun(EXAMPLE, str(run_dir), "--steps", str(STEPS), "--straggle-rank", "1", "--straggle-s", "0.03")
     assert f"recorded {STEPS} steps x 2 ranks" in proc.stdout
     run = load_run(run_dir)
     assert run.ranks == [0, 1]
@@ -43,4 +48,21 @@ def test_torchrun_two_ranks_record_side_by_side(tmp_path: Path) -> None:
     assert (skew["data_slowest_rank"] == 1).all()
     assert skew["data_skew_s"].median() > 0.02
     assert straggler_summary(skew)["steps"] == STEPS
+    run.close()
+
+
+@pytest.mark.slow
+def test_hf_trainer_ddp_records_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    run_dir = tmp_path / "hf-ddp"
+    _torchrun(EXAMPLES / "hf_trainer.py", str(run_dir), "--steps", "4", "--batch-size", "2", "--ctx", "16")
+    run = load_run(run_dir)
+    assert run.ranks == [0, 1] and run.status == "finished"
+    assert run.meta["config"]["world_size"] == 2  # the Trainer really ran DDP (gloo)
+    for rank in (0, 1):
+        s = run.steps[run.steps["rank"] == rank]
+        assert list(s["step"]) == [0, 1, 2, 3]
+        assert (s["samples"] == 2).all() and (s["tokens"] == 32).all()
+        # each rank's own mean loss (not its share of the global one): about ln(256) untrained
+        assert s["loss"].iloc[0] == pytest.approx(5.55, abs=0.5)
     run.close()
