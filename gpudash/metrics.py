@@ -13,7 +13,9 @@ the names and ``run``, ``rank`` and ``gpu`` labels::
 
 Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
 plain WSGI app (``metrics_wsgi_app``), or on its own port
-(``serve_metrics(runs_dir, port)``; also ``python -m gpudash.metrics RUNS_DIR``).
+(``serve_metrics(runs_dir, port)``; also ``python -m gpudash.metrics RUNS_DIR``),
+or from the training process itself, opt-in:
+``monitor.add_collector(MetricsServer(port=9479))``.
 Runs that ended more than ``max_age_s`` ago drop out, so dashboards do not keep
 stale series forever.
 """
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PORT",
+    "MetricsServer",
     "RunsCollector",
     "main",
     "metrics_registry",
@@ -292,6 +295,35 @@ def serve_metrics(runs_dir: str | os.PathLike[str], port: int = DEFAULT_PORT, ho
 
     server, _thread = start_wsgi_server(port, addr=host, registry=metrics_registry(runs_dir, **collector_kwargs))
     return server
+
+
+class MetricsServer:
+    """A Monitor collector that serves the run's ``/metrics`` from the training process.
+
+    Opt-in: ``monitor.add_collector(MetricsServer(port=9479))``. Only rank 0
+    serves (it exposes every rank of the run folder), so torchrun ranks on one
+    machine do not fight over the port. Stops when the Monitor closes."""
+
+    name = "metrics"
+
+    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+        self.port = port
+        self.host = host
+        self.server: WSGIServer | None = None
+
+    def start(self, monitor: Any) -> None:
+        if monitor.rank == 0:
+            self.server = serve_metrics(monitor.run_dir, self.port, self.host, max_age_s=None)
+
+    @property
+    def url(self) -> str | None:
+        return None if self.server is None else f"http://{self.host}:{self.server.server_port}/metrics"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
 
 
 def main(argv: list[str] | None = None) -> int:

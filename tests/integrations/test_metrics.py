@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpudash import load_run
-from gpudash.metrics import prometheus_name, register_metrics, serve_metrics
+from gpudash.metrics import MetricsServer, prometheus_name, register_metrics, serve_metrics
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -101,3 +101,15 @@ def test_prometheus_names_carry_base_units() -> None:
     assert prometheus_name("pcie_rx_mib_s") == ("pcie_rx_bytes_per_second", 1048576.0)
     assert prometheus_name("rss_bytes") == ("rss_bytes", 1.0)
     assert prometheus_name("sm_clock_mhz") == ("sm_clock_hertz", 1e6)
+
+
+def test_monitor_serves_its_own_metrics(tmp_path: Path, train_tiny: Callable[..., Any]) -> None:
+    exporter = MetricsServer(port=0)
+    mon = train_tiny(tmp_path / "self", steps=4, close=False, host_hz=0, handle_signals=False)
+    mon.add_collector(exporter)
+    assert mon.flush() and exporter.url is not None
+    with urllib.request.urlopen(exporter.url, timeout=10) as resp:
+        s = _samples(resp.read().decode())
+    assert _get(s, "gpudash_step", run="self", rank="0") == 3
+    mon.close()
+    assert exporter.server is None  # stopped with the Monitor
