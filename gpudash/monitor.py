@@ -35,7 +35,7 @@ from gpudash._version import __version__
 from gpudash.collectors import default_collectors
 from gpudash.collectors.base import MonitorOptions
 from gpudash.collectors.categories import CategoryCollector
-from gpudash.collectors.env import describe_environment
+from gpudash.collectors.env import cuda_device_meta, describe_environment
 from gpudash.store.schema import column_name
 from gpudash.store.writer import Recorder, write_run_meta
 
@@ -222,6 +222,8 @@ class Monitor:
         self.recorder = Recorder(self.run_dir, rank=self.rank, flush_interval=options.flush_interval,
                                  capacity=options.buffer_records, meta=meta)
         self.collectors: list[Any] = []
+        if env.get("cuda_available") and "device_capacity_bytes" not in env:
+            self.add_step_hooks(end=self._record_cuda_device)
         for collector in default_collectors(options):
             self.add_collector(collector)
         self._install_exit_handlers()
@@ -244,6 +246,15 @@ class Monitor:
             self._end_hooks.append(end)
         if phase_end is not None:
             self._phase_end_hooks.append(phase_end)
+
+    def _record_cuda_device(self, step: int, row: dict[str, Any]) -> None:
+        """Record the CUDA device once the user's code has initialised CUDA."""
+        from gpudash.collectors.base import try_import_torch
+
+        meta = cuda_device_meta(try_import_torch())
+        if meta:
+            self.recorder.put_meta(**meta)
+            self._end_hooks.remove(self._record_cuda_device)
 
     def unavailable(self, source: str, reason: str) -> None:
         """Record once that a source records nothing here, and why."""

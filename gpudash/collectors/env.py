@@ -10,7 +10,7 @@ from typing import Any
 
 from gpudash.collectors.base import try_import_torch
 
-__all__ = ["describe_environment"]
+__all__ = ["cuda_device_meta", "describe_environment"]
 
 
 def describe_environment() -> dict[str, Any]:
@@ -26,18 +26,32 @@ def describe_environment() -> dict[str, Any]:
         return env
     env["torch"] = torch.__version__
     try:
-        if torch.cuda.is_available():
-            idx = torch.cuda.current_device()
-            props = torch.cuda.get_device_properties(idx)
-            env["device"] = f"cuda:{idx}"
-            env["device_name"] = props.name
-            env["device_capacity_bytes"] = int(props.total_memory)
-            env["cuda"] = torch.version.cuda
-            env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-        else:
-            env["device"] = "cpu"
-            env["device_name"] = platform.processor() or platform.machine()
+        env["cuda_available"] = bool(torch.cuda.is_available())  # no context is created by this
     except Exception as exc:  # noqa: BLE001 - a broken driver is a state, not a crash
-        env["device"] = "cpu"
+        env["cuda_available"] = False
         env["cuda_error"] = f"{type(exc).__name__}: {exc}"
+    env["device"] = "cpu"
+    env["device_name"] = platform.processor() or platform.machine()
+    if env["cuda_available"]:
+        env["device"] = "cuda (not initialised yet)"
+        env.update(cuda_device_meta(torch))
     return env
+
+
+def cuda_device_meta(torch: Any) -> dict[str, Any]:
+    """Device details, only once CUDA is initialised: asking earlier would create a
+    context on GPU 0 in every torchrun rank that has not called set_device yet."""
+    try:
+        if not torch.cuda.is_initialized():
+            return {}
+        idx = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        return {
+            "device": f"cuda:{idx}",
+            "device_name": props.name,
+            "device_capacity_bytes": int(props.total_memory),
+            "cuda": torch.version.cuda,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    except Exception as exc:  # noqa: BLE001
+        return {"cuda_error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,370 @@
+"""GPU validation pack (issue 7): everything the rare GPU minutes must prove, in one run.
+
+    scripts/device_check.sh OUT_DIR            # or OUT=... scripts/device_check.sh
+
+Writes into OUT_DIR:
+  env.json              driver, torch, NVML, GPM support, PCIe link, py-spy permission
+  runs/                 gpudash runs: the strategy matrix and the consumer-card emulation
+  strategies.md         peak memory by category and step time per cell, vs plain fp32
+  cards.md              per emulated card (24/16/8 GB): largest model and batch that trains,
+                        techniques needed, real OOMs recovered from
+  estimator.md          predicted vs measured peak per cell (error %)
+  collectors.txt        collector costs (benchmarks/collectors.py) and Monitor overhead ratio
+  fixtures/             allocator snapshot pickle + NVML recording for the CPU tests
+  summary.json          every number above, machine-readable
+
+On a machine without CUDA it runs the same steps with the tiny preset and
+marks GPU-only parts "skipped (no GPU)", so CI proves the script itself works.
+Every trainer run is a subprocess with its own timeout: one hang cannot eat
+the whole GPU slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import gpudash  # noqa: E402
+from gpudash.info import human_bytes  # noqa: E402
+
+GB = 1024**3
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+# ---- 1. environment probe -----------------------------------------------------------------
+def probe() -> dict[str, Any]:
+    env: dict[str, Any] = {"time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
+                           "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env.update(cuda=torch.version.cuda, gpu=p.name, gpu_memory_bytes=int(p.total_memory),
+                       compute_capability=f"{p.major}.{p.minor}", bf16=torch.cuda.is_bf16_supported())
+    except ImportError as exc:
+        env["torch"] = f"not installed ({exc})"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=driver_version,name,pcie.link.gen.current,pcie.link.width.current",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        env["nvidia_smi"] = out.stdout.strip() or out.stderr.strip()
+    env["nvml"] = probe_nvml()
+    env["py_spy"] = probe_pyspy()
+    return env
+
+
+def probe_nvml() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"available": False, "reason": "nvidia-ml-py not installed"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - no driver is a state
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    out: dict[str, Any] = {"available": True, "driver": _call(pynvml.nvmlSystemGetDriverVersion), "devices": []}
+    for i in range(int(_call(pynvml.nvmlDeviceGetCount) or 0)):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        gpm = _call(lambda h=h: pynvml.nvmlGpmQueryDeviceSupport(h))
+        out["devices"].append({
+            "index": i,
+            "name": _call(lambda h=h: pynvml.nvmlDeviceGetName(h)),
+            "pci_bus_id": _call(lambda h=h: pynvml.nvmlDeviceGetPciInfo(h).busId),
+            "pcie_gen": _call(lambda h=h: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+            "pcie_width": _call(lambda h=h: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+            "gpm_supported": bool(getattr(gpm, "isSupportedDevice", 0)) if gpm is not None else False,
+        })
+    pynvml.nvmlShutdown()
+    return out
+
+
+def _call(fn: Any) -> Any:
+    try:
+        v = fn()
+    except Exception as exc:  # noqa: BLE001
+        return f"n/a ({type(exc).__name__})"
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def probe_pyspy() -> dict[str, Any]:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        return {"available": False, "reason": "py-spy not installed"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)
+        out = subprocess.run([exe, "dump", "--pid", str(child.pid)], capture_output=True, text=True, timeout=30)
+        ok = out.returncode == 0
+        return {"available": ok, "reason": "" if ok else (out.stderr.strip().splitlines() or ["?"])[-1]}
+    finally:
+        child.kill()
+
+
+# ---- trainer runs -------------------------------------------------------------------------
+def train(run_dir: Path, timeout: float, **flags: Any) -> dict[str, Any]:
+    """One `gpudash train` subprocess; returns what its run recorded."""
+    cmd = [sys.executable, "-m", "gpudash", "train", "--run-dir", str(run_dir), "--no-progress"]
+    for k, v in flags.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        rc, err = proc.returncode, proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else []
+    except subprocess.TimeoutExpired:
+        rc, err = -9, [f"timed out after {timeout:.0f} s"]
+    res: dict[str, Any] = {"flags": flags, "rc": rc, "error": " ".join(err) if rc else "", "wall_s": time.time() - t0,
+                           "run_dir": str(run_dir)}
+    try:
+        run = gpudash.load_run(run_dir)
+    except gpudash.RunError as exc:
+        res["error"] = res["error"] or str(exc)
+        return res
+    res.update(measure(run))
+    run.close()
+    return res
+
+
+def measure(run: Any) -> dict[str, Any]:
+    s, m, ev = run.steps, run.memory, run.events
+    out: dict[str, Any] = {"status": run.status, "steps": len(s)}
+    if len(s) > 2:
+        tail = s.iloc[len(s) // 3:]  # skip warm-up steps
+        out["step_s"] = float(tail["duration_s"].median())
+        if "tokens" in tail and tail["tokens"].notna().any():
+            out["tokens_per_s"] = float(tail["tokens"].sum() / tail["duration_s"].sum())
+        for col in ("micro_batch", "batch_size"):
+            if col in s:
+                out["micro_batch_max"] = float(s[col].max())
+                break
+    for col in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"):
+        if col in m and m[col].notna().any():
+            out[col] = float(m[col].max())
+    for col in ("allocated_peak_bytes", "allocated_bytes"):
+        if col in m and m[col].notna().any():
+            out["measured_peak_bytes"] = float(m[col].max())
+            out["peak_source"] = col
+            break
+    else:
+        cats = [c for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes") if c in out]
+        if cats:
+            out["measured_peak_bytes"] = sum(out[c] for c in cats)
+            out["peak_source"] = "sum of categories (no allocator on CPU)"
+    est = run.meta.get("estimate") or {}
+    if isinstance(est, dict) and est.get("peak_bytes"):
+        out["predicted_peak_bytes"] = float(est["peak_bytes"])
+        if out.get("measured_peak_bytes"):
+            out["estimator_error_pct"] = 100 * (out["predicted_peak_bytes"] / out["measured_peak_bytes"] - 1)
+    if len(ev):
+        kinds = ev["kind"].value_counts().to_dict()
+        out["events"] = {str(k): int(v) for k, v in kinds.items()}
+        out["ooms"] = int(kinds.get("oom", 0))
+    return out
+
+
+def strategies(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, Any]]:
+    presets = ["gpt2-124m", "gpt2-350m"] if gpu else ["tiny"]
+    cells = [(c, p, o) for c in ("none", "block") for p in (("fp32", "bf16") if gpu else ("fp32",))
+             for o in ("none", "optimizer")]
+    batch = 8 if gpu else 4
+    results = []
+    for preset in presets:
+        for ckpt, prec, off in cells:
+            name = f"strat-{preset}-{ckpt}-{prec}-{off}"
+            r = train(out / "runs" / name, timeout, preset=preset, steps=steps, ckpt=ckpt, precision=prec,
+                      offload=off, batch=batch)
+            r.update(preset=preset, ckpt=ckpt, precision=prec, offload=off, name=name)
+            results.append(r)
+            print(f"  {name}: rc={r['rc']} steps={r.get('steps')} peak={human_bytes(r.get('measured_peak_bytes'))}"
+                  f" {r['error']}", flush=True)
+    return results
+
+
+def cards(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, Any]]:
+    """Emulate consumer cards; per card, the largest preset that trains and what it needed."""
+    if not gpu:
+        # CPU: the same search against a measured-bytes budget, tiny preset only
+        r = train(out / "runs" / "card-cpu-budget", timeout, preset="tiny", steps=steps, batch="auto",
+                  memory_budget_gb=0.05, effective_batch=16, inject_oom_at_batch=8)
+        r.update(card_gb=0.05, preset="tiny", technique="none/fp32", name="card-cpu-budget")
+        return [r]
+    mixes = [("none", "fp32", "none"), ("none", "bf16", "none"), ("block", "bf16", "none"),
+             ("block", "bf16", "optimizer")]
+    results = []
+    for card in (24, 16, 8):
+        for preset in ("gpt2-350m", "gpt2-124m"):
+            done = False
+            for ckpt, prec, off in mixes:
+                name = f"card{card}-{preset}-{ckpt}-{prec}-{off}"
+                r = train(out / "runs" / name, timeout, preset=preset, steps=steps, ckpt=ckpt, precision=prec,
+                          offload=off, batch="auto", effective_batch=64, memory_cap_gb=card)
+                r.update(card_gb=card, preset=preset, technique=f"{ckpt}/{prec}/{off}", name=name)
+                results.append(r)
+                print(f"  {name}: rc={r['rc']} steps={r.get('steps')} ooms={r.get('ooms', 0)} {r['error']}",
+                      flush=True)
+                if r["rc"] == 0 and r.get("steps", 0) >= steps:
+                    done = True
+                    break
+            if done:
+                break
+    return results
+
+
+# ---- collectors and overhead ----------------------------------------------------------------
+def collectors(out: Path, gpu: bool) -> str:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "collectors.py")]
+    if gpu:
+        cmd += ["--fixtures", str(out / "fixtures")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    return proc.stdout + (f"\n[stderr]\n{proc.stderr}" if proc.returncode else "")
+
+
+def overhead(out: Path, gpu: bool, steps: int) -> dict[str, float]:
+    """Step time of one model bare vs under a Monitor with every collector on."""
+    import torch
+
+    from gpudash.monitor import Monitor
+
+    dev = "cuda" if gpu else "cpu"
+    width = 4096 if gpu else 256
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)]).to(dev)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(64, width, device=dev)
+
+    def step(mon: Any) -> None:
+        if mon is None:
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return
+        with mon.step(samples=64):
+            with mon.phase("forward"):
+                loss = model(x).square().mean()
+            with mon.phase("backward"):
+                loss.backward()
+            with mon.phase("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            mon.log(loss=loss)
+
+    def timed(mon: Any, n: int) -> float:
+        if gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step(mon)
+        if gpu:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n
+
+    mon = Monitor(out / "runs" / "overhead-all-collectors", device_hz=20, stacks_hz=10, snapshot_every=0)
+    mon.watch(model, opt)
+    timed(None, 5)
+    timed(mon, 5)
+    bares, insts = [], []
+    for _ in range(5):  # interleaved rounds: drift and neighbours hit both alike
+        bares.append(timed(None, max(1, steps // 5)))
+        insts.append(timed(mon, max(1, steps // 5)))
+    mon.close()
+    base, inst = sorted(bares)[2], sorted(insts)[2]
+    return {"bare_step_ms": base * 1e3, "monitored_step_ms": inst * 1e3, "ratio": inst / base}
+
+
+# ---- report -----------------------------------------------------------------------------------
+def table(rows: list[list[str]], head: list[str]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(out: Path, strat: list[dict[str, Any]], card: list[dict[str, Any]]) -> None:
+    rows = []
+    base: dict[str, dict[str, Any]] = {}
+    for r in strat:
+        if r["ckpt"] == "none" and r["precision"] == "fp32" and r["offload"] == "none":
+            base[r["preset"]] = r
+    for r in strat:
+        b = base.get(r["preset"], {})
+        rel = (f"{r['step_s'] / b['step_s']:.2f}x" if r.get("step_s") and b.get("step_s") else "-")
+        mem = (f"{r['measured_peak_bytes'] / b['measured_peak_bytes']:.2f}x"
+               if r.get("measured_peak_bytes") and b.get("measured_peak_bytes") else "-")
+        rows.append([r["preset"], r["ckpt"], r["precision"], r["offload"], human_bytes(r.get("params_bytes")),
+                     human_bytes(r.get("grads_bytes")), human_bytes(r.get("optimizer_bytes")),
+                     human_bytes(r.get("activations_bytes")), human_bytes(r.get("measured_peak_bytes")), mem,
+                     f"{r['step_s'] * 1e3:.1f}" if r.get("step_s") else r["error"] or "-", rel])
+    (out / "strategies.md").write_text(table(rows, [
+        "preset", "ckpt", "precision", "offload", "params", "grads", "optimizer", "activations", "peak",
+        "peak vs fp32", "step ms", "step vs fp32"]))
+    est = [[r["name"], human_bytes(r.get("predicted_peak_bytes")), human_bytes(r.get("measured_peak_bytes")),
+            r.get("peak_source", "-"),
+            f"{r['estimator_error_pct']:+.1f} %" if r.get("estimator_error_pct") is not None else "-"]
+           for r in strat + card]
+    (out / "estimator.md").write_text(table(est, ["run", "predicted peak", "measured peak", "measured by", "error"]))
+    crow = [[f"{r['card_gb']} GB", r["preset"], r["technique"], "yes" if r["rc"] == 0 else f"no ({r['error']})",
+             f"{r.get('micro_batch_max', 0):.0f}", str(r.get("ooms", 0)),
+             f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"] for r in card]
+    (out / "cards.md").write_text(table(crow, ["card", "model", "technique (ckpt/precision/offload)", "trains",
+                                               "largest micro-batch", "OOMs recovered", "tokens/s"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", type=Path, default=Path(os.environ.get("OUT", "device-check")))
+    ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
+    ap.add_argument("--run-timeout", type=float, default=0, help="seconds per trainer run (default 90 GPU, 120 CPU)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: strategies,cards,collectors,overhead")
+    args = ap.parse_args()
+    gpu = cuda_available()
+    steps = args.steps or (12 if gpu else 4)
+    timeout = args.run_timeout or (90.0 if gpu else 120.0)
+    skip = set(filter(None, args.skip.split(",")))
+    out: Path = args.out
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    summary: dict[str, Any] = {"gpu": gpu, "steps_per_run": steps}
+    print(f"device_check -> {out} ({'GPU' if gpu else 'CPU: GPU-only parts skipped (no GPU)'})", flush=True)
+    summary["env"] = env = probe()
+    (out / "env.json").write_text(json.dumps(env, indent=1, default=str))
+    print(f"[{time.time() - t0:5.0f}s] env: {env.get('gpu', 'no GPU')}, NVML {env['nvml'].get('available')}, "
+          f"py-spy {env['py_spy'].get('available')}", flush=True)
+    strat = [] if "strategies" in skip else strategies(out, gpu, steps, timeout)
+    print(f"[{time.time() - t0:5.0f}s] strategies done", flush=True)
+    card = [] if "cards" in skip else cards(out, gpu, steps, timeout)
+    print(f"[{time.time() - t0:5.0f}s] cards done", flush=True)
+    if "collectors" not in skip:
+        (out / "collectors.txt").write_text(collectors(out, gpu))
+    if "overhead" not in skip:
+        summary["overhead"] = overhead(out, gpu, 50 if gpu else 20)
+        with open(out / "collectors.txt", "a") as f:
+            f.write(f"\nMonitor (all collectors) vs bare: {json.dumps(summary['overhead'])}\n")
+    if not gpu:
+        summary["skipped"] = "GPU-only parts: bf16/gpt2 presets, memory caps, NVML, snapshot fixtures (no GPU)"
+    summary.update(strategies=strat, cards=card, wall_s=time.time() - t0)
+    write_reports(out, strat, card)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"[{time.time() - t0:5.0f}s] wrote {out}/summary.json, strategies.md, cards.md, estimator.md", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
