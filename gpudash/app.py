@@ -36,6 +36,7 @@ from gpudash.layouts.pages import (
     build_run_page,
     load_snapshots,
     memory_row_at,
+    pick_snapshot,
     range_view,
     segment_map_view,
     verdicts_for,
@@ -269,12 +270,14 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
 
     @app.callback(
         [Output("cursor-label", "children"), Output("memory-at-graph", "figure"), Output("segment-map-box", "children"),
-         Output("activations-box", "children"),
+         Output("activations-box", "children"), Output("cursor-follow", "data"),
          *(Output(g, "figure", allow_duplicate=True) for g in run_page.CURSOR_GRAPHS)],
         Input("cursor-slider", "value"), Input("snapshot-pick", "value"), State("page-run", "data"),
+        State("cursor-slider", "max"), State("run-status", "children"), State("cursor-follow", "data"),
         prevent_initial_call=True,
     )
-    def follow_cursor(step: int | None, pick: str | None, page: dict[str, Any]) -> list[Any]:
+    def follow_cursor(step: int | None, pick: str | None, page: dict[str, Any], slider_max: int | None,
+                      status: str | None, prev: dict[str, Any] | None) -> list[Any]:
         if step is None or not page:
             raise PreventUpdate
         try:
@@ -282,26 +285,40 @@ def _register_callbacks(app: dash.Dash, runs_dir: Path, readers: _Readers) -> No
         except (InvalidRunId, RunError):
             raise PreventUpdate from None
         rank = int(page.get("rank", 0))
+        step = int(step)
+        prev = prev or {}
+        # following a live run: the cursor is the newest step, so no cursor line, and the snapshot and
+        # activation views are resent only when a newer one exists
+        follow = status == "live" and (slider_max is None or step >= slider_max) and dash.ctx.triggered_id \
+            == "cursor-slider"
         with lock:
-            rows = memory_row_at(reader, int(step), rank)
+            rows = memory_row_at(reader, step, rank)
             maps = load_snapshots(reader)
-            acts = activations_at(reader, int(step), rank)
+            acts = activations_at(reader, step, rank)
             meta = dict(reader.run_meta(), **(reader.rank_meta().get(rank) or {}))
-        seg = segment_map_view(maps, int(step), pick, meta)
-        seg_child = dcc.Graph(id="segment-map", figure=seg, config=run_page.GRAPH_CONFIG) if not isinstance(seg, str) \
-            else note(seg)
+        snap_key = [len(maps), pick, getattr(pick_snapshot(maps, step, pick), "step", None)]
+        act_key = int(acts["step"].max()) if len(acts) else None
+        seg_child: Any = no_update
+        if not (follow and prev.get("snap") == snap_key):
+            seg = segment_map_view(maps, step, pick, meta)
+            seg_child = note(seg) if isinstance(seg, str) else \
+                dcc.Graph(id="segment-map", figure=seg, config=run_page.GRAPH_CONFIG)
         act_child: Any = no_update
-        if len(acts):
-            act_child = dcc.Graph(id="activations-graph", figure=memory.activations_figure(acts, int(step), rank),
+        if len(acts) and not (follow and prev.get("act") == act_key):
+            act_child = dcc.Graph(id="activations-graph", figure=memory.activations_figure(acts, step, rank),
                                   config=run_page.GRAPH_CONFIG)
-        patches = []
+        patches: list[Any] = []
         for _ in run_page.CURSOR_GRAPHS:
+            if follow and prev.get("follow"):
+                patches.append(no_update)
+                continue
             p = Patch()
-            p["layout"]["shapes"][0]["x0"] = int(step)
-            p["layout"]["shapes"][0]["x1"] = int(step)
-            p["layout"]["shapes"][0]["visible"] = True
+            p["layout"]["shapes"][0]["x0"] = step
+            p["layout"]["shapes"][0]["x1"] = step
+            p["layout"]["shapes"][0]["visible"] = not follow
             patches.append(p)
-        return [str(step), memory.memory_at_figure(memory.memory_at(rows, int(step), rank)), seg_child, act_child,
+        state = {"follow": follow, "snap": snap_key, "act": act_key}
+        return [str(step), memory.memory_at_figure(memory.memory_at(rows, step, rank)), seg_child, act_child, state,
                 *patches]
 
     for graph_id, xmode in _ZOOM_GRAPHS.items():

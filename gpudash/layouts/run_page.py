@@ -204,6 +204,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     return html.Div([
         header, replay, mem_section, tp_section, dev_section, stab_section, ev_section, hot_section,
         dcc.Store(id="live-state", data=state),
+        dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
         dcc.Store(id="page-run", data={"run": run_id, "rank": rank,
                                        "step_s": stats.get("median_s") or 0.1}),
         dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),
