@@ -34,8 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gpudash  # noqa: E402
-from gpudash.monitor import Monitor  # noqa: E402
+import gpudash
+from gpudash.monitor import Monitor
 
 SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens_per_s", "batch", "mfu", "skipped")
 

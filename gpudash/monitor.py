@@ -27,9 +27,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 from gpudash._version import __version__
 from gpudash.collectors import default_collectors

@@ -101,7 +101,7 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     memory = reader.read_table("memory")
     events = reader.read_table("events")
     if "data" in events:
-        events["data"] = [_parse_json(v) for v in events["data"]]
+        events["data"] = pd.Series([_parse_json(v) for v in events["data"]], index=events.index, dtype=object)
     status = reader.status()
     meta["status"] = status
     run = Run(
