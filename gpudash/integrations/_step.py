@@ -138,6 +138,15 @@ class StepDriver:
         step.tokens = self.tokens or None
         step.__exit__(None, None, None)
 
+    def abandon(self) -> None:
+        """Drop a step a crash left open (e.g. an exception in a previous ``fit``):
+        the Monitor counts it as failed and records no row for it."""
+        step, self._step = self._step, None
+        self._phase = None
+        self._losses = []
+        if step is not None:
+            step.__exit__(RuntimeError, RuntimeError("step abandoned"), None)
+
     def close(self, status: str = "finished", reason: str = "closed") -> None:
         self.end_step()
         if self.owned and self.monitor is not None:

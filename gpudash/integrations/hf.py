@@ -80,6 +80,8 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
     # ---- Trainer events -------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
+        self._remove_hooks()  # a previous train() that raised never reached on_train_end
+        self._driver.abandon()
         config: dict[str, Any] = {"framework": "transformers", "world_size": args.world_size}
         config.update(jsonable({k: getattr(args, k, None) for k in _ARGS}))
         if model is not None:
@@ -151,7 +153,10 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        self._remove_hooks()
+        self._driver.close("finished", "trainer finished")
+
+    def _remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        self._driver.close("finished", "trainer finished")

@@ -75,6 +75,7 @@ class GpudashCallback(Callback):  # type: ignore[misc]
                         "max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs,
                         "gradient_clip_val": trainer.gradient_clip_val}),
         }
+        self._driver.abandon()  # a previous fit that raised left a step open
         m = self._driver.open(Path(trainer.default_root_dir) / "gpudash", trainer.global_rank, trainer.world_size,
                               config)
         if not self._driver.owned:

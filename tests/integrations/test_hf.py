@@ -98,3 +98,29 @@ def test_default_run_dir_and_user_monitor(tmp_path: Path) -> None:
     run = load_run(tmp_path / "mine")
     assert len(run.steps) == 2 and run.meta["hf_config"]["framework"] == "transformers"
     run.close()
+
+
+def test_train_again_after_a_crash_drops_the_broken_step(tmp_path: Path) -> None:
+    from gpudash.monitor import Monitor
+
+    class Boom(transformers.TrainerCallback):  # type: ignore[misc]
+        armed = True
+
+        def on_step_end(self, args: object, state: object, control: object, **kw: object) -> None:
+            if self.armed and state.global_step == 3:  # type: ignore[attr-defined]
+                raise RuntimeError("boom")
+
+    targs = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, report_to=[],
+                                           per_device_train_batch_size=2, save_strategy="no", use_cpu=True,
+                                           disable_tqdm=True)
+    boom = Boom()
+    with Monitor(tmp_path / "again", host_hz=0, handle_signals=False) as m:
+        trainer = transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(8, 8, 128),
+                                       callbacks=[boom, GpudashCallback(m)])
+        with pytest.raises(RuntimeError, match="boom"):
+            trainer.train()  # the third step never reaches our on_step_end
+        boom.armed = False
+        trainer.train()
+    run = load_run(tmp_path / "again")
+    assert list(run.steps["step"]) == [0, 1, 2, 3, 4]  # 2 + 3 steps, the broken one dropped
+    run.close()
