@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -332,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to let other machines scrape")
     args = p.parse_args(argv)
+    if not Path(args.runs_dir).is_dir():
+        print(f"gpudash: error: {args.runs_dir}: no such directory (pass the folder your runs are written to)",
+              file=sys.stderr)
+        return 2
     server = serve_metrics(args.runs_dir, args.port, args.host)
     print(f"gpudash metrics for {args.runs_dir} at http://{args.host}:{server.server_port}/metrics")
     try:
