@@ -142,7 +142,9 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         html.Div([
             html.Span(view.status, id="run-status", className=f"status status-{view.status}"),
             html.Span(f" {device_name}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
-            html.Span(f" · ranks {', '.join(map(str, view.ranks))}", className="muted"),
+            html.Span(" · rank ", className="muted"),
+            *[dcc.Link(str(r), href=f"/run/{run_id}?rank={r}", className="rank-link" + (" current" if r == rank else ""))
+              for r in view.ranks],
             html.Span(" · step ", className="muted"), html.Span("-" if last is None else str(last), id="last-step"),
             html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")
             and view.status != "live" else None,

@@ -33,6 +33,7 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .sev { font-size: 12px; padding: 0 6px; border-radius: 8px; margin-right: 6px; color: #fff; background: #888; }
 .sev-bad { background: #d62728; } .sev-warn { background: #ffb000; } .sev-ok { background: #2ca02c; }
 #last-step { font-weight: 600; }
+.rank-link { margin-right: 6px; color: #1f77b4; } .rank-link.current { font-weight: 700; color: #222; }
 """
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import plotly
 import pytest
 
-from gpudash.app import _page_for, _Readers, create_app, serve_in_thread, zoom_range
+from gpudash.app import create_app, serve_in_thread
 from gpudash.cli import main
 from gpudash.errors import UserError
+from gpudash.layouts.callbacks import ReaderCache, page_for, zoom_range
 
 
 def test_api_runs_and_summary(runs_dir: Path) -> None:
@@ -85,19 +86,19 @@ def test_serve_in_thread(runs_dir: Path) -> None:
 
 
 def test_pages_by_url(runs_dir: Path) -> None:
-    readers = _Readers(runs_dir)
+    readers = ReaderCache(runs_dir)
 
     def text(page) -> str:  # type: ignore[no-untyped-def]
         return json.dumps(page, cls=plotly.utils.PlotlyJSONEncoder)
 
-    assert "runs-table" in text(_page_for("/", "", runs_dir, readers))
-    run = text(_page_for("/run/rich", "", runs_dir, readers))
+    assert "runs-table" in text(page_for("/", "", runs_dir, readers))
+    run = text(page_for("/run/rich", "", runs_dir, readers))
     for view in ("memory-view", "throughput-view", "device-view", "stability-view", "events-view", "hotspots-view",
                  "last-step", "summary-panel", "cursor-slider"):
         assert view in run
-    assert "not-found" in text(_page_for("/run/..", "", runs_dir, readers))
-    assert "not-found" in text(_page_for("/run/%2e%2e", "", runs_dir, readers))
-    cmp = text(_page_for("/compare", "?runs=rich,plain,nope", runs_dir, readers))
+    assert "not-found" in text(page_for("/run/..", "", runs_dir, readers))
+    assert "not-found" in text(page_for("/run/%2e%2e", "", runs_dir, readers))
+    cmp = text(page_for("/compare", "?runs=rich,plain,nope", runs_dir, readers))
     assert "compare-table" in cmp and "not found: nope" in cmp
 
 

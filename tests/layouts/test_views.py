@@ -208,3 +208,27 @@ def test_downsampled_big_frame_bounded(tmp_path: Path) -> None:
                        "duration_s": np.r_[np.full(n - 1, 0.1), 5.0]})
     small = downsample_frame(df, "steps", 4000)
     assert len(small) <= 4000 and small["duration_s"].max() == 5.0
+
+
+def test_two_ranks_side_by_side(tmp_path: Path) -> None:
+    from gpudash.monitor import Monitor
+
+    run_dir = tmp_path / "ddp"
+    mons = [Monitor(run_dir, rank=r, world_size=2, host_hz=0, flush_interval=0.1) for r in (0, 1)]
+    for step in range(12):
+        for r, mon in enumerate(mons):
+            with mon.step(samples=8, tokens=64):
+                mon.log(loss=1.0 + r + 0.01 * step)
+            mon.memory_row(step, {"params_bytes": 1000 * (r + 1)})
+    for mon in mons:
+        mon.close()
+    reader = RunReader(run_dir)
+    view = load_view(reader)
+    assert view.ranks == [0, 1]
+    _, specs = run_page.build_graph("step-time-graph", view)
+    assert {s.rank for s in specs} == {0, 1} and any(s.name.endswith("r1") for s in specs)
+    fig, _ = run_page.build_graph("memory-graph", view, rank=1)
+    assert fig.data[0].y[0] == 2000
+    page = json.dumps(build_run_page("ddp", reader, rank=1), cls=plotly.utils.PlotlyJSONEncoder)
+    assert "/run/ddp?rank=0" in page and '"rank": 1' in page
+    reader.close()
