@@ -1,8 +1,9 @@
-"""``gpudash demo``: a small training loop under the Monitor (no download, CPU or GPU).
+"""``gpudash demo``: the trainer's tiny preset with the live dashboard beside it.
 
-Later the demo starts the trainer's tiny preset with the dashboard beside it;
-until those land it trains a small MLP on generated data and prints where the
-run went and how to look at it.
+Starts the dashboard on loopback (port 8050, or a free one if that is taken),
+prints the run page's URL, trains the tiny GPT (on the GPU when there is one,
+else on the CPU; data ships with Python, nothing is downloaded), then keeps
+serving the finished run for replay until Ctrl-C (``--exit`` stops at once).
 """
 
 from __future__ import annotations
@@ -10,58 +11,64 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from urllib.parse import quote
 
-__all__ = ["add_arguments", "run", "train_example"]
+from gpudash.errors import UserError
+
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are written (default: runs)")
     p.add_argument("--steps", type=int, default=300, help="training steps (default: 300)")
+    p.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
+    p.add_argument("--device", default="auto", help="auto (GPU if present), cpu or cuda")
+    p.add_argument("--port", type=int, default=8050, help="dashboard port (default: 8050; busy: a free one)")
+    p.add_argument("--exit", action="store_true", help="stop when training ends instead of serving the replay")
 
 
-def train_example(run_dir: Path, steps: int) -> Path:
-    import torch
+def _serve(runs_dir: Path, port: int) -> tuple[str, object]:
+    from gpudash.app import serve_in_thread
 
-    from gpudash.monitor import Monitor
-
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = torch.nn.Sequential(
-        torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 512), torch.nn.GELU(),
-        torch.nn.Linear(512, 10),
-    ).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Monitor(run_dir, name="demo-mlp") as mon:
-        mon.watch(model, opt)
-        for _ in range(steps):
-            with mon.step(samples=64):
-                with mon.phase("data"):
-                    x = torch.randn(64, 128, device=device)
-                    y = (x[:, :10].argmax(dim=1))
-                with mon.phase("forward"):
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                with mon.phase("backward"):
-                    loss.backward()
-                with mon.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                mon.log(loss=loss, lr=1e-3)
-    return run_dir
+    try:
+        return serve_in_thread(runs_dir, "127.0.0.1", port)
+    except OSError:
+        return serve_in_thread(runs_dir, "127.0.0.1", 0)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise UserError("--steps must be >= 1")
+    try:
+        from gpudash.trainer import TrainConfig, train
+    except ImportError as exc:
+        raise UserError(f"the demo trains a model and needs torch ({exc}); run `make demo`, "
+                        "or pip install 'gpudash[train]'") from exc
     from gpudash.info import summarize
     from gpudash.store import load_run
 
-    if args.steps < 1:
-        from gpudash.errors import UserError
-
-        raise UserError("--steps must be >= 1")
-    run_dir = args.runs_dir / time.strftime("demo-%Y%m%d-%H%M%S")
-    print(f"gpudash demo: training a small model for {args.steps} steps -> {run_dir}")
-    train_example(run_dir, args.steps)
-    r = load_run(run_dir)
-    print("\n".join(summarize(r)))
-    print(f"\nLook at it:  gpudash info {run_dir}\n             python -c \"import gpudash; "
-          f"print(gpudash.load_run('{run_dir}').steps)\"")
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    name = time.strftime("demo-%Y%m%d-%H%M%S")
+    run_dir = args.runs_dir / name
+    try:
+        cfg = TrainConfig(preset=args.preset, steps=args.steps, run_dir=run_dir, name=name, device=args.device,
+                          batch="auto", progress=True)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    url, stop = _serve(args.runs_dir, args.port)
+    print(f"gpudash demo: dashboard at {url}\n              this run:   {url.rstrip('/')}/run/{quote(name)}\n"
+          f"              training the {args.preset} GPT for {args.steps} steps -> {run_dir}", flush=True)
+    try:
+        train(cfg)
+        r = load_run(run_dir)
+        print("\n".join(summarize(r)))
+        r.close()
+        print(f"\nReplay it at {url.rstrip('/')}/run/{quote(name)}; also: gpudash info {run_dir}, "
+              f"gpudash report {run_dir}")
+        if not args.exit:
+            print("Serving until Ctrl-C.", flush=True)
+            while True:
+                time.sleep(3600)
+    finally:
+        stop()  # type: ignore[operator]
     return 0

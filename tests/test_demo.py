@@ -1,0 +1,27 @@
+"""The README's demo command, as a newcomer runs it (short)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gpudash
+
+
+def test_demo_trains_and_serves(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "gpudash", "demo", "--steps", "3", "--exit", "--port", "0",
+                          "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert re.search(r"dashboard at http://127\.0\.0\.1:\d+/", out.stdout)
+    runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(runs) == 1
+    run = gpudash.load_run(runs[0])
+    assert run.status == "finished" and len(run.steps) == 3
+
+
+def test_demo_bad_flag_is_one_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "gpudash", "demo", "--steps", "0"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--steps" in out.stderr
