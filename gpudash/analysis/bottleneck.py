@@ -51,9 +51,25 @@ class Stretch:
     """Mean device telemetry over the stretch (sm_active_pct, gpu_util_pct, gpu_busy_share)."""
 
 
+_NOT_PHASES = ("duration_s", "seconds", "elapsed_s", "time_s")
+_NOT_PHASE_SUFFIXES = ("_gpu_s", "_cpu_s", "_total_s", "_elapsed_s")
+
+
 def _phase_columns(steps: pd.DataFrame) -> list[str]:
-    return [c for c in steps.columns
-            if c.endswith("_s") and c != "duration_s" and not c.endswith("_gpu_s") and steps[c].notna().any()]
+    """``<phase>_s`` columns the Monitor's phases wrote; logged timings such as
+    ``thread_cpu_s`` or CUDA-event ``<phase>_gpu_s`` are not wall-time phases."""
+    out = []
+    dur = float(steps["duration_s"].median()) if "duration_s" in steps and len(steps) else 0.0
+    for c in steps.columns:
+        if not c.endswith("_s") or c in _NOT_PHASES or c.endswith(_NOT_PHASE_SUFFIXES):
+            continue
+        col = steps[c]
+        if not col.notna().any() or not pd.api.types.is_numeric_dtype(col):
+            continue
+        if dur and float(col.median()) > 1.05 * dur:  # a phase never outlasts its step
+            continue
+        out.append(c)
+    return out
 
 
 def _group(col: str) -> str:

@@ -59,11 +59,15 @@ class OomReport:
     outside_bytes: float | None = None
     categories: dict[str, float] = field(default_factory=dict)
     categories_step: int | None = None
+    measured_bytes: float | None = None
+    """What a budget meter counted when it refused (CPU budget runs)."""
     recovered: bool = False
 
     @property
     def need_bytes(self) -> float | None:
         """What this process needed at the failing allocation (held + requested)."""
+        if self.measured_bytes is not None:
+            return self.measured_bytes
         held = self.allocated_bytes
         if held is None and self.categories:
             held = sum(self.categories.values())
@@ -86,6 +90,9 @@ def parse_oom_message(message: str) -> dict[str, float]:
         "allocated_bytes": rf"{_SIZE} is allocated by PyTorch|; {_SIZE} already allocated",
         "reserved_unallocated_bytes": rf"{_SIZE} is reserved by PyTorch but unallocated",
         "reserved_bytes": rf"{_SIZE} reserved in total by PyTorch",
+        # the trainer's CPU memory budget (--memory-budget-gb)
+        "measured_bytes": rf"{_SIZE} measured",
+        "budget_bytes": rf"> budget {_SIZE}",
     }
     for key, pat in patterns.items():
         m = re.search(pat, message)
@@ -152,10 +159,16 @@ def snapshot_largest_free(run: Run, t: float | None, rank: int | None) -> float 
 
 
 def _capacity(run: Run, data: dict[str, Any]) -> float | None:
-    cap = _pick(data, "capacity_bytes", "budget_bytes", "memory_budget_bytes", "cap_bytes", "total_bytes")
+    """The limit the allocation ran into: the allocator's (capped) limit, else the
+    run's recorded budget, else a budget parsed from the error message."""
+    cap = _pick(data, "capacity_bytes", "memory_budget_bytes", "cap_bytes")
     if cap is None:
-        cap = _pick(run.meta, "memory_budget_bytes", "memory_cap_bytes", "capacity_bytes", "device_total_bytes",
-                    "device_memory_bytes")
+        cap = _pick(run.meta, "memory_budget_bytes", "memory_cap_bytes", "capacity_bytes")
+    pre = run.meta.get("preflight")
+    if cap is None and isinstance(pre, dict):
+        cap = _pick(pre, "capacity_bytes")
+    if cap is None:
+        cap = _pick(data, "budget_bytes", "device_total_bytes", "total_bytes")
     return cap
 
 
@@ -181,6 +194,10 @@ def _judge(r: OomReport) -> None:
     if cap is not None and need is not None:
         ev.append(f"this process needed {fmt_bytes(need)} of {fmt_bytes(cap)} capacity")
 
+    if r.measured_bytes is not None:
+        ev.append("the memory budget meter refused the allocation: measured bytes exceeded the budget")
+        r.verdict = "did not fit"
+        return
     if (cap is not None and need is not None and outside is not None and need <= cap
             and outside > _CONTEXT_ALLOWANCE + 0.02 * cap and need + outside > cap):
         r.verdict = "another process"
@@ -236,6 +253,9 @@ def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: f
     if reserved is None and allocated is not None and unalloc is not None:
         reserved = allocated + unalloc
     device_used = _pick(data, "device_used_bytes")
+    total, free = _pick(data, "device_total_bytes", "capacity_bytes"), _pick(data, "free_bytes")
+    if device_used is None and total is not None and free is not None:
+        device_used = total - free  # the observer reports the device's free memory, all processes
     outside = _pick(data, "other_processes_bytes", "outside_bytes")
     if outside is None and device_used is not None and reserved is not None:
         outside = max(0.0, device_used - reserved)
@@ -247,7 +267,11 @@ def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: f
                   free_bytes=_pick(data, "free_bytes", "device_free_bytes"), largest_free_bytes=largest,
                   allocated_bytes=allocated, reserved_bytes=reserved, reserved_unallocated_bytes=unalloc,
                   capacity_bytes=_capacity(run, data), device_used_bytes=device_used, outside_bytes=outside,
-                  categories=cats, categories_step=cat_step)
+                  categories=cats, categories_step=cat_step, measured_bytes=_pick(data, "measured_bytes"))
+    if re.search(r"\binject", message, re.I):
+        r.verdict = "injected"
+        r.evidence.append("raised on purpose by a testing aid (--inject-oom-at-batch): not a real shortage")
+        return r
     _judge(r)
     return r
 

@@ -39,6 +39,12 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 def run_setup(run: Run) -> dict[str, Any]:
     """The run's technique mix and shape, from whatever config the trainer recorded."""
     cfg = _flat(run.meta.get("config") or {})
+    trainer = run.meta.get("trainer")
+    if isinstance(trainer, dict):  # gpudash's trainer: model shape, parameter count, sequence length
+        cfg.update(_flat(trainer.get("model") or {}))
+        for src, dst in (("params", "n_params"), ("seq_len", "seq_len")):
+            if isinstance(trainer.get(src), int):
+                cfg[dst] = trainer[src]
     cfg.update({k: v for k, v in _flat(run.meta).items() if k in ("ckpt", "precision", "offload") and k not in cfg})
     steps = run.steps
     for col in ("micro_batch", "batch_size"):
@@ -197,8 +203,8 @@ def recommend(run: Run, verdicts: list[Verdict]) -> list[Verdict]:
                                 "fix the cause of the non-finite steps before re-enabling fp16")
             v.saving = "16-bit activations again (about half the activation memory) once the cause is fixed"
         elif kind == "batch-oscillation":
-            lo = num(v.numbers.get("min_batch"))
-            v.recommendation = (f"pin the micro-batch at {int(lo)} (the smallest size seen) with gradient "
+            lo = num(v.numbers.get("settled_batch"))
+            v.recommendation = (f"pin the micro-batch at {int(lo)} (where it settled after each OOM) with gradient "
                                 "accumulation, or lower the headroom target of the adaptive batch size"
                                 if lo else "pin the micro-batch size")
             v.saving = "no more OOM retries and re-tuning steps"

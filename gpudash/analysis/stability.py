@@ -17,7 +17,7 @@ from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import Run
 
 __all__ = ["batch_oscillation", "loss_scale_collapses", "loss_spikes", "nonfinite_steps", "precision_fallbacks",
-           "ranges", "stability_verdicts"]
+           "ranges", "settled_batch", "stability_verdicts"]
 
 SPIKE_Z = 6.0
 """Robust z-score (median/MAD over the previous window) above which a loss is a spike."""
@@ -119,22 +119,48 @@ def precision_fallbacks(run: Run) -> list[tuple[int, str]]:
     return [(int(e["step"]) if not pd.isna(e["step"]) else -1, str(e["message"])) for _, e in ev.iterrows()]
 
 
+def _batch_series(run: Run) -> list[tuple[int, float]]:
+    """(step, batch size) at every change: from batch-size events (a shrink and
+    re-grow inside one step never shows in the step rows) or else the step column."""
+    out: list[tuple[int, float]] = []
+    ev = _events(run, "batch_size", "batch-size")
+    for _, e in ev.iterrows():
+        d = e["data"] if isinstance(e.get("data"), dict) else {}
+        old, new = d.get("old"), d.get("new")
+        if isinstance(new, (int, float)) and not pd.isna(e["step"]):
+            if isinstance(old, (int, float)) and (not out or out[-1][1] != old):
+                out.append((int(e["step"]), float(old)))
+            out.append((int(e["step"]), float(new)))
+    if out:
+        return out
+    s = _one_rank(run.steps)
+    col = next((c for c in ("micro_batch", "micro_batch_size", "batch_size") if c in s), None)
+    if col is None:
+        return []
+    bs = s[["step", col]].dropna()
+    keep = bs[col].diff().fillna(1) != 0
+    return [(int(a), float(b)) for a, b in zip(bs.loc[keep, "step"], bs.loc[keep, col], strict=True)]
+
+
 def batch_oscillation(run: Run, min_reversals: int = 3) -> tuple[list[tuple[int, int]], list[int]]:
     """Step ranges where the batch size went up and down ``min_reversals`` times or more, and the sizes seen."""
-    s = _one_rank(run.steps)
-    col = next((c for c in ("batch_size", "micro_batch", "micro_batch_size") if c in s), None)
-    if col is None:
-        return [], []
-    bs = s[["step", col]].dropna()
-    change = bs[col].diff().fillna(0)
-    moves = bs[change != 0]
-    if len(moves) < min_reversals + 1:
-        return [], sorted(set(bs[col].astype(int)))
-    signs = np.sign(change[change != 0].to_numpy())
-    reversals = int((signs[1:] != signs[:-1]).sum())
-    if reversals < min_reversals:
-        return [], sorted(set(bs[col].astype(int)))
-    return [(int(moves["step"].iloc[0]), int(moves["step"].iloc[-1]))], sorted(set(bs[col].astype(int)))
+    series = _batch_series(run)
+    sizes = sorted({int(b) for _, b in series})
+    if len(series) < min_reversals + 2:
+        return [], sizes
+    sizes_seq = [b for _, b in series]
+    signs = np.sign(np.diff(sizes_seq))
+    flips = [i for i in range(1, len(signs)) if signs[i] != 0 and signs[i] != signs[i - 1]]
+    if len(flips) < min_reversals:
+        return [], sizes
+    return [(series[flips[0]][0], series[-1][0])], sizes
+
+
+def settled_batch(run: Run) -> int | None:
+    """The largest batch size the run fell back to after a shrink (what held), if any."""
+    series = _batch_series(run)
+    after_shrink = [b for (_, a), (_, b) in zip(series, series[1:], strict=False) if b < a]
+    return int(min(after_shrink)) if after_shrink else None
 
 
 def stability_verdicts(run: Run) -> list[Verdict]:
@@ -175,7 +201,10 @@ def stability_verdicts(run: Run) -> list[Verdict]:
     if osc:
         a, b = osc[0]
         out.append(Verdict(kind="batch-oscillation", title="Batch size oscillates", severity="warn",
-                           evidence=[f"batch size moved up and down between steps {a} and {b}, sizes seen: "
-                                     + ", ".join(map(str, sizes))],
-                           steps=(a, b), numbers={"min_batch": float(min(sizes)), "max_batch": float(max(sizes))}))
+                           evidence=[f"micro-batch moved up and down between steps {a} and {b}, sizes seen: "
+                                     + ", ".join(map(str, sizes)),
+                                     "each re-grow ran into the limit again: the headroom target is above "
+                                     "what the largest batches need"],
+                           steps=(a, b), numbers={"min_batch": float(min(sizes)), "max_batch": float(max(sizes)),
+                                                  "settled_batch": float(settled_batch(run) or min(sizes))}))
     return out
