@@ -118,6 +118,8 @@ class Trainer:
         apply_checkpointing(model, parse_mode(cfg.ckpt))
         if cfg.weights == "bf16":
             model = model.to(torch.bfloat16)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.model = model.to(self.device)
         self.ddp: Any = None
         if self.world > 1:
@@ -187,8 +189,7 @@ class Trainer:
 
     def _measured_bytes(self) -> int:
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return int(torch.cuda.memory_allocated(self.device))
+            return int(torch.cuda.memory_allocated(self.device))  # allocator bookkeeping: no sync
         return self._static_bytes()
 
     def lr_at(self, step: int) -> float:
@@ -373,7 +374,7 @@ class Trainer:
             for step in range(cfg.steps):
                 samples = next(self.data)
                 while True:
-                    before = self._measured_bytes() if self.ooms or cfg.inject_oom_at_batch or self.meter else 0
+                    before = self._measured_bytes()
                     result = self._attempt(mon, step, samples)
                     if not isinstance(result, str):
                         break
