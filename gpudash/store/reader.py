@@ -411,13 +411,41 @@ class RunReader:
                 lo, hi = min(lo, a), max(hi, b)
         return None if lo == np.inf else (float(lo), float(hi))
 
+    def step_times(self, step0: int | None, step1: int | None) -> tuple[float | None, float | None]:
+        """The time span of a step range (over all ranks), for range queries by step."""
+        lo, hi = np.inf, -np.inf
+        where, params = [], []
+        if step0 is not None:
+            where.append("step >= ?")
+            params.append(step0)
+        if step1 is not None:
+            where.append("step <= ?")
+            params.append(step1)
+        sql = "SELECT min(time), max(time) FROM steps" + (f" WHERE {' AND '.join(where)}" if where else "")
+        for r in self.ranks.values():
+            try:
+                a, b = r.conn.execute(sql, params).fetchone()
+            except sqlite3.DatabaseError:
+                continue
+            if a is not None:
+                lo, hi = min(lo, a), max(hi, b)
+        if lo == np.inf:
+            return None, None
+        # a step's time is when it ended: start the range at the previous step's end
+        return (float(lo) - 1e-9 if step0 is not None else None), (float(hi) if step1 is not None else None)
+
     def read_range(self, table: str, t0: float | None = None, t1: float | None = None,
-                   max_rows: int = 5_000) -> tuple[pd.DataFrame, int]:
-        """Rows of a numeric table between two times: raw if few enough, else a roll-up.
+                   max_rows: int = 5_000, *, step0: int | None = None,
+                   step1: int | None = None) -> tuple[pd.DataFrame, int]:
+        """Rows of a numeric table between two times (or steps): raw if few enough, else a roll-up.
 
         Returns ``(frame, level)`` where level 0 means raw rows and otherwise the
         bucket width in seconds (the frame then has ``c``, ``c__min``, ``c__max``).
         """
+        if step0 is not None or step1 is not None:
+            s0, s1 = self.step_times(step0, step1)
+            t0 = s0 if s0 is not None else t0
+            t1 = s1 if s1 is not None else t1
         total = sum(r.count(table, t0, t1) for r in self.ranks.values())
         if total <= max_rows or table not in NUMERIC_TABLES:
             where, params = _time_where(t0, t1, "time")

@@ -81,6 +81,15 @@ def test_rollups_keep_mean_min_max(tmp_path: Path) -> None:
     assert level == 0 and len(df) == 21
 
 
+def test_read_range_by_steps(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=60)
+    _write_steps(rec, 0, 100, 1000.0, dt=0.5)
+    rec.close()
+    reader = RunReader(tmp_path)
+    df, level = reader.read_range("steps", step0=10, step1=19)
+    assert level == 0 and df["step"].tolist() == list(range(10, 20))
+
+
 def test_read_since_tails_a_growing_run(tmp_path: Path) -> None:
     rec = Recorder(tmp_path, flush_interval=0.02)
     reader = RunReader(tmp_path)
