@@ -1,0 +1,291 @@
+"""A post-mortem as one self-contained HTML page (or Markdown for a terminal).
+
+The page opens offline: CSS is inline and the figures are SVG drawn here from
+the run's numbers (no JavaScript, no CDN, no external references). Every
+string that came from the run (names, messages, evidence) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+
+from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
+from gpudash.analysis.oom import CATEGORIES
+from gpudash.analysis.summary import summarize
+from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_s
+from gpudash.store.run import Run
+
+__all__ = ["headline", "render_html", "render_markdown", "svg_chart"]
+
+_SEV_COLOR = {"bad": "#c62828", "warn": "#ef6c00", "ok": "#2e7d32"}
+_SEV_LABEL = {"bad": "problem", "warn": "warning", "ok": "ok"}
+_PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+main{max-width:960px;margin:0 auto;padding:24px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px}
+.sub{color:#5b6475} table.kv{border-collapse:collapse;margin-top:12px}
+table.kv td{padding:2px 14px 2px 0;vertical-align:top} table.kv td:first-child{color:#5b6475}
+.verdict{background:#fff;border-left:5px solid #999;border-radius:6px;padding:10px 14px;margin:10px 0;
+box-shadow:0 1px 2px rgba(0,0,0,.06)}
+.verdict h3{font-size:15px;margin:0 0 4px}.badge{font-size:11px;text-transform:uppercase;color:#fff;
+border-radius:3px;padding:1px 6px;margin-right:8px;vertical-align:2px}
+.range{color:#5b6475;font-size:12px;margin-left:6px} .verdict ul{margin:6px 0 6px 18px;padding:0}
+.rec{margin-top:6px}.rec b,.save b{color:#1d2330}.save{color:#2e5e1f}
+figure{background:#fff;border-radius:6px;margin:12px 0;padding:10px;box-shadow:0 1px 2px rgba(0,0,0,.06)}
+figcaption{font-weight:600;margin-bottom:4px} svg text{font:11px system-ui,sans-serif;fill:#5b6475}
+.legend span{display:inline-block;margin-right:12px;font-size:12px}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+footer{color:#8a93a3;font-size:12px;margin-top:30px}
+"""
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+@dataclass
+class _Series:
+    label: str
+    values: np.ndarray
+    color: str
+
+
+def _downsample(x: np.ndarray, ys: list[np.ndarray], max_points: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Bucket means down to ``max_points`` (a report shows a shape, not every step)."""
+    n = len(x)
+    if n <= max_points:
+        return x, ys
+    edges = np.linspace(0, n, max_points + 1).astype(int)
+    xs = np.array([x[a:b].mean() for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    out = [np.array([np.nanmax(y[a:b]) if np.isfinite(y[a:b]).any() else np.nan
+                     for a, b in zip(edges[:-1], edges[1:], strict=True)]) for y in ys]
+    return xs, out
+
+
+def svg_chart(x: ArrayLike, series: Sequence[tuple[str, ArrayLike, str]], *, stacked: bool = False,
+              markers: Sequence[tuple[float, str, str]] = (), hline: tuple[float, str] | None = None,
+              y_fmt: str = "num", width: int = 900, height: int = 200, max_points: int = 400) -> str:
+    """A line (or stacked area) chart as inline SVG. ``markers``: (x, color, label)
+    vertical lines; ``hline``: (y, label) dashed horizontal line; ``y_fmt``:
+    ``num``, ``bytes`` or ``s``."""
+    xa = np.asarray(x, dtype=float)
+    ys = [np.asarray(v, dtype=float) for _, v, _ in series]
+    if len(xa) == 0 or not ys:
+        return '<svg role="img" width="10" height="10"></svg>'
+    xa, ys = _downsample(xa, ys, max_points)
+    if stacked:
+        acc = np.zeros(len(xa))
+        tops = []
+        for y in ys:
+            acc = acc + np.nan_to_num(y)
+            tops.append(acc.copy())
+        ys_plot = tops
+    else:
+        ys_plot = ys
+    finite = np.concatenate([y[np.isfinite(y)] for y in ys_plot] + [np.array([0.0])])
+    y_max = float(finite.max()) if len(finite) else 1.0
+    if hline is not None and math.isfinite(hline[0]):
+        y_max = max(y_max, hline[0])
+    y_min = 0.0 if stacked or float(finite.min()) >= 0 else float(finite.min())
+    y_max = y_max * 1.05 if y_max > y_min else y_min + 1.0
+    x0, x1 = float(xa.min()), float(xa.max()) if xa.max() > xa.min() else float(xa.min()) + 1
+    left, right, top, bottom = 64, 10, 8, 22
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(v: float) -> float:
+        return left + (v - x0) / (x1 - x0) * pw
+
+    def py(v: float) -> float:
+        return top + ph - (v - y_min) / (y_max - y_min) * ph
+
+    def fy(v: float) -> str:
+        return fmt_bytes(v) if y_fmt == "bytes" else fmt_s(v) if y_fmt == "s" else f"{v:.3g}"
+
+    parts = [f'<svg role="img" viewBox="0 0 {width} {height}" width="100%">']
+    for i in range(5):
+        v = y_min + (y_max - y_min) * i / 4
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#e6e8ec"/>')
+        parts.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{_e(fy(v))}</text>')
+    for i in range(6):
+        v = x0 + (x1 - x0) * i / 5
+        parts.append(f'<text x="{px(v):.1f}" y="{height - 6}" text-anchor="middle">{v:.0f}</text>')
+    prev = np.zeros(len(xa))
+    for (label, _, color), y in zip(series, ys_plot, strict=True):
+        pts = [(px(a), py(b)) for a, b in zip(xa, y, strict=True) if math.isfinite(b)]
+        if not pts:
+            continue
+        line = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
+        if stacked:
+            base = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in reversed(list(zip(xa, prev, strict=True))))
+            parts.append(f'<polygon points="{line} {base}" fill="{color}" fill-opacity="0.75">'
+                         f'<title>{_e(label)}</title></polygon>')
+            prev = y
+        else:
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5">'
+                         f'<title>{_e(label)}</title></polyline>')
+    if hline is not None and math.isfinite(hline[0]):
+        yv = py(hline[0])
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{yv:.1f}" y2="{yv:.1f}" stroke="#c62828" '
+                     f'stroke-dasharray="5,4"/><text x="{width - right - 2}" y="{yv - 3:.1f}" '
+                     f'text-anchor="end" style="fill:#c62828">{_e(hline[1])}</text>')
+    for mx, color, label in markers:
+        if x0 <= mx <= x1:
+            parts.append(f'<line x1="{px(mx):.1f}" x2="{px(mx):.1f}" y1="{top}" y2="{top + ph}" stroke="{color}" '
+                         f'stroke-width="1.5"><title>{_e(label)}</title></line>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _legend(items: list[tuple[str, str]]) -> str:
+    return '<div class="legend">' + "".join(f'<span><i style="background:{c}"></i>{_e(k)}</span>'
+                                           for k, c in items) + "</div>"
+
+
+def _markers(run: Run) -> list[tuple[float, str, str]]:
+    ev = run.events
+    out: list[tuple[float, str, str]] = []
+    if ev.empty:
+        return out
+    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457", "loss_spike": "#ef6c00"}
+    for _, e in ev.iterrows():
+        kind = str(e["kind"])
+        if kind in colors and not pd.isna(e["step"]):
+            out.append((float(e["step"]), colors[kind], f"step {int(e['step'])}: {kind}: {e['message']}"))
+    return out[:200]
+
+
+def _one_rank(df: pd.DataFrame) -> pd.DataFrame:
+    if "rank" in df and df["rank"].nunique() > 1:
+        df = df[df["rank"] == df["rank"].min()]
+    return df.sort_values("step") if "step" in df else df
+
+
+def _figures(run: Run, cap: float | None) -> list[tuple[str, str]]:
+    figs: list[tuple[str, str]] = []
+    markers = _markers(run)
+    steps = _one_rank(run.steps)
+    if len(steps):
+        phases = [c for c in steps.columns if c.endswith("_s") and c != "duration_s"
+                  and not c.endswith(("_gpu_s", "_cpu_s")) and steps[c].notna().any()
+                  and float(steps[c].median()) <= 1.05 * float(steps["duration_s"].median())]
+        x = steps["step"].to_numpy(dtype=float)
+        series = [(c.removesuffix("_s"), steps[c].fillna(0).to_numpy(dtype=float), _PALETTE[i % len(_PALETTE)])
+                  for i, c in enumerate(phases)]
+        accounted = steps[phases].fillna(0).sum(axis=1) if phases else 0.0
+        rest = (steps["duration_s"] - accounted).clip(lower=0).to_numpy(dtype=float)
+        series.append(("outside phases", rest, "#bab0ac"))
+        figs.append(("Step time by phase", _legend([(s[0], s[2]) for s in series])
+                     + svg_chart(x, series, stacked=True, markers=markers, y_fmt="s")))
+        if "loss" in steps and steps["loss"].notna().any():
+            figs.append(("Loss", svg_chart(x, [("loss", steps["loss"].to_numpy(dtype=float), _PALETTE[0])],
+                                           markers=markers)))
+    mem = _one_rank(run.memory)
+    cats = [c for c in CATEGORIES if c in mem and mem[c].notna().any()]
+    if len(mem) and cats:
+        filled = mem[cats].ffill().fillna(0)
+        series = [(c.removesuffix("_bytes"), filled[c].to_numpy(dtype=float), _PALETTE[i % len(_PALETTE)])
+                  for i, c in enumerate(cats)]
+        hline = (cap, f"capacity {fmt_bytes(cap)}") if cap else None
+        figs.append(("Memory by category", _legend([(s[0], s[2]) for s in series])
+                     + svg_chart(mem["step"].to_numpy(dtype=float), series, stacked=True, markers=markers,
+                                 hline=hline, y_fmt="bytes")))
+    return figs
+
+
+def headline(run: Run) -> list[tuple[str, str]]:
+    """Key facts as (label, value) rows."""
+    rows = [("status", run.status), ("device", str(run.meta.get("device_name") or run.meta.get("device") or "?")),
+            ("ranks", str(max(1, len(run.ranks))))]
+    if run.meta.get("end_reason") and run.status != "finished":
+        rows.append(("ended", str(run.meta["end_reason"])))
+    s = run.steps
+    if len(s):
+        rows.append(("steps", f"{int(s['step'].max()) + 1}, median {fmt_s(float(s['duration_s'].median()))}"))
+        span = float(s["time"].max() - s["time"].min())
+        if "tokens" in s and span > 0 and s["tokens"].notna().any():
+            rows.append(("throughput", f"{float(s['tokens'].sum()) / span:,.0f} tokens/s"))
+    m = run.memory
+    cats = [c for c in CATEGORIES if c in m and m[c].notna().any()]
+    if cats:
+        rows.append(("peak memory", ", ".join(f"{c.removesuffix('_bytes')} {fmt_bytes(float(m[c].max()))}"
+                                              for c in cats)))
+    for p in run.problems:
+        rows.append(("damaged", p))
+    return rows
+
+
+def _capacity(run: Run, verdicts: list[Verdict]) -> float | None:
+    for v in verdicts:
+        if "capacity_bytes" in v.numbers:
+            return v.numbers["capacity_bytes"]
+    pre = run.meta.get("preflight")
+    if isinstance(pre, dict) and isinstance(pre.get("capacity_bytes"), (int, float)):
+        return float(pre["capacity_bytes"])
+    return None
+
+
+def _verdict_html(v: Verdict) -> str:
+    color = _SEV_COLOR[v.severity]
+    out = [f'<section class="verdict sev-{v.severity}" data-kind="{_e(v.kind)}" style="border-color:{color}">',
+           f'<h3><span class="badge" style="background:{color}">{_SEV_LABEL[v.severity]}</span>{_e(v.title)}'
+           + (f'<span class="range">{_e(v.step_range)}</span>' if v.steps else "") + "</h3>"]
+    if v.evidence:
+        out.append("<ul>" + "".join(f"<li>{_e(e)}</li>" for e in v.evidence) + "</ul>")
+    if v.recommendation:
+        out.append(f'<div class="rec"><b>Do:</b> {_e(v.recommendation)}</div>')
+    if v.saving:
+        out.append(f'<div class="save"><b>Saves:</b> {_e(v.saving)}</div>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def render_html(run: Run, verdicts: list[Verdict] | None = None,
+                price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> str:
+    """The whole report as one HTML string with no external references."""
+    if verdicts is None:
+        verdicts = summarize(run, price_per_hour=price_per_hour)
+    title = f"gpudash report: {run.name}"
+    kv = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline(run))
+    figs = "".join(f"<figure><figcaption>{_e(t)}</figcaption>{body}</figure>"
+                   for t, body in _figures(run, _capacity(run, verdicts)))
+    worst = next((v for v in verdicts if v.severity != "ok"), None)
+    lead = f"{_e(worst.title)}" if worst else "Nothing wrong found."
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body><main>"
+            f"<h1>{_e(title)}</h1><div class=\"sub\">{_e(run.path)}</div>"
+            f'<p id="lead"><b>{lead}</b></p><table class="kv">{kv}</table>'
+            f'<h2>Verdicts</h2><div id="verdicts">{"".join(_verdict_html(v) for v in verdicts)}</div>'
+            f"<h2>Figures</h2>{figs or '<p>No steps recorded.</p>'}"
+            f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}; "
+            f"price {price_per_hour:.2f} $/GPU-hour</footer></main></body></html>")
+
+
+def render_markdown(run: Run, verdicts: list[Verdict] | None = None,
+                    price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> str:
+    """A readable terminal summary (Markdown)."""
+    if verdicts is None:
+        verdicts = summarize(run, price_per_hour=price_per_hour)
+    lines = [f"# gpudash report: {run.name}", "", f"`{run.path}`", ""]
+    lines += [f"- **{k}**: {v}" for k, v in headline(run)]
+    lines += ["", "## Verdicts", ""]
+    mark = {"bad": "[PROBLEM]", "warn": "[WARNING]", "ok": "[ok]"}
+    for v in verdicts:
+        rng = f" ({v.step_range})" if v.steps else ""
+        lines.append(f"### {mark[v.severity]} {v.title}{rng}")
+        lines += [f"- {e}" for e in v.evidence]
+        if v.recommendation:
+            lines.append(f"- **Do:** {v.recommendation}")
+        if v.saving:
+            lines.append(f"- **Saves:** {v.saving}")
+        lines.append("")
+    return "\n".join(lines)
