@@ -72,5 +72,8 @@ def test_show_twice_reuses_the_server(tmp_path: Path, train_tiny: object) -> Non
         assert url_a.rsplit("/run/", 1)[0] == url_b.rsplit("/run/", 1)[0]  # one server for the folder
         with urllib.request.urlopen(url_a, timeout=30) as resp:  # the closed run replays
             assert resp.status == 200
+        with urllib.request.urlopen(url_a.rsplit("/run/", 1)[0] + "/api/runs", timeout=30) as resp:
+            listing = resp.read().decode()
+        assert '"a"' in listing and '"b"' in listing
     finally:
         notebook.shutdown()

@@ -13,6 +13,7 @@ pytest.importorskip("torch.distributed.run")
 
 from gpudash import load_run
 from gpudash.analysis.ranks import rank_skew, straggler_summary
+from gpudash.metrics import metrics_registry
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "ddp_train.py"
@@ -49,6 +50,14 @@ def test_torchrun_two_ranks_record_side_by_side(tmp_path: Path) -> None:
     assert skew["data_skew_s"].median() > 0.02
     assert straggler_summary(skew)["steps"] == STEPS
     run.close()
+    # Prometheus sees both ranks of the run
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(metrics_registry(tmp_path)).decode()
+    steps = {s.labels["rank"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "gpudash_step"}
+    assert steps == {"0": STEPS - 1, "1": STEPS - 1}
 
 
 @pytest.mark.slow
