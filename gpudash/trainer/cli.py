@@ -58,11 +58,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="testing aid: raise OutOfMemoryError in forward while the micro-batch is >= N")
     p.add_argument("--inject-nan-at-step", type=_steps_list, default=(), metavar="N[,M...]",
                    help="testing aid: make the loss non-finite at these steps")
+    p.add_argument("--inject-spike-at-step", type=_steps_list, default=(), metavar="N[,M...]",
+                   help="testing aid: multiply the loss by 8 at these steps (a loss spike)")
+    p.add_argument("--monitor", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Monitor option, e.g. activations_every=1 or snapshot_every=10 (repeatable)")
     p.add_argument("--slow-data-ms", type=float, default=0.0, metavar="MS",
                    help="testing aid: sleep in the data phase of every step (input-bound run)")
     p.add_argument("--fallback-after", type=int, default=3, help="non-finite steps in a row before fp32 fallback")
     p.add_argument("--min-loss-scale", type=float, default=1.0, help="fp16: fall back to fp32 below this loss scale")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+
+def _monitor_options(items: list[str]) -> dict[str, Any]:
+    from dataclasses import fields
+
+    from gpudash.collectors.base import MonitorOptions
+
+    types = {f.name: f.type for f in fields(MonitorOptions)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise UserError(f"--monitor {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}")
+        kind = str(types[key])
+        try:
+            if "bool" in kind:
+                out[key] = value.strip().lower() in ("1", "true", "yes", "on")
+            elif "int" in kind:
+                out[key] = int(value)
+            elif "float" in kind:
+                out[key] = float(value)
+            else:
+                out[key] = value
+        except ValueError:
+            raise UserError(f"--monitor {item!r}: {value!r} is not a valid {kind}") from None
+    return out
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -77,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             seq_len=args.seq_len, min_len=args.min_len, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed,
             memory_cap_gb=args.memory_cap_gb, memory_budget_gb=args.memory_budget_gb,
             inject_oom_at_batch=args.inject_oom_at_batch, inject_nan_at_steps=args.inject_nan_at_step,
+            inject_spike_at_steps=args.inject_spike_at_step, monitor_options=_monitor_options(args.monitor),
             slow_data_ms=args.slow_data_ms, fallback_after=args.fallback_after,
             min_loss_scale=args.min_loss_scale, progress=not args.no_progress,
         )
@@ -132,10 +164,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         trainer = Trainer(cfg)
-        run_dir = trainer.run()
+        trainer.build()
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    except MemoryError as exc:
+    try:
+        run_dir = trainer.run()
+    except MemoryError as exc:  # out of memory even at micro-batch 1: the config cannot run here
         raise UserError(str(exc)) from None
     if trainer.rank == 0:
         print("\n".join(summary_lines(run_dir)))

@@ -66,6 +66,9 @@ class TrainConfig:
     """Testing aid: raise OutOfMemoryError in forward while the micro-batch is >= N."""
     inject_nan_at_steps: tuple[int, ...] = ()
     """Testing aid: make the loss non-finite at these steps."""
+    inject_spike_at_steps: tuple[int, ...] = ()
+    """Testing aid: multiply the loss (and so its gradients) by ``spike_factor`` at these steps."""
+    spike_factor: float = 8.0
     slow_data_ms: float = 0.0
     """Testing aid: sleep this long in the data phase of every step (an input-bound run)."""
     progress: bool = False
@@ -117,6 +120,13 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"unknown --device {self.device!r}; use auto, cpu or cuda")
         self.inject_nan_at_steps = tuple(int(s) for s in self.inject_nan_at_steps)
+        self.inject_spike_at_steps = tuple(int(s) for s in self.inject_spike_at_steps)
+        from gpudash.collectors.base import MonitorOptions
+
+        try:
+            MonitorOptions(**self.monitor_options)  # unknown or bad Monitor options fail here, not mid-run
+        except TypeError as exc:
+            raise ValueError(f"bad Monitor option: {exc}") from None
 
     @property
     def micro_fixed(self) -> int | None:
@@ -130,4 +140,5 @@ class TrainConfig:
         d = asdict(self)
         d["run_dir"] = str(self.run_dir)
         d["inject_nan_at_steps"] = list(self.inject_nan_at_steps)
+        d["inject_spike_at_steps"] = list(self.inject_spike_at_steps)
         return d

@@ -89,6 +89,7 @@ class Trainer:
         self.tokens_seen = 0
         self.ooms = 0
         self._owns_process_group = False
+        self._built = False
 
     # ---- setup -------------------------------------------------------------------------------
     def _capacity(self) -> tuple[float | None, str]:
@@ -111,7 +112,11 @@ class Trainer:
         c = self.cfg
         return {"ckpt": c.ckpt, "precision": c.precision, "offload": c.offload, "weights": c.weights}
 
-    def _build(self) -> None:
+    def build(self) -> None:
+        """Model, optimizer, data, estimate and checklist; ValueError for configs that cannot run."""
+        if self._built:
+            return
+        self._built = True
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         model = GPT(self.model_cfg)
@@ -224,6 +229,7 @@ class Trainer:
                     g["lr"] = lr
                 loss_sum = torch.zeros((), device=self.device)
                 nan = step in cfg.inject_nan_at_steps
+                spike = step in cfg.inject_spike_at_steps
                 for i, mb in enumerate(mbs):
                     last = i == len(mbs) - 1
                     sync = self.ddp.no_sync() if self.ddp is not None and not last else _null()
@@ -239,6 +245,8 @@ class Trainer:
                                     self.meter.end()
                             if nan:
                                 loss = loss * float("nan")
+                            if spike:
+                                loss = loss * cfg.spike_factor
                         with mon.phase("backward"):
                             self.precision.backward(loss)
                     if self.offload is not None:
@@ -356,7 +364,7 @@ class Trainer:
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> Path:
         cfg = self.cfg
-        self._build()
+        self.build()
         run_dir = Path(cfg.run_dir)
         opts = dict(cfg.monitor_options)
         with Monitor(run_dir, name=cfg.name or run_dir.name, config=cfg.to_dict(), **opts) as mon:

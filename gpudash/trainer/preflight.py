@@ -40,6 +40,8 @@ def preflight(cfg: TrainConfig, est: Estimate, device: torch.device, capacity: f
         warnings.append(f"testing aid on: injected OOM while micro-batch >= {cfg.inject_oom_at_batch}")
     if cfg.inject_nan_at_steps:
         warnings.append(f"testing aid on: non-finite loss at steps {list(cfg.inject_nan_at_steps)}")
+    if cfg.inject_spike_at_steps:
+        warnings.append(f"testing aid on: loss x{cfg.spike_factor:g} at steps {list(cfg.inject_spike_at_steps)}")
     if cfg.slow_data_ms:
         warnings.append(f"testing aid on: data phase sleeps {cfg.slow_data_ms:g} ms per step")
     strategy = {"fp32": "fp32 weights and math",

@@ -64,3 +64,15 @@ def test_train_cli_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "step 3/3" in cap.err  # progress line
     for text in ("peak memory by category", "activations", "tokens/s", "oom", "batch_size_change"):
         assert text in cap.out, text
+
+
+def test_monitor_flag_reaches_the_monitor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gpudash
+
+    assert main(["train", "--steps", "3", "--batch", "2", "--seq-len", "16", "--device", "cpu", "--no-progress",
+                 "--monitor", "activations_every=1", "--monitor", "host_hz=0", "--run-dir", str(tmp_path / "m")]) == 0
+    r = gpudash.load_run(tmp_path / "m")
+    assert r.memory["activations_bytes"].notna().sum() == 2  # every step after the first
+    r.close()
+    out = _gpudash("train", "--monitor", "bogus=1")
+    assert out.returncode == 2 and "KEY=VALUE" in out.stderr and len(out.stderr.strip().splitlines()) == 1

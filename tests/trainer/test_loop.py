@@ -68,3 +68,17 @@ def test_two_ranks_under_torchrun_write_one_run(tmp_path: Path) -> None:
     assert r.ranks == [0, 1] and r.status == "finished"
     assert sorted(r.steps.groupby("rank")["step"].count().tolist()) == [2, 2]
     r.close()
+
+
+def test_injected_spike_is_detected(run_train) -> None:  # type: ignore[no-untyped-def]
+    r = run_train("spike", steps=16, batch=4, seq_len=32, inject_spike_at_steps=(14,))
+    spikes = r.events[r.events["kind"] == "loss_spike"]
+    assert 14 in set(spikes["step"].astype(int))
+    assert r.steps.set_index("step").loc[14, "loss"] > 4 * r.steps.set_index("step").loc[13, "loss"]
+
+
+def test_monitor_options_are_checked_up_front() -> None:
+    from gpudash.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match="Monitor option"):
+        TrainConfig(monitor_options={"no_such_option": 1})
