@@ -213,5 +213,6 @@ def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512
 
 
 def fmt_gb(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n < 2**40 else f"{n / 2**40:.2f} TiB"
+    """Bytes in the unit people read them in: MiB under 1 GiB, else GiB."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 

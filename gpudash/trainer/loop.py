@@ -25,7 +25,7 @@ from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, te
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.data import LengthBuckets, corpus_samples, micro_batches
-from gpudash.trainer.estimator import estimate, safe_micro_batch
+from gpudash.trainer.estimator import estimate, fmt_gb, safe_micro_batch
 from gpudash.trainer.model import GPT, preset
 from gpudash.trainer.offload import OffloadOptimizer
 from gpudash.trainer.precision import Precision
@@ -119,13 +119,18 @@ class Trainer:
         self._built = True
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        model = GPT(self.model_cfg)
-        apply_checkpointing(model, parse_mode(cfg.ckpt))
-        if cfg.weights == "bf16":
-            model = model.to(torch.bfloat16)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.model = model.to(self.device)
+        try:
+            with torch.device(self.device):  # initialise on the device: a 7B model never visits host memory
+                model = GPT(self.model_cfg)
+                if cfg.weights == "bf16":
+                    model = model.to(torch.bfloat16)
+        except torch.OutOfMemoryError:
+            raise ValueError(f"the {cfg.preset} weights alone do not fit on {self.device}; try `gpudash estimate "
+                             f"--preset {cfg.preset} --card-gb N`") from None
+        apply_checkpointing(model, parse_mode(cfg.ckpt))
+        self.model = model
         self.ddp: Any = None
         if self.world > 1:
             import torch.distributed as dist
@@ -158,11 +163,11 @@ class Trainer:
                                      limit=eff, fraction=0.75, **self._techniques())
             if start == 0:
                 static = estimate(self.model_cfg, micro_batch=1, seq_len=self.seq_len, **self._techniques())
-                if static.params_bytes + static.optimizer_bytes + static.grads_bytes > self.capacity:
-                    raise ValueError(f"{cfg.preset} needs {static.params_bytes + static.optimizer_bytes + static.grads_bytes:,} "
-                                     f"bytes before any activation, more than the capacity "
-                                     f"{self.capacity:,.0f}; try `gpudash estimate --preset {cfg.preset} --card-gb "
-                                     f"{self.capacity / 2**30:.0f}` for a mix that fits")
+                fixed = static.params_bytes + static.optimizer_bytes + static.grads_bytes
+                if fixed > self.capacity:
+                    raise ValueError(f"{cfg.preset} needs {fmt_gb(fixed)} before any activation, more than the "
+                                     f"capacity {fmt_gb(self.capacity)}; see `gpudash estimate --preset {cfg.preset} "
+                                     f"--card-gb N` for a mix that fits")
                 start = 1
         self.batch = AdaptiveBatch(eff, start, adaptive=cfg.micro_fixed is None,
                                    max_micro=cfg.max_micro_batch or None)
