@@ -31,6 +31,8 @@ _GROUPS: dict[str, tuple[str, ...]] = {
 }
 _KIND_OF = {"input": "input-bound", "offload": "host-offload-bound", "sync": "synchronization-bound",
             "compute": "compute-bound"}
+_GROUP_LABEL = {"input": "data wait", "compute": "compute", "offload": "host copies",
+                "sync": "sync/outside phases"}
 THRESHOLD = 0.3
 """A non-compute share of the step above this makes the step bound by it."""
 
@@ -186,7 +188,7 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
 def _evidence(s: Stretch) -> list[str]:
     sh = s.shares
     ev = [f"median step {fmt_s(s.median_step_s)} over {s.steps} steps ({fmt_s(s.time_s)} in all)",
-          "share of step time: " + ", ".join(f"{g} {fmt_pct(v)}" for g, v in sh.items() if v >= 0.005)]
+          "share of step time: " + ", ".join(f"{_GROUP_LABEL[g]} {fmt_pct(v)}" for g, v in sh.items() if v >= 0.005)]
     phases = sorted(s.phase_s.items(), key=lambda kv: -kv[1])
     ev.append("median per phase: " + ", ".join(f"{c.removesuffix('_s')} {fmt_s(v)}" for c, v in phases))
     d = s.device

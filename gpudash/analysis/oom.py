@@ -199,7 +199,9 @@ def _judge(r: OomReport) -> None:
         r.verdict = "did not fit"
         return
     if (cap is not None and need is not None and outside is not None and need <= cap
-            and outside > _CONTEXT_ALLOWANCE + 0.02 * cap and need + outside > cap):
+            and outside > _CONTEXT_ALLOWANCE + 0.02 * cap
+            and (req is None or (free or 0.0) + outside - _CONTEXT_ALLOWANCE >= req)):
+        # our own need fits the card; what others hold would have covered the request
         r.verdict = "another process"
         return
     free_total = (r.reserved_unallocated_bytes or 0.0) + (free or 0.0)

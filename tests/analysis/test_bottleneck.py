@@ -1,0 +1,62 @@
+"""Bottleneck stretches on runs slowed for real."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudash.analysis.bottleneck import bottleneck_verdicts, phase_shares, stretches
+
+
+def _by_kind(run: Any) -> dict[str, Any]:
+    return {v.kind: v for v in bottleneck_verdicts(run)}
+
+
+def test_slow_data_phase_is_input_bound(recorded: Any) -> None:
+    run = recorded("input-bound")  # the trainer with --slow-data-ms
+    v = _by_kind(run)["input-bound"]
+    assert v.severity in ("warn", "bad")
+    assert v.numbers["share_of_step"] > 0.4
+    assert any("data" in e and "%" in e for e in v.evidence)
+    from gpudash.analysis import summarize
+
+    rec = next(x for x in summarize(run) if x.kind == "input-bound")
+    assert "num_workers" in (rec.recommendation or "") and "median step" in (rec.saving or "")
+
+
+def test_healthy_run_is_compute_bound_and_logged_timings_are_not_phases(recorded: Any) -> None:
+    run = recorded("healthy")
+    assert "thread_cpu_s" in run.steps  # the trainer logs it; it is CPU time, not a phase
+    kinds = _by_kind(run)
+    assert set(kinds) == {"compute-bound"} and kinds["compute-bound"].severity == "ok"
+    shares = phase_shares(run.steps)
+    assert float(shares[["input", "compute", "offload", "sync"]].sum(axis=1).max()) < 1.05
+
+
+def test_host_copies_are_offload_bound(recorded: Any) -> None:
+    run = recorded("loop-offload", loop={"steps": 30, "offload_mb": 48})
+    assert "host-offload-bound" in _by_kind(run)
+
+
+def test_barrier_wait_outside_phases_is_synchronization_bound(recorded: Any) -> None:
+    run = recorded("loop-barrier", loop={"steps": 30, "barrier_wait_ms": 40})
+    v = _by_kind(run)["synchronization-bound"]
+    assert v.numbers["share_of_step"] > 0.3
+
+
+def test_a_slow_stretch_in_the_middle_is_its_own_stretch(tmp_path: Any) -> None:
+    import time
+
+    import gpudash
+    from gpudash.monitor import Monitor
+
+    with Monitor(tmp_path / "mid", host_hz=0) as mon:
+        for step in range(90):
+            with mon.step(samples=1):
+                with mon.phase("data"):
+                    if 30 <= step < 60:
+                        time.sleep(0.01)
+                with mon.phase("forward"):
+                    sum(i * i for i in range(20000))
+    found = stretches(gpudash.load_run(tmp_path / "mid"))
+    inp = [s for s in found if s.kind == "input-bound"]
+    assert len(inp) == 1 and abs(inp[0].first_step - 30) <= 3 and abs(inp[0].last_step - 59) <= 3

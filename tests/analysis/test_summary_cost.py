@@ -1,0 +1,37 @@
+"""summarize(): the one entry point, its ordering, the cost model, and the layer rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from gpudash.analysis import Verdict, summarize
+from gpudash.analysis.cost import run_cost
+
+
+def test_summarize_worst_first_cost_last(recorded: Any) -> None:
+    vs = summarize(recorded("oom-crash"))
+    assert all(isinstance(v, Verdict) for v in vs)
+    assert vs[0].severity == "bad" and vs[-1].kind == "cost"
+    order = {"bad": 0, "warn": 1, "ok": 2}
+    assert [order[v.severity] for v in vs[:-1]] == sorted(order[v.severity] for v in vs[:-1])
+    assert all(v.as_dict()["title"] for v in vs)
+
+
+def test_cost_scales_with_price_and_counts_savings(recorded: Any) -> None:
+    run = recorded("input-bound")
+    a, b = run_cost(run, price_per_hour=1.0), run_cost(run, price_per_hour=4.0)
+    assert a.gpu_hours > 0 and b.dollars == pytest.approx(4 * a.dollars)
+    cost = summarize(run, price_per_hour=3.0)[-1]
+    assert cost.numbers["price_per_hour"] == 3.0 and cost.numbers["saved_gpu_hours"] > 0
+    assert cost.saving and "GPU-" in cost.saving
+
+
+def test_analysis_imports_without_torch_or_dash() -> None:
+    code = ("import sys, gpudash.analysis, gpudash.analysis.report, gpudash.analysis.report_cli;"
+            "bad=[m for m in ('torch','dash','plotly') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
