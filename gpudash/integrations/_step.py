@@ -56,6 +56,7 @@ class StepDriver:
         self._losses: list[Any] = []
         self.samples = 0
         self.tokens = 0
+        self.ahead = False
 
     def open(self, default_dir: Path, rank: int, world_size: int, config: dict[str, Any]) -> Monitor:
         """The Monitor to record into: the user's, or a new one (a new one again after a close)."""
@@ -75,7 +76,24 @@ class StepDriver:
     def in_step(self) -> bool:
         return self._step is not None
 
+    def open_ahead(self) -> None:
+        """Open the next step now, in a ``data`` phase: frameworks fetch the next batch
+        before they announce the step, and a data-bound run should show it."""
+        if self._step is None:
+            self.begin_step()
+            self.phase("data")
+            self.ahead = self._step is not None
+
+    def drop_ahead(self) -> None:
+        """No step follows after all (end of epoch or training, evaluation next)."""
+        if self.ahead:
+            self.abandon()
+
     def begin_step(self) -> None:
+        if self.ahead:
+            self.ahead = False
+            self.phase(None)  # the data phase ends: the step itself begins
+            return
         if self._step is not None:
             self.end_step()
         if self.monitor is None or self.monitor.closed:
@@ -129,6 +147,7 @@ class StepDriver:
             self.monitor.log(**{k: v for k, v in scalars.items() if v is not None})
 
     def end_step(self) -> None:
+        self.ahead = False
         step, self._step = self._step, None
         if step is None:
             return
@@ -144,10 +163,13 @@ class StepDriver:
         step, self._step = self._step, None
         self._phase = None
         self._losses = []
+        self.ahead = False
         if step is not None:
             step.__exit__(RuntimeError, RuntimeError("step abandoned"), None)
 
     def close(self, status: str = "finished", reason: str = "closed") -> None:
+        if self.ahead or status != "finished":
+            self.abandon()
         self.end_step()
         if self.owned and self.monitor is not None:
             self.monitor.close(status, reason)

@@ -4,7 +4,9 @@
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[GpudashCallback("runs/x")])
 
 Each optimizer step is one Monitor step (gradient-accumulation micro-batches
-included). Phases: ``forward`` (the model's forward, loss included, timed by
+included). Phases: ``data`` (fetching the step's batches, which the Trainer
+does before it announces the step; evaluation and checkpoint saves are left
+out of every step), ``forward`` (the model's forward, loss included, timed by
 hooks on the model), ``backward`` (backward plus gradient clipping),
 ``optimizer`` (``optimizer.step()``) and ``log`` (the Trainer's own logging,
 which syncs the GPU to read the loss). Per step: samples and tokens (from the
@@ -12,8 +14,7 @@ batch shapes), loss (over the step's micro-batches as the Trainer reduces it,
 read off the GPU by the writer thread), lr; ``grad_norm`` as the Trainer reports it, on logging steps (set
 ``logging_steps=1`` to get it every step). Memory by category comes from
 ``Monitor.watch``; on CUDA the allocator's numbers come with every step.
-Data loading happens before the Trainer's first step event, so it is not a
-phase here. Every process (rank) records its own file in the same run folder.
+Every process (rank) records its own file in the same run folder.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         self._loss_is_share = False
         self._loss_scale = 1.0
         self._step_has_loss = False
+        self._log_pending = False  # the step waits for on_log (its grad_norm)
+        self._between_steps = False  # a step ended; the next opens once log/eval/save are done
 
     @property
     def monitor(self) -> Monitor | None:
@@ -82,6 +85,7 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         self._remove_hooks()  # a previous train() that raised never reached on_train_end
         self._driver.abandon()
+        self._log_pending = False
         config: dict[str, Any] = {"framework": "transformers", "world_size": args.world_size}
         config.update(jsonable({k: getattr(args, k, None) for k in _ARGS}))
         if model is not None:
@@ -103,9 +107,19 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
             model.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
             model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
+        self._between_steps = True
+        self._open_next(control)
+
+    def _open_next(self, control: TrainerControl) -> None:
+        """Open the next step in its data phase once nothing else (log, evaluate,
+        save) is due before it: those are not part of any step."""
+        if self._between_steps and not (control.should_log or control.should_evaluate or control.should_save):
+            self._between_steps = False
+            self._driver.open_ahead()
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> None:
+        self._between_steps = False
         self._driver.begin_step()
 
     def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -134,14 +148,18 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
             d.log_loss("mean")
         if control.should_log:
             d.phase("log")  # the step closes in on_log, so the Trainer's grad_norm lands in its row
+            self._log_pending = True
         else:
             d.end_step()
+        self._between_steps = True
+        self._open_next(control)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         d = self._driver
         logs = logs or {}
-        if d.in_step:
+        if self._log_pending:
+            self._log_pending = False
             d.log(grad_norm=logs.get("grad_norm"))
             if "loss" in logs and not self._step_has_loss:
                 d.log(loss=logs["loss"])  # the model returned no loss: take the Trainer's average
@@ -150,10 +168,26 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
             evals = {k: v for k, v in logs.items() if k.startswith("eval_") and isinstance(v, (int, float))}
             if evals:
                 d.log(**evals)  # lands in the next step's row
+        self._open_next(control)
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        self._open_next(control)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        self._open_next(control)
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self._driver.drop_ahead()  # epoch-end log/evaluate/save come first
+        self._between_steps = True
+        self._open_next(control)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._remove_hooks()
+        self._between_steps = self._log_pending = False
         self._driver.close("finished", "trainer finished")
 
     def _remove_hooks(self) -> None:

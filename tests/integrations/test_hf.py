@@ -53,9 +53,9 @@ def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
     s = run.steps
     assert list(s["step"]) == list(range(STEPS))
     assert (s["samples"] == 8).all() and (s["tokens"] == 8 * 16).all()  # 2 micro-batches of 4 x 16
-    for phase in ("forward_s", "backward_s", "optimizer_s"):
+    for phase in ("data_s", "forward_s", "backward_s", "optimizer_s"):
         assert (s[phase] > 0).all(), phase
-    assert (s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["duration_s"]).all()
+    assert (s["data_s"] + s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["duration_s"]).all()
     assert s["loss"].notna().all() and (s["loss"] > 0).all()
     assert s["loss"].iloc[0] == pytest.approx(float(torch.log(torch.tensor(128.0))), rel=0.1)
     # linear decay from 1e-3: the rate each step used
@@ -123,4 +123,30 @@ def test_train_again_after_a_crash_drops_the_broken_step(tmp_path: Path) -> None
         trainer.train()
     run = load_run(tmp_path / "again")
     assert list(run.steps["step"]) == [0, 1, 2, 3, 4]  # 2 + 3 steps, the broken one dropped
+    run.close()
+
+
+def test_evaluation_is_outside_every_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "eval"
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, report_to=[],
+        save_strategy="no", use_cpu=True, disable_tqdm=True, eval_strategy="steps", eval_steps=2,
+        per_device_eval_batch_size=2)
+    seen: list[int] = []
+
+    class Probe(transformers.TrainerCallback):  # type: ignore[misc]
+        # listed before GpudashCallback: sees the state at the end of the evaluation
+        def on_evaluate(self, args: object, state: object, control: object, **kw: object) -> None:
+            seen.append(monitor.step_index if (monitor := cb.monitor) is not None else -1)
+            assert monitor is not None and monitor._row is None  # no step is open while evaluating
+
+    cb = GpudashCallback(run_dir, host_hz=0, handle_signals=False)
+    transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(16, 8, 128),
+                         eval_dataset=_Tokens(4, 8, 128), callbacks=[Probe(), cb]).train()
+    assert seen == [2, 4]
+    run = load_run(run_dir)
+    s = run.steps
+    assert list(s["step"]) == [0, 1, 2, 3]
+    assert (s["data_s"] > 0).all()
+    assert s["eval_loss"].notna().tolist() == [False, False, True, False]  # logged before step 2 ran
     run.close()
