@@ -233,20 +233,18 @@ def first_render(driver: Any, work: Path, steps: int, device_samples: int) -> di
     reader.close()
     url, proc = serve(runs_dir)
     try:
-        driver.get(url)  # warm the server and the browser's script cache
+        t = time.perf_counter()
+        driver.get(url)  # cold: the runs page computes the run's summary; also warms the script cache
         wait(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), 120)
+        runs_page_s = time.perf_counter() - t
         times = []
-        for _ in range(3):
+        for _ in range(5):
             driver.get("about:blank")
             t = time.perf_counter()
             driver.get(url + "run/big")
             wait(lambda: driver.execute_script(ALL_DRAWN, [g for g in LIVE_GRAPHS if g != "host-graph"]), 120)
             times.append(time.perf_counter() - t)
         max_trace = int(driver.execute_script(MAX_TRACE))
-        t = time.perf_counter()
-        driver.get(url)
-        wait(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), 120)
-        runs_page_s = time.perf_counter() - t
     finally:
         proc.terminate()
         proc.wait(10)
@@ -277,11 +275,12 @@ def table(live: dict[str, Any] | None, big: dict[str, Any] | None, args: argpars
     if big:
         lines += [
             f"| first render, run page of {args.big_steps:,} steps + {args.device_samples:,} device samples "
-            f"| {big['render_s']:.2f} s | < 3 s | navigation → every graph drawn in Chromium, median of 3 "
+            f"| {big['render_s']:.2f} s (best {min(big['render_all']):.2f} s) | < 3 s | navigation → every graph "
+            f"drawn in Chromium, median of 5 "
             f"({', '.join(f'{t:.2f}' for t in big['render_all'])} s) |",
             f"| server-side page build, same run | {big['build_s']:.2f} s |  | roll-ups (60 s buckets) + MinMax-LTTB |",
             f"| largest trace sent to the browser | {big['max_trace']:,} points | ≤ ~5,000 |  |",
-            f"| runs page with that run | {big['runs_page_s']:.2f} s |  | SQL aggregates |",
+            f"| runs page with that run, cold | {big['runs_page_s']:.2f} s |  | SQL aggregates, then cached |",
             f"| writing that run through `Recorder` | {big['write_s']:.0f} s |  | a store benchmark: "
             "synthetic rows put straight into the writer, not a training loop |",
         ]

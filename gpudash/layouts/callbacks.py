@@ -253,8 +253,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         _register_zoom(app, readers, graph_id, xmode)
 
     @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),
-                  Input("page-run", "data"), Input("run-status", "children"))
-    def summary(page: dict[str, Any] | None, _status: str | None) -> tuple[Any, dict[str, str]]:
+                  Input("summary-timer", "n_intervals"), Input("run-status", "children"), State("page-run", "data"),
+                  prevent_initial_call=True)
+    def summary(_n: int, _status: str | None, page: dict[str, Any] | None) -> tuple[Any, dict[str, str]]:
+        # after the first paint (the timer): the analysis reads every row of the run
         if not page:
             raise PreventUpdate
         try:

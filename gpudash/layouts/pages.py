@@ -4,6 +4,7 @@ the summary verdicts. Callbacks in :mod:`gpudash.app` are thin wrappers over the
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,8 +122,27 @@ def activations_at(reader: RunReader, step: int, rank: int = 0) -> pd.DataFrame:
     return df
 
 
+_VERDICTS: dict[str, tuple[tuple[Any, ...], list[Any] | None]] = {}
+
+
 def verdicts_for(path: Any) -> list[Any] | None:
-    """``gpudash.analysis.summarize(run)`` if the analysis package provides it; None otherwise."""
+    """``gpudash.analysis.summarize(run)`` if the analysis package provides it; None otherwise.
+    Cached per run until one of its files changes (the analysis reads every row)."""
+    from gpudash.layouts.runs import run_stamp
+
+    key = str(path)
+    stamp = run_stamp(Path(path))
+    hit = _VERDICTS.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    out = _verdicts(path)
+    if len(_VERDICTS) > 64:
+        _VERDICTS.clear()
+    _VERDICTS[key] = (stamp, out)
+    return out
+
+
+def _verdicts(path: Any) -> list[Any] | None:
     try:
         analysis = importlib.import_module("gpudash.analysis")
         summarize = analysis.summarize

@@ -15,7 +15,7 @@ from gpudash.layouts.data import run_meta
 from gpudash.layouts.runid import list_run_dirs
 from gpudash.store.reader import RunError, RunReader
 
-__all__ = ["device_label", "list_runs", "run_summary", "runs_page"]
+__all__ = ["cached_summary", "device_label", "list_runs", "run_stamp", "run_summary", "runs_page"]
 
 _CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
@@ -97,9 +97,36 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
     return out
 
 
+_CACHE: dict[Path, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+
+def run_stamp(path: Path) -> tuple[Any, ...]:
+    """Changes whenever any file of the run changes (a finished run's summary is computed once)."""
+    out = []
+    for p in sorted(path.iterdir()):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((p.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def cached_summary(run_id: str, path: Path) -> dict[str, Any]:
+    stamp = run_stamp(path)
+    hit = _CACHE.get(path)
+    if hit is not None and hit[0] == stamp and hit[1]["status"] != "live":
+        return dict(hit[1], id=run_id)
+    out = run_summary(run_id, path)
+    if len(_CACHE) > 512:
+        _CACHE.clear()
+    _CACHE[path] = (stamp, out)
+    return out
+
+
 def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
     """Summaries of every run in ``runs_dir``, newest first."""
-    rows = [run_summary(run_id, path) for run_id, path in list_run_dirs(runs_dir)]
+    rows = [cached_summary(run_id, path) for run_id, path in list_run_dirs(runs_dir)]
     rows.sort(key=lambda r: r.get("started") or 0.0, reverse=True)
     return rows
 

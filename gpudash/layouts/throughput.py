@@ -79,8 +79,14 @@ def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -
     return fig
 
 
+#: Above this many steps on screen the phase bars become a stacked area (bars of one pixel cost far more to draw).
+MAX_BARS = 300
+
+
 def phase_series(steps: pd.DataFrame, rank: int = 0) -> list[Series]:
-    return [Series("steps", c, c.removesuffix("_s"), rank=rank, style="bar",
+    n = int((steps["rank"] == rank).sum()) if "rank" in steps and len(steps) else len(steps)
+    style = "bar" if n <= MAX_BARS else "area"
+    return [Series("steps", c, c.removesuffix("_s"), rank=rank, style=style, stack="phases",
                    color=PHASE_COLORS.get(c.removesuffix("_s"))) for c in phase_columns(steps)]
 
 
