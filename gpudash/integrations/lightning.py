@@ -4,9 +4,11 @@
     trainer = L.Trainer(..., callbacks=[GpudashCallback("runs/x")])
 
 Each optimizer step is one Monitor step (with ``accumulate_grad_batches`` it
-spans its micro-batches). Phases: ``forward`` (``training_step``, from batch
-start to the loss), ``backward``, ``optimizer`` (gradient clipping and
-``optimizer.step()``). Per step: samples and tokens (batch shapes), loss (mean
+spans its micro-batches). Phases: ``data`` (fetching the next batch, and
+whatever else Lightning runs between two batches, such as a ``ModelCheckpoint``
+save; validation is left out of every step), ``forward`` (``training_step``,
+from batch start to the loss), ``backward``, ``optimizer`` (gradient clipping
+and ``optimizer.step()``). Per step: samples and tokens (batch shapes), loss (mean
 of ``training_step``'s losses), lr, and the gradient norm before clipping
 (one fused norm over the gradients per step; ``grad_norm=False`` skips it).
 Memory by category comes from ``Monitor.watch``. Every rank records its own
@@ -58,6 +60,7 @@ class GpudashCallback(Callback):  # type: ignore[misc]
         self._watch = watch
         self._grad_norm = grad_norm
         self._global_step = 0
+        self._in_epoch = False
 
     @property
     def monitor(self) -> Monitor | None:
@@ -84,9 +87,24 @@ class GpudashCallback(Callback):  # type: ignore[misc]
             m.watch(pl_module, trainer.optimizers[0] if trainer.optimizers else None)
         self._global_step = trainer.global_step
 
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._in_epoch = True
+        self._driver.open_ahead()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._in_epoch = False
+        self._driver.drop_ahead()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._driver.drop_ahead()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._in_epoch and not trainer.sanity_checking:
+            self._driver.open_ahead()
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         d = self._driver
-        if not d.in_step:
+        if d.ahead or not d.in_step:
             d.begin_step()
         d.add_batch(batch)
         d.phase("forward")
@@ -120,8 +138,12 @@ class GpudashCallback(Callback):  # type: ignore[misc]
             scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
             d.log_loss("mean", float(scale))
             d.end_step()
+            d.open_ahead()
+        else:
+            d.phase("data")  # accumulating: the next micro-batch is fetched inside this step
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._in_epoch = False
         self._driver.close("finished", "trainer finished")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:

@@ -60,8 +60,9 @@ def test_lightning_steps_loss_lr_grad_norm_memory(tmp_path: Path) -> None:
     assert list(s["step"]) == list(range(STEPS))
     assert (s["samples"] == 16).all()  # two micro-batches of 8
     assert "tokens" not in s or s["tokens"].isna().all()  # float features: no tokens
-    for phase in ("forward_s", "backward_s", "optimizer_s"):
+    for phase in ("data_s", "forward_s", "backward_s", "optimizer_s"):
         assert (s[phase] > 0).all(), phase
+    assert (s["data_s"] + s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["duration_s"]).all()
     # loss: the mean of training_step's two losses in each optimizer step
     pairs = [sum(model.losses[2 * i: 2 * i + 2]) / 2 for i in range(STEPS)]
     assert list(s["loss"]) == pytest.approx(pairs, rel=1e-5)
@@ -81,4 +82,26 @@ def test_default_run_dir(tmp_path: Path) -> None:
     run = load_run(tmp_path / "gpudash")
     assert len(run.steps) == STEPS and "grad_norm" not in run.steps
     assert (run.steps["samples"] == 8).all()
+    run.close()
+
+
+def test_validation_is_outside_every_step(tmp_path: Path) -> None:
+    class WithVal(Tiny):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            mon = cb.monitor
+            assert mon is None or mon._row is None  # no step is open while validating (None: sanity check)
+            checked.append(mon is not None)
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+    checked: list[bool] = []
+    cb = GpudashCallback(tmp_path / "val", host_hz=0, handle_signals=False)
+    torch.manual_seed(0)
+    trainer = L.Trainer(default_root_dir=str(tmp_path), accelerator="cpu", devices=1, max_steps=6, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[cb], val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=1)
+    trainer.fit(WithVal(), _loader(), _loader())
+    assert checked.count(True) == 3 * 2  # validation after steps 2, 4, 6: two batches each
+    run = load_run(tmp_path / "val")
+    assert list(run.steps["step"]) == list(range(6))
+    assert (run.steps["data_s"] > 0).all()
     run.close()
