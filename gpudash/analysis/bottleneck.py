@@ -33,6 +33,9 @@ _KIND_OF = {"input": "input-bound", "offload": "host-offload-bound", "sync": "sy
             "compute": "compute-bound"}
 _GROUP_LABEL = {"input": "data wait", "compute": "compute", "offload": "host copies",
                 "sync": "sync/outside phases"}
+_GROUP_OF = {v: k for k, v in _KIND_OF.items()}
+MIN_LOST_S = 2e-4
+"""A bottleneck costing less than this per step (the loop's own overhead on toy steps) is not reported."""
 THRESHOLD = 0.3
 """A non-compute share of the step above this makes the step bound by it."""
 
@@ -223,8 +226,11 @@ def bottleneck_verdicts(run: Run) -> list[Verdict]:
         share_of_run = time_s / total
         if kind != "compute-bound" and share_of_run < 0.1:
             continue
+        main_ = max(ss, key=lambda s: s.time_s)
+        if kind != "compute-bound" and main_.median_step_s * main_.shares[_GROUP_OF[kind]] < MIN_LOST_S:
+            continue  # microsecond steps: the loop's own overhead, nothing to fix
         main = max(ss, key=lambda s: s.time_s)
-        group = {v: k for k, v in _KIND_OF.items()}[kind]
+        group = _GROUP_OF[kind]
         lost_s = sum(s.shares[group] * s.time_s for s in ss)
         ev = _evidence(main)
         if len(ss) > 1:

@@ -61,6 +61,8 @@ class OomReport:
     categories_step: int | None = None
     measured_bytes: float | None = None
     """What a budget meter counted when it refused (CPU budget runs)."""
+    micro_batch: float | None = None
+    """The (micro-)batch size of the step that failed, when recorded."""
     recovered: bool = False
 
     @property
@@ -269,7 +271,8 @@ def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: f
                   free_bytes=_pick(data, "free_bytes", "device_free_bytes"), largest_free_bytes=largest,
                   allocated_bytes=allocated, reserved_bytes=reserved, reserved_unallocated_bytes=unalloc,
                   capacity_bytes=_capacity(run, data), device_used_bytes=device_used, outside_bytes=outside,
-                  categories=cats, categories_step=cat_step, measured_bytes=_pick(data, "measured_bytes"))
+                  categories=cats, categories_step=cat_step, measured_bytes=_pick(data, "measured_bytes"),
+                  micro_batch=_pick(data, "micro_batch", "batch_size"))
     if re.search(r"\binject", message, re.I):
         r.verdict = "injected"
         r.evidence.append("raised on purpose by a testing aid (--inject-oom-at-batch): not a real shortage")
@@ -288,7 +291,8 @@ def oom_verdicts(run: Run) -> list[Verdict]:
         numbers = {k: float(v) for k, v in {
             "requested_bytes": r.requested_bytes, "capacity_bytes": r.capacity_bytes, "need_bytes": r.need_bytes,
             "reserved_unallocated_bytes": r.reserved_unallocated_bytes, "outside_bytes": r.outside_bytes,
-            "largest_free_bytes": r.largest_free_bytes, "free_bytes": r.free_bytes}.items() if v is not None}
+            "largest_free_bytes": r.largest_free_bytes, "free_bytes": r.free_bytes,
+            "micro_batch": r.micro_batch}.items() if v is not None}
         numbers.update({k: float(v) for k, v in r.categories.items()})
         numbers["fatal"] = 1.0 if fatal else 0.0
         verdicts.append(Verdict(kind=f"oom:{r.verdict}", title=title, severity="bad" if fatal else "warn",

@@ -65,10 +65,13 @@ def _estimator() -> Any:
         return None
 
 
-def predict(run: Run, **change: str) -> dict[str, float] | None:
-    """The estimator's prediction for this run's shape with ``change`` applied
-    (e.g. ``ckpt="block"``), as a dict of byte counts; None when it cannot say."""
+def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, float] | None:
+    """The estimator's prediction for this run's shape (at micro-batch ``batch``,
+    default the run's last) with ``change`` applied (e.g. ``ckpt="block"``), as a
+    dict of byte counts; None when it cannot say."""
     cfg = run_setup(run)
+    if batch is not None:
+        cfg["micro_batch"] = batch
     est = _estimator()
     if est is None or not all(isinstance(cfg.get(k), int) for k in _SHAPE_KEYS):
         return None
@@ -106,19 +109,26 @@ def _oom_fit(run: Run, v: Verdict) -> None:
         n.get(k, 0.0) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"))
     parts: list[str] = []
     saving: list[str] = []
+    mb = n.get("micro_batch")
+    batch = int(mb) if mb else run_setup(run).get("micro_batch")
+    b = batch if isinstance(batch, int) else None
+    now, blk = predict(run, b), predict(run, b, ckpt="block")
+    if act:
+        act = min(act, need)  # measured over a whole step, it can exceed what is live at once
+    if now and blk:
+        act = now["activations_bytes"]
     if act >= opt and _ckpt_mode(run) != "block":
-        pred = predict(run, ckpt="block")
-        now = predict(run)
-        if pred and now:
-            new_act = act * pred["activations_bytes"] / max(now["activations_bytes"], 1.0)
-            src = "estimator"
+        if now and blk:
+            new_act = blk["activations_bytes"]
+            new_peak = need * blk["peak_bytes"] / max(now["peak_bytes"], 1.0)
+            src = "estimator, per micro-batch; peak = measured × predicted ratio"
         else:
-            new_act, src = act * 0.15, "rule of thumb: a checkpointed block keeps its input only"
-        new_peak = need - act + new_act
+            new_act, src = act * 0.15, "rule of thumb: a checkpointed block keeps only its input"
+            new_peak = need - act + new_act
         parts.append("block checkpointing (--ckpt block)")
         saving.append(f"activations {fmt_bytes(act)} → {fmt_bytes(new_act)}, predicted peak {fmt_bytes(need)} → "
                       f"{fmt_bytes(new_peak)} ({src}), ~+{fmt_pct(CKPT_TIME_COST)} step time")
-        v.numbers["saving_bytes"] = act - new_act
+        v.numbers["saving_bytes"] = need - new_peak
         v.numbers["saving_fraction"] = -CKPT_TIME_COST
     elif opt > 0:
         parts.append("offload optimizer state to pinned host memory (--offload optimizer)")
@@ -128,8 +138,12 @@ def _oom_fit(run: Run, v: Verdict) -> None:
         v.numbers["saving_fraction"] = -OFFLOAD_TIME_COST
     if _precision(run) == "fp32" and act > 0:
         parts.append("bf16 autocast (--precision bf16)")
-        saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less")
-    batch = run_setup(run).get("micro_batch")
+        bf = predict(run, b, precision="bf16")
+        if bf and now:
+            saving.append(f"bf16 activations: {fmt_bytes(now['activations_bytes'])} → "
+                          f"{fmt_bytes(bf['activations_bytes'])} (estimator)")
+        else:
+            saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less (rule of thumb: half)")
     if cap and need and act and isinstance(batch, int) and batch > 1:
         fixed = need - act
         fits = int(batch * (0.9 * cap - fixed) / act) if cap * 0.9 > fixed else 0

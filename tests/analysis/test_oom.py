@@ -118,3 +118,11 @@ def test_injected_oom_is_named_as_a_testing_aid(tmp_path: Path) -> None:
                       inject_oom_at_batch=4, monitor_options={"host_hz": 0}))
     run = gpudash.load_run(tmp_path / "inj")
     assert {r.verdict for r in oom_reports(run)} == {"injected"}
+
+
+def test_recommendation_uses_the_trainers_estimator(recorded: Any) -> None:
+    run = recorded("oom-recovered")  # the trainer records its model shape; the OOM event its micro-batch
+    v = _kinds(run)["oom:did not fit"]
+    assert v.numbers["micro_batch"] >= 2
+    assert "--ckpt block" in (v.recommendation or "") and "(estimator" in (v.saving or "")
+    assert 0 < v.numbers["saving_bytes"] < v.numbers["need_bytes"]
