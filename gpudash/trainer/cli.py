@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (default: 1 below 20 M parameters, else torch's default)")
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/train-<time>)")
     p.add_argument("--name", default=None, help="run name shown in the dashboard")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
@@ -106,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             ckpt=args.ckpt, precision=args.precision, offload=args.offload, weights=args.weights,
             batch=args.batch, effective_batch=args.effective_batch, max_micro_batch=args.max_micro_batch,
             seq_len=args.seq_len, min_len=args.min_len, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed,
+            threads=args.threads,
             memory_cap_gb=args.memory_cap_gb, memory_budget_gb=args.memory_budget_gb,
             inject_oom_at_batch=args.inject_oom_at_batch, inject_nan_at_steps=args.inject_nan_at_step,
             inject_spike_at_steps=args.inject_spike_at_step, monitor_options=_monitor_options(args.monitor),

@@ -71,6 +71,9 @@ class TrainConfig:
     spike_factor: float = 8.0
     slow_data_ms: float = 0.0
     """Testing aid: sleep this long in the data phase of every step (an input-bound run)."""
+    threads: int = 0
+    """CPU intra-op threads; 0: one thread for models under 20 M parameters (small matmuls do not
+    gain from more, and on a shared box OpenMP spin-waits make them 10x slower), torch's default above."""
     progress: bool = False
     """Draw a progress line on stderr."""
     monitor_options: dict[str, Any] = field(default_factory=dict)
@@ -106,7 +109,7 @@ class TrainConfig:
                 self.batch = int(self.batch)
         if isinstance(self.batch, int) and self.batch < 1:
             raise ValueError("--batch must be >= 1")
-        for name in ("effective_batch", "max_micro_batch", "seq_len", "min_len", "inject_oom_at_batch",
+        for name in ("threads", "effective_batch", "max_micro_batch", "seq_len", "min_len", "inject_oom_at_batch",
                      "warmup_steps", "samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -368,6 +368,16 @@ class Trainer:
 
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> Path:
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu":
+            want = self.cfg.threads or (1 if self.model_cfg.n_params() < 20_000_000 else threads)
+            torch.set_num_threads(want)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads)  # train() runs in-process: leave the caller's setting as it was
+
+    def _run(self) -> Path:
         cfg = self.cfg
         self.build()
         run_dir = Path(cfg.run_dir)

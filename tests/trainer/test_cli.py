@@ -25,6 +25,7 @@ def _gpudash(*args: str) -> subprocess.CompletedProcess[str]:
     ["train", "--preset", "gpt5"],
     ["train", "--device", "cuda", "--steps", "1"] if not __import__("torch").cuda.is_available() else ["train", "--steps", "0"],
     ["train", "--seq-len", "4096"],
+    ["train", "--device", "cpu", "--memory-budget-gb", "0.001"],  # weights + optimizer alone exceed it
     ["estimate", "--offload", "disk"],
 ])
 def test_bad_flags_and_impossible_configs_get_one_line(args: list[str]) -> None:
