@@ -10,6 +10,7 @@ the names and ``run``, ``rank`` and ``gpu`` labels::
     gpudash_memory_allocated_bytes{run="exp1",rank="0"} 7.3e9
     gpudash_memory_category_bytes{run="exp1",rank="0",category="activations"} 2.1e9
     gpudash_device_power_watts{run="exp1",rank="0",gpu="0"} 312.0
+    gpudash_step_skew_ratio{run="ddp"} 0.18      # torchrun: the straggler indicator
 
 Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
 plain WSGI app (``metrics_wsgi_app``), or on its own port
@@ -29,12 +30,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpudash.analysis.ranks import rank_skew
 from gpudash.store.reader import RankReader, RunError, RunReader, is_run_dir
 
 if TYPE_CHECKING:
@@ -163,39 +166,66 @@ class RunsCollector:
             now = time.time()
             for run_id, reader in sorted(self._readers.items()):
                 reader.refresh()
+                tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
                 for rank, rr in sorted(reader.ranks.items()):
                     try:
-                        self._collect_rank(fams, run_id, rank, rr, now)
+                        tail = self._collect_rank(fams, run_id, rank, rr, now)
                     except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
                         fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
                                  {"run": run_id, "rank": str(rank), "error": type(exc).__name__}, 1)
+                        continue
+                    if tail is not None:
+                        tails.append(tail)
+                if len(tails) > 1:
+                    self._skew(fams, run_id, tails)
             yield from fams.families.values()
 
-    def _collect_rank(self, fams: _Families, run_id: str, rank: int, rr: RankReader, now: float) -> None:
+    @staticmethod
+    def _skew(fams: _Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+        """Straggler gauges from the newest step every rank recorded."""
+        steps = pd.concat([t[0] for t in tails if not t[0].empty], ignore_index=True)
+        memory = pd.concat([t[1] for t in tails if not t[1].empty], ignore_index=True)
+        skew = rank_skew(SimpleNamespace(steps=steps, memory=memory))
+        if skew.empty:
+            return
+        last = skew.iloc[-1]
+        lab = {"run": run_id}
+        fams.add("gpudash_step_skew_seconds", "Slowest minus fastest rank's time for the newest common step.",
+                 lab, last["skew_s"])
+        fams.add("gpudash_step_skew_ratio", "Slowest rank's step time over the median rank's, minus 1.", lab,
+                 last["skew_ratio"])
+        if "memory_imbalance" in skew:
+            fams.add("gpudash_memory_imbalance_ratio", "Heaviest rank's memory over the mean rank's, minus 1.",
+                     lab, last["memory_imbalance"])
+
+    def _collect_rank(self, fams: _Families, run_id: str, rank: int, rr: RankReader,
+                      now: float) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        """Add one rank's metrics; returns its newest (steps, memory) rows for the straggler gauges."""
         meta = rr.meta()
         status = rr.status(meta, now)
         heartbeat = float(meta.get("heartbeat") or 0)
         if status != "live" and self.max_age_s is not None and now - heartbeat > self.max_age_s:
-            return
+            return None
         lab = {"run": run_id, "rank": str(rank)}
         fams.add("gpudash_run_live", "1 while the run's writer is alive, 0 once finished or crashed.", lab,
                  status == "live")
         fams.add("gpudash_heartbeat_timestamp_seconds", "Last time the run's writer flushed (unix time).", lab,
                  heartbeat or float("nan"))
-        self._steps(fams, lab, rr)
-        self._memory(fams, lab, rr)
+        steps = self._steps(fams, lab, rr)
+        memory = self._memory(fams, lab, rr)
         self._simple(fams, lab, rr, "host", "gpudash_host_")
         self._device(fams, lab, rr)
         self._events(fams, lab, rr)
+        return steps.assign(rank=rank), memory.assign(rank=rank)
 
     @staticmethod
     def _tail(rr: RankReader, table: str, rows: int) -> pd.DataFrame:
         return rr.read(table, after_rowid=max(0, rr.max_rowid(table) - rows))
 
-    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
+    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> pd.DataFrame:
         df = self._tail(rr, "steps", WINDOW)
         if df.empty:
-            return
+            return df
         last = _latest(df)
         fams.add("gpudash_step", "Index of the newest recorded training step.", lab, last.get("step"))
         fams.add("gpudash_last_step_timestamp_seconds", "When the newest step ended (unix time).", lab,
@@ -218,9 +248,11 @@ class RunsCollector:
             if col in df and df[col].notna().any() and span > 0:
                 done = df[col].iloc[1:].sum() if len(df) > 1 else df[col].sum()
                 fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
+        return df
 
-    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
-        last = _latest(self._tail(rr, "memory", WINDOW))
+    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> pd.DataFrame:
+        df = self._tail(rr, "memory", WINDOW)
+        last = _latest(df)
         for col, value in last.items():
             if col in _SKIP or col == "_rowid":
                 continue
@@ -233,6 +265,7 @@ class RunsCollector:
             else:
                 name, factor = prometheus_name(col)
                 fams.add(f"gpudash_memory_{name}", f"Newest {col} from the memory record.", lab, value * factor)
+        return df
 
     def _simple(self, fams: _Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str) -> None:
         last = _latest(self._tail(rr, table, 4))

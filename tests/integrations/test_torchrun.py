@@ -55,9 +55,16 @@ def test_torchrun_two_ranks_record_side_by_side(tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = generate_latest(metrics_registry(tmp_path)).decode()
-    steps = {s.labels["rank"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-             if s.name == "gpudash_step"}
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    steps = {s.labels["rank"]: s.value for s in samples if s.name == "gpudash_step"}
     assert steps == {"0": STEPS - 1, "1": STEPS - 1}
+    skew = {s.name: s.value for s in samples if s.labels == {"run": "ddp"}}
+    run = load_run(run_dir)
+    newest = rank_skew(run).iloc[-1]
+    run.close()
+    assert skew["gpudash_step_skew_seconds"] == pytest.approx(newest["skew_s"])
+    assert skew["gpudash_step_skew_ratio"] == pytest.approx(newest["skew_ratio"])
+    assert skew["gpudash_memory_imbalance_ratio"] >= 0
 
 
 @pytest.mark.slow
