@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gpudash.analysis.bottleneck import bottleneck_verdicts
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, cost_verdict
+from gpudash.analysis.memory import memory_verdicts
 from gpudash.analysis.oom import oom_verdicts
 from gpudash.analysis.recommend import recommend
 from gpudash.analysis.stability import stability_verdicts
@@ -55,6 +56,7 @@ def summarize(run: Run, price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> list[
     """All verdicts about ``run`` with recommendations and savings, worst first, cost last."""
     verdicts = [status_verdict(run)]
     verdicts += oom_verdicts(run)
+    verdicts += memory_verdicts(run)
     verdicts += bottleneck_verdicts(run)
     verdicts += stability_verdicts(run)
     verdicts += straggler_verdicts(run)

@@ -1,0 +1,130 @@
+"""Memory verdicts that need no OOM: headroom against capacity, the trainer's
+estimate against the measured peak, allocator fragmentation (cudaMalloc
+retries, inactive split blocks) and device memory held by other processes.
+
+Columns (all optional): ``allocated_peak_bytes``/``step_peak_bytes``/
+``budget_peak_bytes`` (measured peak), ``device_total_bytes``,
+``reserved_bytes``, ``inactive_split_bytes``, ``alloc_retries`` (cumulative),
+``non_pytorch_bytes`` — the GPU collectors' and the trainer's names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from gpudash.analysis.verdict import Severity, Verdict, fmt_bytes, fmt_pct, num
+from gpudash.store.run import Run
+
+__all__ = ["capacity_bytes", "measured_peak", "memory_verdicts"]
+
+_PEAK_COLUMNS = ("allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes", "allocated_bytes")
+_CONTEXT_ALLOWANCE = 768 * 2**20
+
+
+def _one_rank(mem: pd.DataFrame) -> pd.DataFrame:
+    if "rank" in mem and mem["rank"].nunique() > 1:
+        mem = mem[mem["rank"] == mem["rank"].min()]
+    return mem
+
+
+def measured_peak(run: Run, steps: set[int] | None = None) -> tuple[float, str, int] | None:
+    """(peak bytes, column, step) from the best peak column recorded (only ``steps`` when given)."""
+    mem = _one_rank(run.memory)
+    if steps is not None:
+        mem = mem[mem["step"].isin(steps)]
+    for col in _PEAK_COLUMNS:
+        if col in mem and mem[col].notna().any():
+            values = mem[col].astype(float).to_numpy()
+            i = int(np.nanargmax(values))
+            return float(values[i]), col, int(mem["step"].to_numpy()[i])
+    return None
+
+
+def _steps_at_micro_batch(run: Run, micro: object) -> set[int] | None:
+    """Steps that ran at the estimator's micro-batch (an adaptive run changes it)."""
+    if not isinstance(micro, int):
+        return None
+    s = run.steps
+    col = next((c for c in ("micro_batch", "batch_size") if c in s), None)
+    if col is None:
+        return None
+    return set(s.loc[s[col] == micro, "step"].astype(int)) or None
+
+
+def capacity_bytes(run: Run) -> float | None:
+    pre = run.meta.get("preflight")
+    if isinstance(pre, dict) and num(pre.get("capacity_bytes")):
+        return num(pre.get("capacity_bytes"))
+    mem = run.memory
+    if "device_total_bytes" in mem and mem["device_total_bytes"].notna().any():
+        return float(mem["device_total_bytes"].max())
+    return num(run.meta.get("memory_budget_bytes"))
+
+
+def memory_verdicts(run: Run) -> list[Verdict]:
+    out: list[Verdict] = []
+    peak = measured_peak(run)
+    cap = capacity_bytes(run)
+    has_oom = bool(len(run.events)) and bool((run.events["kind"].astype(str) == "oom").any())
+    if peak is not None and cap and not has_oom:  # with an OOM, the OOM verdict tells the story
+        p, col, step = peak
+        share = p / cap
+        sev: Severity = "warn" if share > 0.95 else "ok"
+        ev = [f"peak {fmt_bytes(p)} ({col}) at step {step} of {fmt_bytes(cap)} capacity: {fmt_pct(share)}"]
+        rec = None
+        if share < 0.5 and not has_oom:
+            rec = (f"{fmt_pct(1 - share)} of the memory was never used: a larger micro-batch (fewer accumulation "
+                   "steps) or less checkpointing would trade it for speed")
+        elif sev == "warn":
+            rec = "little headroom: a longer batch or a fragmentation spike will OOM; keep ~10 % free"
+        out.append(Verdict(kind="memory-headroom", title=f"Peak memory {fmt_pct(share)} of capacity",
+                           severity=sev, evidence=ev, recommendation=rec, steps=(step, step),
+                           numbers={"peak_bytes": p, "capacity_bytes": cap, "peak_share": share}))
+    est = run.meta.get("estimate")
+    at = _steps_at_micro_batch(run, est.get("micro_batch")) if isinstance(est, dict) else None
+    est_peak = measured_peak(run, at) if at else None
+    if est_peak is not None and isinstance(est, dict) and num(est.get("peak_bytes")) and est_peak[1] != "allocated_bytes":
+        predicted = float(est["peak_bytes"])
+        err = predicted / est_peak[0] - 1
+        out.append(Verdict(kind="estimate-check", title=f"Estimator {'within' if abs(err) <= 0.1 else 'off by'} "
+                           f"{abs(err) * 100:.0f} % of the measured peak",
+                           severity="ok" if abs(err) <= 0.1 else "warn",
+                           evidence=[f"predicted peak {fmt_bytes(predicted)} (micro-batch {est.get('micro_batch')}, "
+                                     f"ckpt {est.get('ckpt')}, {est.get('precision')}) vs measured "
+                                     f"{fmt_bytes(est_peak[0])} ({est_peak[1]}) over {len(at or ())} steps at that "
+                                     "micro-batch"],
+                           numbers={"predicted_bytes": predicted, "measured_bytes": est_peak[0], "error": err}))
+    mem = _one_rank(run.memory)
+    retries = mem["alloc_retries"].astype(float) if "alloc_retries" in mem else None
+    split = mem["inactive_split_bytes"].astype(float) if "inactive_split_bytes" in mem else None
+    reserved = mem["reserved_bytes"].astype(float) if "reserved_bytes" in mem else None
+    ev = []
+    first = None
+    if retries is not None and retries.notna().any() and float(retries.max()) > 0:
+        first = int(mem.loc[retries > 0, "step"].iloc[0])
+        ev.append(f"{int(retries.max())} cudaMalloc retries (the allocator freed its cache and tried again), "
+                  f"first at step {first}")
+    if split is not None and reserved is not None and reserved.notna().any():
+        frac = (split / reserved.where(reserved > 0)).max()
+        if pd.notna(frac) and float(frac) > 0.3:
+            ev.append(f"up to {fmt_pct(float(frac))} of reserved memory sat in inactive split blocks "
+                      f"({fmt_bytes(float(split.max()))})")
+    if ev and not has_oom:
+        out.append(Verdict(kind="fragmentation", title="Allocator fragmentation", severity="warn", evidence=ev,
+                           recommendation="set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so freed blocks "
+                                          "can be reused for larger requests (retries stall the step)",
+                           steps=(first, first) if first is not None else None,
+                           numbers={"split_bytes": float(split.max()) if split is not None else 0.0}))
+    if "non_pytorch_bytes" in mem and mem["non_pytorch_bytes"].notna().any():
+        other = float(mem["non_pytorch_bytes"].max())
+        total = cap or other
+        if other > _CONTEXT_ALLOWANCE + 0.05 * total:
+            out.append(Verdict(kind="other-processes", title="Device memory held outside this process's allocator",
+                               severity="warn",
+                               evidence=[f"up to {fmt_bytes(other)} of the device was used by something other than "
+                                         "this process's PyTorch allocator (other processes, NCCL, CUDA context)"],
+                               recommendation="check nvidia-smi for other processes on this GPU; give the job a "
+                                              "GPU of its own",
+                               numbers={"outside_bytes": other}))
+    return out
