@@ -75,6 +75,13 @@ def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: P
     assert "NVML" in reason
     assert driver.find_elements("css selector", "#hotspots-table")
     assert driver.find_elements("css selector", "#stability-lights .light-red")  # the OOM
+    # the post-mortem verdicts arrive after the first paint (when gpudash.analysis provides summarize)
+    import importlib.util
+
+    if importlib.util.find_spec("gpudash.analysis.summary") is not None:
+        verdicts = wait_for(lambda: driver.find_elements("css selector", "#summary-panel .verdict"),
+                            what="summary verdicts")
+        assert any("OOM" in v.text for v in verdicts)
     time.sleep(0.5)
     full_screenshot(driver, artifacts / "run-page.png")
     if os.environ.get("GPUDASH_UPDATE_SCREENSHOT"):
