@@ -160,6 +160,17 @@ def snapshot_largest_free(run: Run, t: float | None, rank: int | None) -> float 
     return None if best is None else best[1]
 
 
+def _last_memory_value(run: Run, col: str, t: float | None, rank: int | None) -> float | None:
+    """``col`` of the last memory row at or before ``t`` (the allocator collector's device columns)."""
+    mem = run.memory
+    if col not in mem or t is None:
+        return None
+    if rank is not None and "rank" in mem:
+        mem = mem[mem["rank"] == rank]
+    vals = mem.loc[mem["time"] <= t, col].dropna()
+    return float(vals.iloc[-1]) if len(vals) else None
+
+
 def _capacity(run: Run, data: dict[str, Any]) -> float | None:
     """The limit the allocation ran into: the allocator's (capped) limit, else the
     run's recorded budget, else a budget parsed from the error message."""
@@ -217,7 +228,11 @@ def _judge(r: OomReport) -> None:
     if cap is not None and ((need is not None and need > cap) or (cats and sum(cats.values()) > cap)):
         r.verdict = "did not fit"
         return
-    r.verdict = "did not fit" if cap is None or need is None else "unexplained"
+    if cap is None or need is None:
+        ev.append("no capacity or request size was recorded with this OOM: the cause cannot be decided")
+        r.verdict = "undetermined"
+    else:
+        r.verdict = "unexplained"
 
 
 def oom_reports(run: Run) -> list[OomReport]:
@@ -263,6 +278,8 @@ def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: f
     outside = _pick(data, "other_processes_bytes", "outside_bytes")
     if outside is None and device_used is not None and reserved is not None:
         outside = max(0.0, device_used - reserved)
+    if outside is None:
+        outside = _last_memory_value(run, "non_pytorch_bytes", t, rank)
     largest = _pick(data, "largest_free_bytes")
     if largest is None:
         largest = snapshot_largest_free(run, t, rank)
@@ -270,7 +287,7 @@ def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: f
                   requested_bytes=_pick(data, "requested_bytes", "alloc_bytes"),
                   free_bytes=_pick(data, "free_bytes", "device_free_bytes"), largest_free_bytes=largest,
                   allocated_bytes=allocated, reserved_bytes=reserved, reserved_unallocated_bytes=unalloc,
-                  capacity_bytes=_capacity(run, data), device_used_bytes=device_used, outside_bytes=outside,
+                  capacity_bytes=_capacity(run, data) or _last_memory_value(run, "device_total_bytes", t, rank), device_used_bytes=device_used, outside_bytes=outside,
                   categories=cats, categories_step=cat_step, measured_bytes=_pick(data, "measured_bytes"),
                   micro_batch=_pick(data, "micro_batch", "batch_size"))
     if re.search(r"\binject", message, re.I):

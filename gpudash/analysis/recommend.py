@@ -188,7 +188,7 @@ def recommend(run: Run, verdicts: list[Verdict]) -> list[Verdict]:
     for v in verdicts:
         kind = v.kind
         share = v.numbers.get("share_of_step", 0.0)
-        if kind == "oom:did not fit" or kind == "oom:unexplained":
+        if kind in ("oom:did not fit", "oom:unexplained", "oom:undetermined"):
             _oom_fit(run, v)
         elif kind == "oom:fragmentation":
             _oom_frag(run, v)

@@ -126,3 +126,9 @@ def test_recommendation_uses_the_trainers_estimator(recorded: Any) -> None:
     assert v.numbers["micro_batch"] >= 2
     assert "--ckpt block" in (v.recommendation or "") and "(estimator" in (v.saving or "")
     assert 0 < v.numbers["saving_bytes"] < v.numbers["need_bytes"]
+
+
+def test_oom_without_capacity_or_request_is_undetermined(tmp_path: Path) -> None:
+    run = _loop_then_oom_event(tmp_path, "bare", batch_size=32)
+    (r,) = oom_reports(run)
+    assert r.verdict == "undetermined" and any("cannot be decided" in e for e in r.evidence)
