@@ -198,7 +198,30 @@ def _figures(run: Run, cap: float | None) -> list[tuple[str, str]]:
         figs.append(("Memory by category", _legend([(s[0], s[2]) for s in series])
                      + svg_chart(mem["step"].to_numpy(dtype=float), series, stacked=True, markers=markers,
                                  hline=hline, y_fmt="bytes")))
+    dev = _device_frame(run)
+    cols = [c for c in ("sm_active_pct", "gpu_util_pct", "sm_occupancy_pct", "tensor_active_pct") if c in dev
+            and dev[c].notna().any()]
+    if cols and len(steps):
+        # device samples are timed, steps are numbered: place each sample at the step running then
+        st = steps[["time", "step"]].sort_values("time")
+        pos = np.searchsorted(st["time"].to_numpy(dtype=float), dev["time"].to_numpy(dtype=float))
+        x = st["step"].to_numpy(dtype=float)[np.clip(pos, 0, len(st) - 1)]
+        series = [(c.removesuffix("_pct"), dev[c].to_numpy(dtype=float), _PALETTE[i]) for i, c in enumerate(cols)]
+        figs.append(("GPU activity (%)", _legend([(s[0], s[2]) for s in series])
+                     + svg_chart(x, series, markers=markers)))
     return figs
+
+
+def _device_frame(run: Run) -> pd.DataFrame:
+    try:
+        dev = run.device
+    except Exception:  # noqa: BLE001 - a damaged device table only loses its figure
+        return pd.DataFrame()
+    if dev is None or dev.empty or "time" not in dev:
+        return pd.DataFrame()
+    if "gpu" in dev and dev["gpu"].nunique() > 1:
+        dev = dev[dev["gpu"] == dev["gpu"].min()]
+    return dev.sort_values("time")
 
 
 def headline(run: Run) -> list[tuple[str, str]]:

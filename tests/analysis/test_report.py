@@ -91,3 +91,21 @@ def test_report_opens_in_headless_chromium_without_errors(recorded: Any, tmp_pat
         assert [r for r in resources if not r.startswith("file:")] == []
     finally:
         driver.quit()
+
+
+def test_device_telemetry_gets_a_figure(tmp_path: Path) -> None:
+    import time
+
+    import gpudash
+    from gpudash.monitor import Monitor
+
+    # NVML-shaped rows as the device collector writes them (no GPU in CI)
+    with Monitor(tmp_path / "dev", host_hz=0) as mon:
+        for i in range(20):
+            with mon.step(samples=1):
+                with mon.phase("forward"):
+                    time.sleep(0.002)
+            mon.recorder.put("device", {"time": time.time(), "gpu": 0, "sm_active_pct": 40.0 + i,
+                                        "gpu_util_pct": 90.0})
+    page = render_html(gpudash.load_run(tmp_path / "dev"))
+    assert "GPU activity (%)" in page and page.count("<svg") >= 2
