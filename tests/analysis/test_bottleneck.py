@@ -60,3 +60,22 @@ def test_a_slow_stretch_in_the_middle_is_its_own_stretch(tmp_path: Any) -> None:
     found = stretches(gpudash.load_run(tmp_path / "mid"))
     inp = [s for s in found if s.kind == "input-bound"]
     assert len(inp) == 1 and abs(inp[0].first_step - 30) <= 3 and abs(inp[0].last_step - 59) <= 3
+
+
+def test_input_bound_evidence_cites_low_sm_activity(tmp_path: Any) -> None:
+    import time
+
+    import gpudash
+    from gpudash.monitor import Monitor
+
+    # device rows shaped like the NVML collector's (no GPU in CI): SM idle while the loop waits for data
+    with Monitor(tmp_path / "sm", host_hz=0) as mon:
+        for _ in range(30):
+            with mon.step(samples=1):
+                with mon.phase("data"):
+                    time.sleep(0.01)
+                with mon.phase("forward"):
+                    sum(i * i for i in range(5000))
+            mon.recorder.put("device", {"time": time.time(), "gpu": 0, "sm_active_pct": 8.0, "gpu_util_pct": 15.0})
+    v = _by_kind(gpudash.load_run(tmp_path / "sm"))["input-bound"]
+    assert any("SM activity low (8 %)" in e for e in v.evidence)
