@@ -121,7 +121,7 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
 
 _COLORWAY = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
              "#17becf"]
-_AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb"}
+_AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb", "automargin": True}
 
 
 def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_title: str = "step",

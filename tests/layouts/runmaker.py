@@ -18,7 +18,7 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 def train(run_dir: Path, steps: int = 40, *, rich: bool = False, name: str | None = None, delay: float = 0.0,
-          stop: threading.Event | None = None, flush_interval: float = 0.2) -> Path:
+          stop: threading.Event | None = None, flush_interval: float = 0.2, hostile: bool = True) -> Path:
     import torch
 
     from gpudash.monitor import Monitor
@@ -59,7 +59,7 @@ def train(run_dir: Path, steps: int = 40, *, rich: bool = False, name: str | Non
                                    fragmentation_pct=5.0)
                 mon.log(**scalars)
             if rich and step == steps - 5:
-                mon.event("oom", f"CUDA out of memory at batch 32 {HOSTILE}", batch_size=32)
+                mon.event("oom", "CUDA out of memory at batch 32" + (f" {HOSTILE}" if hostile else ""), batch_size=32)
                 mon.event("batch_size_change", "batch 32 -> 16", old=32, new=16)
             step += 1
             if delay:
