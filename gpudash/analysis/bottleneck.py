@@ -20,7 +20,7 @@ import pandas as pd
 from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, fmt_s
 from gpudash.store.run import Run
 
-__all__ = ["KINDS", "Stretch", "bottleneck_verdicts", "phase_shares", "stretches"]
+__all__ = ["KINDS", "Stretch", "bottleneck_verdicts", "phase_columns", "phase_shares", "stretches"]
 
 KINDS = ("input-bound", "compute-bound", "host-offload-bound", "synchronization-bound")
 _GROUPS: dict[str, tuple[str, ...]] = {
@@ -56,11 +56,11 @@ class Stretch:
     """Mean device telemetry over the stretch (sm_active_pct, gpu_util_pct, gpu_busy_share)."""
 
 
-_NOT_PHASES = ("duration_s", "seconds", "elapsed_s", "time_s")
+_NOT_PHASES = ("duration_s", "seconds", "elapsed_s", "time_s", "gpu_s", "cpu_s")
 _NOT_PHASE_SUFFIXES = ("_gpu_s", "_cpu_s", "_total_s", "_elapsed_s")
 
 
-def _phase_columns(steps: pd.DataFrame) -> list[str]:
+def phase_columns(steps: pd.DataFrame) -> list[str]:
     """``<phase>_s`` columns the Monitor's phases wrote; logged timings such as
     ``thread_cpu_s`` or CUDA-event ``<phase>_gpu_s`` are not wall-time phases."""
     out = []
@@ -87,7 +87,7 @@ def _group(col: str) -> str:
 
 def phase_shares(steps: pd.DataFrame) -> pd.DataFrame:
     """Per step: the share of ``duration_s`` in each group; ``sync`` includes unaccounted time."""
-    cols = _phase_columns(steps)
+    cols = phase_columns(steps)
     dur = steps["duration_s"].astype(float).clip(lower=1e-9)
     out = pd.DataFrame({"step": steps["step"].astype(int).to_numpy()}, index=steps.index)
     total = pd.Series(0.0, index=steps.index)
@@ -162,7 +162,7 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
     if "rank" in steps and steps["rank"].nunique() > 1:
         steps = steps[steps["rank"] == (rank if rank is not None else int(steps["rank"].min()))]
     steps = steps.sort_values("step").reset_index(drop=True)
-    cols = _phase_columns(steps)
+    cols = phase_columns(steps)
     if not cols:
         return []
     shares = phase_shares(steps)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from gpudash.analysis.bottleneck import phase_columns
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
 from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.summary import summarize
@@ -174,9 +175,7 @@ def _figures(run: Run, cap: float | None) -> list[tuple[str, str]]:
     markers = _markers(run)
     steps = _one_rank(run.steps)
     if len(steps):
-        phases = [c for c in steps.columns if c.endswith("_s") and c != "duration_s"
-                  and not c.endswith(("_gpu_s", "_cpu_s")) and steps[c].notna().any()
-                  and float(steps[c].median()) <= 1.05 * float(steps["duration_s"].median())]
+        phases = phase_columns(steps)
         x = steps["step"].to_numpy(dtype=float)
         series = [(c.removesuffix("_s"), steps[c].fillna(0).to_numpy(dtype=float), _PALETTE[i % len(_PALETTE)])
                   for i, c in enumerate(phases)]

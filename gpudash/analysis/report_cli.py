@@ -15,7 +15,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="a run directory")
     p.add_argument("-o", "--output", type=Path, default=None,
-                   help="where to write the report (default: RUN_DIR/report.html for html, the terminal for md)")
+                   help="where to write the report (default: report.html here for html, the terminal for md)")
     p.add_argument("--format", choices=("html", "md"), default="html", help="html (default) or md")
     p.add_argument("--price-per-hour", type=float, default=DEFAULT_PRICE_PER_HOUR, metavar="USD",
                    help=f"price of one GPU-hour for the cost estimate (default: {DEFAULT_PRICE_PER_HOUR:.2f})")
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
         else:
             text = render_html(r, verdicts, args.price_per_hour)
-        out = args.output or (Path(args.run_dir) / "report.html")
+        out = args.output or Path("report.html")
         try:
             out.write_text(text, encoding="utf-8")
         except OSError as exc:

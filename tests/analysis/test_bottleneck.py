@@ -79,3 +79,21 @@ def test_input_bound_evidence_cites_low_sm_activity(tmp_path: Any) -> None:
             mon.recorder.put("device", {"time": time.time(), "gpu": 0, "sm_active_pct": 8.0, "gpu_util_pct": 15.0})
     v = _by_kind(gpudash.load_run(tmp_path / "sm"))["input-bound"]
     assert any("SM activity low (8 %)" in e for e in v.evidence)
+
+
+def test_cuda_event_columns_are_evidence_not_phases(tmp_path: Any) -> None:
+    import gpudash
+    from gpudash.analysis.bottleneck import phase_columns
+    from gpudash.monitor import Monitor
+
+    # the CUDA timer's columns (gpu_s, <phase>_gpu_s) as it writes them on a GPU
+    with Monitor(tmp_path / "gpu-times", host_hz=0) as mon:
+        for _ in range(20):
+            with mon.step(samples=1):
+                with mon.phase("forward"):
+                    sum(i * i for i in range(20000))
+                mon.log(gpu_s=0.5, forward_gpu_s=0.4)
+    run = gpudash.load_run(tmp_path / "gpu-times")
+    assert phase_columns(run.steps) == ["forward_s"]
+    (s,) = stretches(run)
+    assert s.kind == "compute-bound" and s.device["gpu_busy_share"] > 1.0  # GPU time vs a CPU-timed step
