@@ -25,7 +25,7 @@ from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, te
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.data import LengthBuckets, corpus_samples, micro_batches
-from gpudash.trainer.estimator import estimate, fmt_gb, safe_micro_batch
+from gpudash.trainer.estimator import Estimate, estimate, fmt_gb, safe_micro_batch
 from gpudash.trainer.model import GPT, preset
 from gpudash.trainer.offload import OffloadOptimizer
 from gpudash.trainer.precision import Precision
@@ -90,6 +90,7 @@ class Trainer:
         self.ooms = 0
         self._owns_process_group = False
         self._built = False
+        self._predictions: dict[tuple[int, int, str], Estimate] = {}
 
     # ---- setup -------------------------------------------------------------------------------
     def _capacity(self) -> tuple[float | None, str]:
@@ -202,6 +203,16 @@ class Trainer:
             return int(torch.cuda.memory_allocated(self.device))  # allocator bookkeeping: no sync
         return self._static_bytes()
 
+    def _predicted(self, micro: int, accum: int) -> Estimate:
+        """The estimator's prediction for this micro-batch (cached: batches change rarely)."""
+        key = (micro, min(accum, 2), self.precision.mode)
+        est = self._predictions.get(key)
+        if est is None:
+            tech = {**self._techniques(), "precision": self.precision.mode}
+            est = self._predictions[key] = estimate(self.model_cfg, micro_batch=micro, seq_len=self.seq_len,
+                                                    accum=accum, **tech)
+        return est
+
     def lr_at(self, step: int) -> float:
         c = self.cfg
         if step < c.warmup_steps:
@@ -269,6 +280,9 @@ class Trainer:
                     mon.log_memory(offload_host_bytes=self.offload.state_bytes())
                 if self.meter is not None:
                     mon.log_memory(budget_peak_bytes=self.meter.peak)
+                pred = self._predicted(self.batch.micro, len(mbs))
+                mon.log_memory(predicted_peak_bytes=pred.peak_bytes,
+                               predicted_activations_bytes=pred.activations_bytes)
                 if self.device.type == "cuda":
                     stats["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
                     mon.log_memory(step_peak_bytes=stats["peak_bytes"])  # for estimate vs measured

@@ -53,6 +53,7 @@ def test_estimate_matches_the_monitors_measured_categories(run_train, mode: str)
     measured_sum = sum(mem[c].max() for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
     predicted_sum = sum(est[c] for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
     assert abs(predicted_sum - measured_sum) / measured_sum < 0.10
+    assert (mem["predicted_activations_bytes"] == est["activations_bytes"]).all()  # per step, for the dashboard
 
 
 def test_techniques_move_memory_the_right_way() -> None:
