@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Two CI cores: torch's intra-op threads fighting each other (and pytest's
+# child processes) make tiny models 10-30x slower. Children inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
 
 
 def tiny_loop(run_dir: Path, steps: int = 20, *, watch: bool = True, close: bool = True,

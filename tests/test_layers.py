@@ -13,6 +13,7 @@ RULES = {
     "store": {"torch", "pynvml", "dash", "plotly"},
     "collectors": {"dash", "plotly"},
     "trainer": {"dash", "plotly"},
+    "integrations": {"dash", "plotly"},
     "monitor.py": {"dash", "plotly"},
 }
 
