@@ -270,6 +270,19 @@ def _verdict_html(v: Verdict) -> str:
     return "".join(out)
 
 
+def _actions(verdicts: list[Verdict]) -> list[Verdict]:
+    return [v for v in verdicts if v.recommendation and v.severity != "ok"]
+
+
+def _actions_html(verdicts: list[Verdict]) -> str:
+    acts = _actions(verdicts)
+    if not acts:
+        return ""
+    items = "".join(f"<li><b>{_e(v.title)}</b>: {_e(v.recommendation)}"
+                    + (f' <span class="save">({_e(v.saving)})</span>' if v.saving else "") + "</li>" for v in acts)
+    return f'<h2>What to change</h2><ol id="actions">{items}</ol>'
+
+
 def render_html(run: Run, verdicts: list[Verdict] | None = None,
                 price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> str:
     """The whole report as one HTML string with no external references."""
@@ -286,6 +299,7 @@ def render_html(run: Run, verdicts: list[Verdict] | None = None,
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body><main>"
             f"<h1>{_e(title)}</h1><div class=\"sub\">{_e(run.path)}</div>"
             f'<p id="lead"><b>{lead}</b></p><table class="kv">{kv}</table>'
+            f"{_actions_html(verdicts)}"
             f'<h2>Verdicts</h2><div id="verdicts">{"".join(_verdict_html(v) for v in verdicts)}</div>'
             f"<h2>Figures</h2>{figs or '<p>No steps recorded.</p>'}"
             f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}; "
@@ -299,6 +313,11 @@ def render_markdown(run: Run, verdicts: list[Verdict] | None = None,
         verdicts = summarize(run, price_per_hour=price_per_hour)
     lines = [f"# gpudash report: {run.name}", "", f"`{run.path}`", ""]
     lines += [f"- **{k}**: {v}" for k, v in headline(run)]
+    acts = _actions(verdicts)
+    if acts:
+        lines += ["", "## What to change", ""]
+        lines += [f"{i}. **{v.title}**: {v.recommendation}" + (f" ({v.saving})" if v.saving else "")
+                  for i, v in enumerate(acts, 1)]
     lines += ["", "## Verdicts", ""]
     mark = {"bad": "[PROBLEM]", "warn": "[WARNING]", "ok": "[ok]"}
     for v in verdicts:

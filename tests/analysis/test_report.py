@@ -22,6 +22,7 @@ def test_html_is_self_contained(recorded: Any) -> None:
     assert "http://" not in page and "https://" not in page
     assert "<script" not in page.lower()
     assert page.count("<svg") >= 3  # step time, loss, memory
+    assert '<ol id="actions">' in page and "--ckpt block" in page
     for v in summarize(run):
         assert html.escape(v.title) in page
 
