@@ -35,3 +35,15 @@ def test_analysis_imports_without_torch_or_dash() -> None:
             "bad=[m for m in ('torch','dash','plotly') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_run_that_died_before_its_first_step(tmp_path: Any) -> None:
+    import gpudash
+    from gpudash.analysis.report import render_html, render_markdown
+    from gpudash.monitor import Monitor
+
+    Monitor(tmp_path / "early", host_hz=0).close("crashed", "exception: RuntimeError: no data")
+    run = gpudash.load_run(tmp_path / "early")
+    vs = summarize(run)
+    assert vs[0].title == "Crashed after 0 steps" and "no data" in vs[0].evidence[0]
+    assert "No steps recorded" in render_html(run, vs) and "Crashed" in render_markdown(run, vs)
