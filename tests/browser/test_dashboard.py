@@ -102,6 +102,9 @@ def test_replay_cursor_jumps_to_events(driver: Any, served: tuple[str, Path], ar
     driver.find_element("id", "play-button").click()
     wait_for(lambda: int(driver.find_element("id", "cursor-label").text) != 36, what="play advances the cursor")
     driver.find_element("id", "play-button").click()
+    # clicking an event in the table moves the cursor to its step (the first rows are at step 0)
+    driver.find_element("css selector", "#events-table td[data-dash-column=kind]").click()
+    wait_for(lambda: driver.find_element("id", "cursor-label").text == "0", what="cursor at the clicked event")
     driver.save_screenshot(str(artifacts / "run-page-replay.png"))
     assert severe_logs(driver) == []
 
@@ -169,3 +172,41 @@ def test_docs_screenshot(driver: Any, tmp_path: Path, artifacts: Path) -> None:
         stop()
     DOCS_SHOT.parent.mkdir(exist_ok=True)
     shutil.copy(artifacts / "docs-run-page.png", DOCS_SHOT)
+
+
+def test_zoom_requeries_long_run(driver: Any, tmp_path: Path, artifacts: Path) -> None:
+    """A run longer than the point budget is sent downsampled; zooming re-reads the range at full detail."""
+    from gpudash.app import serve_in_thread
+    from gpudash.layouts.downsample import MAX_POINTS
+    from gpudash.store.writer import Recorder
+
+    n = 20_000
+    rec = Recorder(tmp_path / "long", flush_interval=0.2, meta={"name": "long", "device": "cpu"})
+    for s in range(n):
+        t = 1000.0 + 0.1 * s
+        rec.put("steps", {"step": s, "time": t, "duration_s": 0.1 + (s % 7) * 1e-3, "loss": 1.0 / (1 + s)})
+        rec.put("memory", {"step": s, "time": t, "params_bytes": 1e6, "grads_bytes": 1e6,
+                           "optimizer_bytes": 2e6 + (s % 100) * 1e3})
+    rec.close()
+    url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
+    get_x = "return document.querySelector('#memory-graph .js-plotly-plot').data[0].x"
+    try:
+        driver.get(url + "run/long")
+        wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph")
+        assert len(driver.execute_script(get_x)) <= MAX_POINTS
+        xs = None
+        for attempt in range(3):  # the graph binds its relayout handler a moment after the first draw
+            driver.execute_script("Plotly.relayout(document.querySelector('#memory-graph .js-plotly-plot'), "
+                                  f"{{'xaxis.range[0]': 1000, 'xaxis.range[1]': {1500 + attempt}}});")
+            try:
+                xs = wait_for(lambda: (lambda x: x if x and min(x) >= 999 and len(x) < 600 else None)(
+                    driver.execute_script(get_x)), timeout=10, what="zoomed range re-read at full detail")
+                break
+            except AssertionError:
+                continue
+        assert xs is not None, "zooming never re-read the range"
+        assert xs[0] == 1000 and xs[-1] in (1500, 1501, 1502)
+        driver.save_screenshot(str(artifacts / "run-page-zoomed.png"))
+        assert severe_logs(driver) == []
+    finally:
+        stop()

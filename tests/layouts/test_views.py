@@ -232,3 +232,29 @@ def test_two_ranks_side_by_side(tmp_path: Path) -> None:
     page = json.dumps(build_run_page("ddp", reader, rank=1), cls=plotly.utils.PlotlyJSONEncoder)
     assert "/run/ddp?rank=0" in page and '"rank": 1' in page
     reader.close()
+
+
+def test_device_panels_per_gpu_and_unit(tmp_path: Path) -> None:
+    """NVML-style rows (as the device collector writes them) through the real Recorder."""
+    from gpudash.store.writer import Recorder
+
+    rec = Recorder(tmp_path / "gpu", flush_interval=0.1, meta={"device": "cuda:0", "device_name": "H100"})
+    for k in range(50):
+        for gpu in (0, 1):
+            rec.put("device", {"time": 1000.0 + k * 0.1, "gpu": gpu, "sm_active_pct": 50.0 + gpu,
+                               "pcie_tx_mib_s": 10.0 * k, "pcie_rx_mib_s": 5.0, "dram_bw_pct": 30.0,
+                               "power_w": 300.0, "temp_c": 60.0, "sm_clock_mhz": 1800.0,
+                               "memory_used_bytes": 1e9})
+    rec.close()
+    reader = RunReader(tmp_path / "gpu")
+    view = load_view(reader)
+    fig, specs = run_page.build_graph("device-graph", view)
+    reader.close()
+    assert {s.gpu for s in specs} == {0, 1}
+    axes = {s.col: s.yaxis for s in specs}
+    assert axes["sm_active_pct"] == axes["dram_bw_pct"] == "y"
+    assert axes["pcie_tx_mib_s"] == axes["pcie_rx_mib_s"] != axes["power_w"]
+    assert len({axes["power_w"], axes["temp_c"], axes["sm_clock_mhz"], axes["memory_used_bytes"]}) == 4
+    titles = {fig.layout[k]["title"]["text"] for k in fig.layout if k.startswith("yaxis")}
+    assert titles == {"%", "MiB/s", "bytes", "W", "°C", "MHz"}
+    assert len(fig.data) == len(specs) == 16
