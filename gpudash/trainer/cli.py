@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpudash.trainer.model import PRESETS
 
     p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
+    p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change the preset's shape, e.g. --model n_layer=2 (repeatable)")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps (default: 50)")
     p.add_argument("--ckpt", default="none", help="gradient checkpointing: none, block, every-N, attn, mlp")
     p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (default: fp32)")
@@ -100,11 +102,12 @@ def _monitor_options(items: list[str]) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from gpudash.trainer.config import TrainConfig
+    from gpudash.trainer.shapes import parse_overrides
 
     run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     try:
         return TrainConfig(
-            preset=args.preset, steps=args.steps, run_dir=run_dir, name=args.name, device=args.device,
+            preset=args.preset, model_overrides=parse_overrides(args.model), steps=args.steps, run_dir=run_dir, name=args.name, device=args.device,
             ckpt=args.ckpt, precision=args.precision, offload=args.offload, weights=args.weights,
             batch=args.batch, effective_batch=args.effective_batch, max_micro_batch=args.max_micro_batch,
             seq_len=args.seq_len, min_len=args.min_len, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed,

@@ -12,13 +12,15 @@ from typing import Any
 
 from gpudash.errors import UserError
 from gpudash.trainer.estimator import estimate, fmt_gb, what_fits
-from gpudash.trainer.shapes import PRESETS
+from gpudash.trainer.shapes import PRESETS, parse_overrides, preset
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
+    p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change the preset's shape, e.g. --model n_layer=48 --model n_embd=2048 (repeatable)")
     p.add_argument("--batch", type=int, default=8, help="micro-batch (default: 8)")
     p.add_argument("--seq-len", type=int, default=0, help="sequence length (default: the preset's block size)")
     p.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-steps (default: 1)")
@@ -31,9 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = PRESETS.get(args.preset)
-    if shape is None:
+    if args.preset not in PRESETS:
         raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    try:
+        shape = preset(args.preset, **parse_overrides(args.model))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     seq = args.seq_len or shape.block_size
     if args.card_gb < 0:
         raise UserError("--card-gb must be > 0")

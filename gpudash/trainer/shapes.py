@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["PRESETS", "GPTConfig", "preset"]
+__all__ = ["PRESETS", "GPTConfig", "parse_overrides", "preset"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,3 +69,25 @@ def preset(name: str, **overrides: Any) -> GPTConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return replace(PRESETS[name], **overrides)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["n_layer=48", "mlp=swiglu"]`` -> GPTConfig field overrides; ValueError names the fields."""
+    kinds = {f.name: f.type for f in fields(GPTConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in kinds:
+            raise ValueError(f"--model {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(kinds)}")
+        kind = str(kinds[key])
+        try:
+            if "bool" in kind:
+                out[key] = value.strip().lower() in ("1", "true", "yes", "on")
+            elif "int" in kind:
+                out[key] = int(value)
+            else:
+                out[key] = value.strip()
+        except ValueError:
+            raise ValueError(f"--model {item!r}: {value!r} is not an integer") from None
+    return out

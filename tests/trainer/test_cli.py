@@ -77,3 +77,11 @@ def test_monitor_flag_reaches_the_monitor(tmp_path: Path, capsys: pytest.Capture
     r.close()
     out = _gpudash("train", "--monitor", "bogus=1")
     assert out.returncode == 2 and "KEY=VALUE" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_takes_any_model_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--preset", "tiny", "--model", "n_layer=8", "--json"]) == 0
+    eight = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--preset", "tiny", "--json"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert eight["params"] > four["params"] and eight["activations_bytes"] > four["activations_bytes"]
