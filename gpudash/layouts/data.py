@@ -173,5 +173,8 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     if not t0:
         bounds = reader.time_bounds("steps")
         t0 = bounds[0] if bounds else 0.0
-    return RunView(path=reader.path, meta=meta, status=reader.status(), frames=frames, levels=levels,
+    status = reader.status()
+    if status == "crashed" and not meta.get("end_reason"):
+        meta["end_reason"] = "process died (no heartbeat)"
+    return RunView(path=reader.path, meta=meta, status=status, frames=frames, levels=levels,
                    problems=reader.all_problems(), cursor=cursor, last=last, t0=t0)

@@ -86,3 +86,47 @@ def test_new_column_triggers_rebuild(tmp_path: Path) -> None:
     res = live_tick(reader, res.state, _spec_fn)
     assert res.state["status"] == "finished" and not res.extends
     reader.close()
+
+
+def test_empty_live_run_then_first_steps(tmp_path: Path) -> None:
+    import json
+
+    import plotly
+
+    from gpudash.layouts.pages import build_run_page
+    from gpudash.monitor import Monitor
+
+    mon = Monitor(tmp_path / "fresh", flush_interval=0.1, host_hz=0)
+    mon.flush()
+    reader = RunReader(tmp_path / "fresh")
+    view = load_view(reader)
+    assert view.status == "live" and view.last_step is None
+    page = json.dumps(build_run_page("fresh", reader), cls=plotly.utils.PlotlyJSONEncoder)
+    assert "waiting for the first records" in page
+    state = initial_state("fresh", view, _specs(view), 0)
+    for _ in range(3):
+        with mon.step(samples=2):
+            mon.log(loss=1.0)
+    mon.flush()
+    res = live_tick(reader, state, _spec_fn)
+    assert {"step-time-graph", "loss-graph"} <= res.rebuild  # first rows: whole figures, then extends
+    assert res.state["last_step"] == 2
+    mon.close()
+    reader.close()
+
+
+def test_killed_run_reads_crashed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from gpudash.monitor import Monitor\n"
+            "m = Monitor(sys.argv[1], flush_interval=0.1, host_hz=0)\n"
+            "for i in range(5):\n"
+            "    with m.step(samples=1): m.log(loss=1.0)\n"
+            "m.flush(); os._exit(1)\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "dead")], check=False, timeout=120)
+    reader = RunReader(tmp_path / "dead")
+    view = load_view(reader)
+    reader.close()
+    assert view.status == "crashed" and view.last_step == 4
+    assert view.meta["end_reason"] == "process died (no heartbeat)"
