@@ -210,3 +210,24 @@ def test_zoom_requeries_long_run(driver: Any, tmp_path: Path, artifacts: Path) -
         assert severe_logs(driver) == []
     finally:
         stop()
+
+
+def test_token_in_browser(driver: Any, served: tuple[str, Path]) -> None:
+    """With --token the URL printed by serve works (token moves into a cookie); without it, nothing is served."""
+    from gpudash.app import serve_in_thread
+
+    _, root = served
+    url, stop = serve_in_thread(root, "127.0.0.1", 0, token="t0ken")
+    try:
+        driver.delete_all_cookies()
+        driver.get(url)
+        wait_for(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), what="runs table with token")
+        assert "token" not in driver.current_url
+        driver.find_element("css selector", "#runs-table a.run-link").click()
+        wait_for(lambda: rendered(driver, "memory-graph"), what="run page with token")
+        driver.delete_all_cookies()
+        driver.get(url.split("?")[0])
+        assert "needs its token" in driver.find_element("tag name", "body").text
+    finally:
+        stop()
+        driver.delete_all_cookies()
