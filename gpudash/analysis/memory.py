@@ -20,6 +20,8 @@ __all__ = ["capacity_bytes", "measured_peak", "memory_verdicts"]
 
 _PEAK_COLUMNS = ("allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes", "allocated_bytes")
 _CONTEXT_ALLOWANCE = 768 * 2**20
+ESTIMATE_WARN = 0.25
+"""An estimate off by more than this is worth a warning (the estimator's goal is ±10 %)."""
 
 
 def _one_rank(mem: pd.DataFrame) -> pd.DataFrame:
@@ -52,6 +54,28 @@ def _steps_at_micro_batch(run: Run, micro: object) -> set[int] | None:
     return set(s.loc[s[col] == micro, "step"].astype(int)) or None
 
 
+def _per_step_estimate(run: Run) -> Verdict | None:
+    """The trainer's per-step prediction (``predicted_peak_bytes``) against the measured peak of each step."""
+    mem = _one_rank(run.memory)
+    col = next((c for c in ("allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes") if c in mem), None)
+    if col is None or "predicted_peak_bytes" not in mem:
+        return None
+    both = mem[["step", "predicted_peak_bytes", col]].dropna()
+    both = both[(both[col] > 0) & (both["step"] > 0)]  # step 0 has no optimizer state yet: not steady state
+    if both.empty:
+        return None
+    err = both["predicted_peak_bytes"].astype(float) / both[col].astype(float) - 1
+    med, worst = float(err.median()), float(err.abs().max())
+    within = float((err.abs() <= 0.1).mean())
+    return Verdict(kind="estimate-check",
+                   title=f"Estimator {'within' if abs(med) <= 0.1 else 'off by'} {abs(med) * 100:.0f} % "
+                         "of the measured peak (median over steps)",
+                   severity="ok" if abs(med) <= ESTIMATE_WARN else "warn",
+                   evidence=[f"predicted vs measured peak ({col}) on {len(both)} steps: median error {med:+.1%}, "
+                             f"worst {worst:.0%}, {within:.0%} of steps within ±10 %"],
+                   numbers={"error": med, "worst_error": worst, "share_within_10pct": within})
+
+
 def capacity_bytes(run: Run) -> float | None:
     pre = run.meta.get("preflight")
     if isinstance(pre, dict) and num(pre.get("capacity_bytes")):
@@ -81,15 +105,18 @@ def memory_verdicts(run: Run) -> list[Verdict]:
         out.append(Verdict(kind="memory-headroom", title=f"Peak memory {fmt_pct(share)} of capacity",
                            severity=sev, evidence=ev, recommendation=rec, steps=(step, step),
                            numbers={"peak_bytes": p, "capacity_bytes": cap, "peak_share": share}))
+    per_step = _per_step_estimate(run)
+    if per_step is not None:
+        out.append(per_step)
     est = run.meta.get("estimate")
-    at = _steps_at_micro_batch(run, est.get("micro_batch")) if isinstance(est, dict) else None
+    at = None if per_step is not None else _steps_at_micro_batch(run, est.get("micro_batch")) if isinstance(est, dict) else None
     est_peak = measured_peak(run, at) if at else None
     if est_peak is not None and isinstance(est, dict) and num(est.get("peak_bytes")) and est_peak[1] != "allocated_bytes":
         predicted = float(est["peak_bytes"])
         err = predicted / est_peak[0] - 1
         out.append(Verdict(kind="estimate-check", title=f"Estimator {'within' if abs(err) <= 0.1 else 'off by'} "
                            f"{abs(err) * 100:.0f} % of the measured peak",
-                           severity="ok" if abs(err) <= 0.1 else "warn",
+                           severity="ok" if abs(err) <= ESTIMATE_WARN else "warn",
                            evidence=[f"predicted peak {fmt_bytes(predicted)} (micro-batch {est.get('micro_batch')}, "
                                      f"ckpt {est.get('ckpt')}, {est.get('precision')}) vs measured "
                                      f"{fmt_bytes(est_peak[0])} ({est_peak[1]}) over {len(at or ())} steps at that "
