@@ -55,11 +55,12 @@ def straggler_verdicts(run: Run) -> list[Verdict]:
 def summarize(run: Run, price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> list[Verdict]:
     """All verdicts about ``run`` with recommendations and savings, worst first, cost last."""
     verdicts = [status_verdict(run)]
-    verdicts += oom_verdicts(run)
-    verdicts += memory_verdicts(run)
-    verdicts += bottleneck_verdicts(run)
-    verdicts += stability_verdicts(run)
-    verdicts += straggler_verdicts(run)
+    for analyse in (oom_verdicts, memory_verdicts, bottleneck_verdicts, stability_verdicts, straggler_verdicts):
+        try:
+            verdicts += analyse(run)
+        except Exception as exc:  # noqa: BLE001 - one analysis failing on a damaged run must not hide the others
+            verdicts.append(Verdict(kind="analysis-error", title=f"{analyse.__name__} could not run",
+                                    severity="warn", evidence=[f"{type(exc).__name__}: {exc}"]))
     recommend(run, verdicts)
     verdicts.sort(key=lambda v: (SEVERITY_ORDER[v.severity], v.kind != "status"))
     verdicts.append(cost_verdict(run, verdicts, price_per_hour))

@@ -47,3 +47,10 @@ def test_a_run_that_died_before_its_first_step(tmp_path: Any) -> None:
     vs = summarize(run)
     assert vs[0].title == "Crashed after 0 steps" and "no data" in vs[0].evidence[0]
     assert "No steps recorded" in render_html(run, vs) and "Crashed" in render_markdown(run, vs)
+
+
+def test_one_failing_analysis_does_not_hide_the_others(recorded: Any) -> None:
+    run = recorded("input-bound")
+    run.steps = run.steps.assign(duration_s="not a number")  # what a damaged column could look like
+    kinds = {v.kind for v in summarize(run)}
+    assert "analysis-error" in kinds and "status" in kinds and "cost" in kinds
