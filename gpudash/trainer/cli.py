@@ -166,6 +166,7 @@ def summary_lines(run_dir: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    from gpudash.trainer.estimator import fmt_gb
     from gpudash.trainer.loop import Trainer
 
     try:
@@ -173,6 +174,12 @@ def run(args: argparse.Namespace) -> int:
         trainer.build()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if trainer.rank == 0:
+        est = trainer.estimate
+        print(f"gpudash train: {cfg.preset} ({trainer.model_cfg.n_params() / 1e6:,.1f} M parameters) on "
+              f"{trainer.device}, ckpt {cfg.ckpt}, {cfg.precision}, offload {cfg.offload}, micro-batch "
+              f"{trainer.batch.micro} of {cfg.effective}; predicted peak {fmt_gb(est.peak_bytes)} -> {cfg.run_dir}",
+              flush=True)
     try:
         run_dir = trainer.run()
     except MemoryError as exc:  # out of memory even at micro-batch 1: the config cannot run here

@@ -10,6 +10,7 @@ runs outside it, so the traceback no longer pins the failed step's tensors.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -24,7 +25,7 @@ from gpudash.monitor import Monitor
 from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
 from gpudash.trainer.config import TrainConfig
-from gpudash.trainer.data import LengthBuckets, corpus_samples, micro_batches
+from gpudash.trainer.data import LengthBuckets, MicroBatch, corpus_samples, micro_batches
 from gpudash.trainer.estimator import Estimate, estimate, fmt_gb, safe_micro_batch
 from gpudash.trainer.model import GPT, preset
 from gpudash.trainer.offload import OffloadOptimizer
@@ -226,7 +227,6 @@ class Trainer:
     def _attempt(self, mon: Monitor, step: int, samples: list[list[int]]) -> dict[str, Any] | str:
         """Run the step; returns its numbers, or the OOM message if it ran out of memory."""
         cfg = self.cfg
-        model = self.ddp or self.model
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.meter is not None:
@@ -243,35 +243,9 @@ class Trainer:
                 lr = self.lr_at(step)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
-                loss_sum = torch.zeros((), device=self.device)
-                nan = step in cfg.inject_nan_at_steps
-                spike = step in cfg.inject_spike_at_steps
-                for i, mb in enumerate(mbs):
-                    last = i == len(mbs) - 1
-                    sync = self.ddp.no_sync() if self.ddp is not None and not last else _null()
-                    with sync:
-                        with mon.phase("forward"):
-                            if self.meter is not None:
-                                self.meter.begin()
-                            try:
-                                with self.precision.autocast():
-                                    loss = model(mb.x, mb.y) / tokens
-                            finally:
-                                if self.meter is not None:
-                                    self.meter.end()
-                            if nan:
-                                loss = loss * float("nan")
-                            if spike:
-                                loss = loss * cfg.spike_factor
-                        with mon.phase("backward"):
-                            self.precision.backward(loss)
-                    if self.offload is not None:
-                        with mon.phase("offload"):
-                            self.offload.after_backward()
-                    loss_sum += loss.detach()
-                    del loss
+                loss_sum = self._forward_backward(mon, step, mbs, tokens)
                 stats = self._apply(mon)
-                loss_val = float(loss_sum)  # the step's one sync (grad norm below shares it)
+                loss_val = float(loss_sum)  # no extra wait: _apply already synced to read the grad norm
                 mon.log(loss=loss_val, lr=lr, batch_size=len(samples), micro_batch=self.batch.micro,
                         micro_steps=len(mbs), skipped_steps=self.precision.skipped_steps,
                         thread_cpu_s=time.thread_time() - cpu0,
@@ -295,6 +269,37 @@ class Trainer:
                 return stats
         except torch.OutOfMemoryError as exc:
             return str(exc).splitlines()[0] if str(exc) else "out of memory"
+
+    def _forward_backward(self, mon: Monitor, step: int, mbs: list[MicroBatch], tokens: int) -> torch.Tensor:
+        """Accumulate gradients over the micro-batches; returns the step's mean token loss (on device)."""
+        cfg = self.cfg
+        model = self.ddp or self.model
+        loss_sum = torch.zeros((), device=self.device)
+        for i, mb in enumerate(mbs):
+            last = i == len(mbs) - 1
+            # DDP: all-reduce once per step, on the last micro-batch
+            sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+            with sync:
+                with mon.phase("forward"):
+                    if self.meter is not None:
+                        self.meter.begin()
+                    try:
+                        with self.precision.autocast():
+                            loss = model(mb.x, mb.y) / tokens  # sum over this micro-batch / tokens in the step
+                    finally:
+                        if self.meter is not None:
+                            self.meter.end()
+                    if step in cfg.inject_nan_at_steps:
+                        loss = loss * float("nan")
+                    if step in cfg.inject_spike_at_steps:
+                        loss = loss * cfg.spike_factor
+                with mon.phase("backward"):
+                    self.precision.backward(loss)
+            if self.offload is not None:
+                with mon.phase("offload"):
+                    self.offload.after_backward()
+            loss_sum += loss.detach()
+        return loss_sum
 
     def _apply(self, mon: Monitor) -> dict[str, Any]:
         """Clip, NaN/Inf guard, optimizer step (or skip), zero grads. Phases do not nest:
@@ -433,14 +438,6 @@ class Trainer:
 
             dist.destroy_process_group()
         return run_dir
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 class _Progress:
