@@ -8,6 +8,7 @@ its result, an ``extendData`` payload, a ``Patch`` or ``no_update``.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from gpudash.layouts.pages import (
     memory_row_at,
     pick_snapshot,
     range_view,
+    request_snapshot,
     segment_map_view,
     verdicts_for,
 )
@@ -248,6 +250,18 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         state = {"follow": follow, "snap": snap_key, "act": act_key}
         return [str(step), memory.memory_at_figure(memory.memory_at(rows, step, rank)), seg_child, act_child, state,
                 *patches]
+
+    @app.callback(Output("snapshot-requested", "children"), Input("snapshot-request", "n_clicks"),
+                  State("page-run", "data"), prevent_initial_call=True)
+    def snapshot_now(_n: int, page: dict[str, Any] | None) -> str:
+        if not page:
+            raise PreventUpdate
+        try:
+            path = resolve_run_dir(runs_dir, page["run"])
+        except InvalidRunId:
+            raise PreventUpdate from None
+        request_snapshot(path)
+        return f"requested at {time.strftime('%H:%M:%S')}: it appears after the next step"
 
     for graph_id, xmode in _ZOOM_GRAPHS.items():
         _register_zoom(app, readers, graph_id, xmode)

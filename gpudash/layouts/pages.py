@@ -4,6 +4,7 @@ the summary verdicts. Callbacks in :mod:`gpudash.app` are thin wrappers over the
 from __future__ import annotations
 
 import importlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from gpudash.layouts.fig import Fig
 from gpudash.layouts.live import initial_state
 from gpudash.layouts.run_page import LIVE_GRAPHS, build_graph, run_page
 from gpudash.store.reader import RunReader
-from gpudash.store.schema import NUMERIC_TABLES
+from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
 __all__ = [
     "activations_at",
@@ -27,6 +28,7 @@ __all__ = [
     "memory_row_at",
     "pick_snapshot",
     "range_view",
+    "request_snapshot",
     "segment_map_view",
     "snapshot_options",
     "verdicts_for",
@@ -96,6 +98,14 @@ def segment_map_view(maps: list[Any], step: int | None, choice: str | None, meta
     if mm is None:
         return source_reason("snapshots", meta, ev) + " (no snapshot recorded; snapshot_every or an OOM takes one)"
     return memory.segment_map_figure(mm)
+
+
+def request_snapshot(run_dir: Path) -> Path:
+    """Ask a live run for an allocator snapshot: the snapshots collector takes one at the end of the next
+    step when ``RUN_DIR/snapshot.request`` appears (``run_dir`` is already resolved inside RUNS_DIR)."""
+    path = run_dir / SNAPSHOT_REQUEST_FILE
+    path.write_text(f"{time.time()}\n")
+    return path
 
 
 def memory_row_at(reader: RunReader, step: int, rank: int = 0, lookback: int = 500) -> pd.DataFrame:

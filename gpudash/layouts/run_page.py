@@ -171,8 +171,14 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         _view("memory-graph", view, "memory", figs, specs),
         html.Div([
             html.Div(_graph("memory-at-graph", extra["memory_at"]), className="half"),
-            html.Div([dcc.Dropdown(id="snapshot-pick", options=extra.get("snapshot_options") or [], value="cursor",
-                                   clearable=False),
+            html.Div([html.Div([
+                dcc.Dropdown(id="snapshot-pick", options=extra.get("snapshot_options") or [], value="cursor",
+                             clearable=False, style={"flex": "1"}),
+                html.Button("take a snapshot now", id="snapshot-request", n_clicks=0, className="button",
+                            style={} if view.status == "live" else {"display": "none"},
+                            title="the run records an allocator snapshot at the end of its next step (GPU runs)"),
+                html.Span(id="snapshot-requested", className="muted"),
+            ], style={"display": "flex", "gap": "8px", "alignItems": "center"}),
                       html.Div(_graph("segment-map", snap) if isinstance(snap, Fig) else note(str(snap)),
                                id="segment-map-box")], className="half"),
         ], className="row"),

@@ -132,6 +132,9 @@ def test_last_step_advances_live(driver: Any, served: tuple[str, Path], artifact
         n_points = driver.execute_script(
             "return document.querySelector('#step-time-graph .js-plotly-plot').data[0].x.length")
         assert n_points > 5
+        driver.find_element("id", "snapshot-request").click()
+        wait_for(lambda: "requested" in driver.find_element("id", "snapshot-requested").text, what="snapshot asked")
+        assert (root / "live" / "snapshot.request").exists()  # what the snapshots collector polls for
         driver.save_screenshot(str(artifacts / "run-page-live.png"))
     wait_for(lambda: driver.find_element("id", "run-status").text == "finished", what="status finished")
     assert severe_logs(driver) == []
