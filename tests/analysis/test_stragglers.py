@@ -13,8 +13,11 @@ from gpudash.analysis import summarize
 def test_slow_rank_is_named(tmp_path: Path) -> None:
     from gpudash.monitor import Monitor
 
+    # opened one after the other: two Monitors in one process share a pid (real ranks do not)
+    monitors = [Monitor(tmp_path / "ddp", rank=r, world_size=2, host_hz=0, handle_signals=False) for r in (0, 1)]
+
     def rank(r: int) -> None:
-        with Monitor(tmp_path / "ddp", rank=r, world_size=2, host_hz=0, handle_signals=False) as mon:
+        with monitors[r] as mon:
             for _ in range(25):
                 with mon.step(samples=1):
                     with mon.phase("data"):
