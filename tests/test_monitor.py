@@ -92,3 +92,30 @@ def test_import_gpudash_does_not_import_torch_or_dash() -> None:
     code = "import sys, gpudash; gpudash.load_run; print('torch' in sys.modules, 'dash' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_activations_under_accumulation_are_the_largest_micro_batch(tmp_path: Path) -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def record(run_dir: Path, micro: int) -> float:
+        mon = gpudash.Monitor(run_dir, activations_every=1)
+        mon.watch(model, opt)
+        for _ in range(3):
+            with mon.step():
+                for _ in range(micro):
+                    with mon.phase("forward"):
+                        loss = model(torch.randn(64, 32)).square().mean()
+                    with mon.phase("backward"):
+                        loss.backward()
+                with mon.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+        mon.close()
+        return float(gpudash.load_run(run_dir).memory["activations_bytes"].dropna().iloc[-1])
+
+    one = record(tmp_path / "one", 1)
+    four = record(tmp_path / "four", 4)
+    assert one > 0 and four == one  # 4 micro-batches in a row never hold more than one at a time

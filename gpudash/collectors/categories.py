@@ -111,6 +111,8 @@ class CategoryCollector:
         self._stack: list[str] = []
         self._seen: dict[int, tuple[str, int]] = {}
         self._counts: dict[str, int] = {}
+        self._peak_cycle: dict[str, int] = {}
+        self._peak_counts: dict[str, int] = {}
         self._act_t0 = 0.0
         self._pack_s = 0.0
         self._on_cuda = False
@@ -144,10 +146,16 @@ class CategoryCollector:
             self._install()
 
     def on_phase_end(self, name: str) -> None:
+        if name != "backward":
+            return
         # gradients are often freed by zero_grad() before the step ends: read them
         # when backward finishes, where they peak
-        if name == "backward" and self.step_due:
+        if self.step_due:
             self._grads_after_backward = self._grads_bytes()
+        # under gradient accumulation each micro-batch's activations are freed by its
+        # backward: the step's activation memory is the largest micro-batch, not the sum
+        if self._hooks_ctx is not None:
+            self._close_cycle()
 
     @property
     def step_due(self) -> bool:
@@ -221,6 +229,7 @@ class CategoryCollector:
             return
         self._seen.clear()
         self._counts.clear()
+        self._peak_cycle, self._peak_counts = {}, {}
         self._stack.clear()
         self._pack_s = 0.0
         stack = self._stack
@@ -271,14 +280,25 @@ class CategoryCollector:
                 pass
             self._hooks_ctx = None
 
-    def _flush_activations(self, step: int, t: float) -> int:
+    def _close_cycle(self) -> None:
+        """End one forward/backward cycle: keep the largest cycle's per-module bytes."""
         per: dict[str, int] = {}
         for owner, nbytes in self._seen.values():
             per[owner] = per.get(owner, 0) + nbytes
+        if sum(per.values()) >= sum(self._peak_cycle.values()):
+            self._peak_cycle = per
+            self._peak_counts = dict(self._counts)
+        self._seen.clear()
+        self._counts.clear()
+
+    def _flush_activations(self, step: int, t: float) -> int:
+        self._close_cycle()
+        per = self._peak_cycle
+        counts = self._peak_counts
+        self._peak_cycle, self._peak_counts = {}, {}
         monitor = self._monitor
         assert monitor is not None
         for module, nbytes in per.items():
             monitor.recorder.put("activations", {"step": step, "time": t, "module": module,
-                                                 "bytes": nbytes, "tensors": self._counts.get(module, 0)})
-        self._seen.clear()
+                                                 "bytes": nbytes, "tensors": counts.get(module, 0)})
         return sum(per.values())

@@ -79,7 +79,7 @@ def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     path = run_dir / RUN_META_FILE
     if path.exists():
         return
-    tmp = run_dir / f".{RUN_META_FILE}.{os.getpid()}.tmp"
+    tmp = run_dir / f".{RUN_META_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
     tmp.write_text(json.dumps(meta, indent=1, default=str))
     try:
         os.link(tmp, path)  # atomic "create if absent" across ranks
