@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint env clean
+.PHONY: demo test lint env clean sample-runs device-check
 demo: $(VENV)/.ready
 	$(PY) -m gpudash demo $(ARGS)
 
@@ -16,6 +16,12 @@ lint: $(VENV)/.ready
 	$(VENV)/bin/mypy
 
 env: $(VENV)/.ready
+
+sample-runs: $(VENV)/.ready
+	$(PY) scripts/make_sample_runs.py
+
+device-check: $(VENV)/.ready
+	PY=$(PY) scripts/device_check.sh $(or $(OUT),device-check)
 
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) scripts/bootstrap.sh
