@@ -136,8 +136,10 @@ def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", pr
         host = 4 * n + 8 * n + 4 * n  # fp32 master weights, Adam moments, fp32 gradients
         optimizer = 0
         if offload == "optimizer+grads":
-            # each gradient leaves for the host as soon as backward produces it
+            # each gradient leaves for the host as soon as backward produces it, through a pinned
+            # staging copy in the weight dtype
             grads = w * max(shape.vocab_size * shape.n_embd, shape.n_embd * shape.hidden)
+            host += w * n
     elif w != 4:
         raise ValueError("bf16 weights need --offload optimizer (fp32 master weights live on the host)")
     logits_grads = tokens * shape.vocab_size * 8  # d(log-softmax) and d(logits), both fp32, side by side

@@ -23,3 +23,20 @@ def test_bf16_weights_need_offload_and_train(run_train) -> None:  # type: ignore
     r = run_train("bf16w", weights="bf16", precision="bf16", offload="optimizer+grads", **SAME_SHAPE)
     assert r.steps["loss"].notna().all()
     assert r.memory["params_bytes"].max() == r.meta["estimate"]["params_bytes"]  # 2 bytes per parameter
+
+
+def test_estimated_host_bytes_match_the_offload_optimizer() -> None:
+    import torch
+
+    from gpudash.trainer.estimator import estimate
+    from gpudash.trainer.model import GPT, preset
+    from gpudash.trainer.offload import OffloadOptimizer
+
+    cfg = preset("tiny")
+    opt = OffloadOptimizer(list(GPT(cfg).parameters()), lr=1e-3)
+    for p in opt.params:
+        p.grad = torch.zeros_like(p)
+    opt.gather_grads()
+    opt.step()
+    predicted = estimate(cfg, micro_batch=1, seq_len=8, offload="optimizer").host_bytes
+    assert abs(opt.state_bytes() - predicted) / predicted < 0.01
