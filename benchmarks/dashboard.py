@@ -259,7 +259,7 @@ def table(live: dict[str, Any] | None, big: dict[str, Any] | None, args: argpars
     lines = [SECTION, "",
              f"Measured {time.strftime('%Y-%m-%d')} on CPU only, {os.cpu_count()} cores (load average {load:.1f}), "
              f"Python {platform.python_version()}, headless Chromium: `.venv/bin/python benchmarks/dashboard.py "
-             f"--write`. Server polls every 500 ms; the Monitor flushes every 500 ms (defaults).", "",
+             f"{' '.join(sys.argv[1:])}`. Server polls every 500 ms; the Monitor flushes every 500 ms (defaults).", "",
              "| what | result | goal | notes |", "|---|---|---|---|"]
     if live:
         lat = live["latencies"]
