@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
           f"ckpt {args.ckpt}, {args.precision}, offload {args.offload}, weights {args.weights}")
     for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes", "host_bytes"):
         print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
+    if est.recompute_flops_per_token:
+        print(f"  recompute          {est.recompute_flops_per_token / est.flops_per_token:+.0%} training FLOPs "
+              f"per token ({est.flops_per_token / 1e6:,.1f} MFLOP without checkpointing)")
     if args.card_gb:
         verdict = "fits" if out["fits_card"] else "does NOT fit"
         print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Technique mixes, cheapest first "

@@ -64,6 +64,10 @@ class Estimate:
     """Pinned host memory under offload (fp32 master weights, optimizer state, gradients)."""
     recompute_bytes: int
     """Activations of the largest checkpointed region, alive while it recomputes."""
+    flops_per_token: int
+    """Training FLOPs per token without recompute: 6 N + 12 L h T (nanoGPT's estimate_mfu)."""
+    recompute_flops_per_token: int
+    """Forward FLOPs per token that checkpointing runs a second time in backward."""
     micro_batch: int
     seq_len: int
     ckpt: str
@@ -116,16 +120,24 @@ def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", pr
     full_layer = parts["attn"] + parts["mlp"]
     act = parts["head"] + seq_len * 8  # + position ids (one row, shared by the batch)
     recompute = 0
+    h, m, T = shape.n_embd, shape.hidden, seq_len
+    attn_flops = 2 * 4 * h * h + 4 * h * T  # projections + QK^T and AV, forward, per token
+    mlp_flops = 2 * (3 if shape.gated else 2) * h * m
+    flops = 6 * n + 12 * shape.n_layer * h * T
+    refwd = 0
     for i in range(shape.n_layer):
         if mode == "block" or (mode == "every" and i % every == 0):
             act += parts["region_input"]
             recompute = full_layer
+            refwd += attn_flops + mlp_flops
         elif mode == "attn":
             act += parts["region_input"] + parts["mlp"]
             recompute = parts["attn"]
+            refwd += attn_flops
         elif mode == "mlp":
             act += parts["attn"] + parts["region_input"]
             recompute = parts["mlp"]
+            refwd += mlp_flops
         else:
             act += full_layer
     params = n * w
@@ -147,7 +159,8 @@ def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", pr
     backward = max(grads, live) if accum == 1 else grads + live
     peak = params + optimizer + backward
     return Estimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=act,
-                    peak_bytes=peak, host_bytes=host, recompute_bytes=recompute, micro_batch=micro_batch,
+                    peak_bytes=peak, host_bytes=host, recompute_bytes=recompute, flops_per_token=flops,
+                    recompute_flops_per_token=refwd, micro_batch=micro_batch,
                     seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights)
 
 

@@ -83,3 +83,13 @@ def test_safe_micro_batch_respects_capacity() -> None:
     assert b >= 1
     assert estimate(cfg, micro_batch=b, seq_len=1024, accum=2).peak_bytes <= 0.8 * cap
     assert estimate(cfg, micro_batch=b + 1, seq_len=1024, accum=2).peak_bytes > 0.8 * cap
+
+
+def test_recompute_flops_follow_the_checkpointed_regions() -> None:
+    cfg = preset("gpt2-124m")
+    f = {m: estimate(cfg, micro_batch=1, seq_len=1024, ckpt=m) for m in ("none", "attn", "mlp", "every-2", "block")}
+    assert f["none"].recompute_flops_per_token == 0
+    assert f["block"].recompute_flops_per_token == f["attn"].recompute_flops_per_token + f["mlp"].recompute_flops_per_token
+    assert f["every-2"].recompute_flops_per_token * 2 == f["block"].recompute_flops_per_token
+    # a full forward again is a third of training FLOPs at most (embeddings and head are not redone)
+    assert 0.2 < f["block"].recompute_flops_per_token / f["block"].flops_per_token < 1 / 3
