@@ -115,10 +115,12 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
          Output("events-graph", "figure"), Output("events-table", "data"), Output("live-interval", "max_intervals")],
         Input("live-interval", "n_intervals"),
         State("live-state", "data"), State("cursor-slider", "value"), State("cursor-slider", "max"),
+        State("page-run", "data"),
         running=[(Output("live-interval", "disabled"), True, False)],
         prevent_initial_call=True,
     )
-    def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None) -> Any:
+    def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None,
+             page: dict[str, Any] | None) -> Any:
         if not state or not state.get("run"):
             raise PreventUpdate
         try:
@@ -153,7 +155,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
 
             tail = pd.DataFrame({k: v for k, v in (new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {}).items()})
             steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
-            stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, {}))]
+            stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, (page or {}).get("mfu_meta") or {}))]
         if view is not None:
             lights = stability.lights_row(stability.stability_lights(view.frame("steps"), view.frame("memory"),
                                                                       view.frame("events")))

@@ -213,8 +213,8 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         header, replay, mem_section, tp_section, dev_section, stab_section, ev_section, hot_section,
         dcc.Store(id="live-state", data=state),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
-        dcc.Store(id="page-run", data={"run": run_id, "rank": rank,
-                                       "step_s": stats.get("median_s") or 0.1}),
+        dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1,
+                                       "mfu_meta": throughput.mfu_meta(meta)}),
         dcc.Interval(id="summary-timer", interval=1200, max_intervals=1),
         dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),
     ], id="run-page")

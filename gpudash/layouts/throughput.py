@@ -13,6 +13,8 @@ from gpudash.layouts.series import WINDOW, Series, add_series, series_xy
 
 __all__ = [
     "PHASE_COLORS",
+    "device_peak_flops",
+    "mfu_meta",
     "phase_columns",
     "phase_figure",
     "phase_series",
@@ -115,6 +117,36 @@ def _meta_num(meta: dict[str, Any], *keys: str) -> float | None:
     return None
 
 
+#: Dense bf16 tensor-core peak FLOP/s by device name (vendor data sheets; SXM parts where two exist).
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
+    ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12),
+)
+
+
+def device_peak_flops(meta: dict[str, Any]) -> float | None:
+    """The device's bf16 peak from the run's meta or the table above (None on a CPU or unknown card)."""
+    peak = _meta_num(meta, "peak_flops", "device_peak_flops")
+    if peak:
+        return peak
+    if not str(meta.get("device") or "").startswith("cuda"):
+        return None
+    name = str(meta.get("device_name") or "")
+    return next((p for key, p in PEAK_BF16_FLOPS if key in name), None)
+
+
+def mfu_meta(meta: dict[str, Any]) -> dict[str, float]:
+    """The two numbers MFU needs from the run's meta (device peak FLOP/s, FLOPs per token), when known."""
+    out = {}
+    peak = device_peak_flops(meta)
+    fpt = _meta_num(meta, "flops_per_token")
+    if peak:
+        out["peak_flops"] = peak
+    if fpt:
+        out["flops_per_token"] = fpt
+    return out
+
+
 def throughput_stats(steps: pd.DataFrame, meta: dict[str, Any], window: int = WINDOW * 2) -> dict[str, Any]:
     """Headline numbers over the last ``window`` steps (of rank 0): medians, rates, MFU, phase shares."""
     s = steps
@@ -134,7 +166,7 @@ def throughput_stats(steps: pd.DataFrame, meta: dict[str, Any], window: int = WI
     if "mfu" in s and s["mfu"].notna().any():
         out["mfu"] = float(s["mfu"].median())
     else:
-        peak = _meta_num(meta, "peak_flops", "device_peak_flops", "peak_tflops_bf16")
+        peak = device_peak_flops(meta)
         fpt = _meta_num(meta, "flops_per_token")
         if peak and fpt and out.get("tokens_per_s"):
             out["mfu"] = out["tokens_per_s"] * fpt / peak

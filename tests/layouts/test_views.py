@@ -258,3 +258,13 @@ def test_device_panels_per_gpu_and_unit(tmp_path: Path) -> None:
     titles = {fig.layout[k]["title"]["text"] for k in fig.layout if k.startswith("yaxis")}
     assert titles == {"%", "MiB/s", "bytes", "W", "°C", "MHz"}
     assert len(fig.data) == len(specs) == 16
+
+
+def test_mfu_from_known_device_peak(rich) -> None:  # type: ignore[no-untyped-def]
+    _, view = rich
+    meta = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "estimate": {"flops_per_token": 6e6}}
+    assert throughput.device_peak_flops(meta) == 989e12
+    assert throughput.device_peak_flops({"device": "cpu", "device_name": "H100"}) is None
+    st = throughput.throughput_stats(view.frame("steps"), meta)
+    assert st["mfu"] == pytest.approx(st["tokens_per_s"] * 6e6 / 989e12)
+    assert throughput.mfu_meta(meta) == {"peak_flops": 989e12, "flops_per_token": 6e6}
