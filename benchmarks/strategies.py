@@ -191,11 +191,12 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                    f"the estimator's FLOP count says {r['predicted_recompute']:+.0%})")
     blk = cell("block")
     if blk["cpu_s"] / base["cpu_s"] - 1 < blk["predicted_recompute"]:
-        out.append("- measured overheads sit below the FLOP count: it covers matmuls only, while a step also "
-                   "spends time in the optimizer, the data phase and Python, which recompute does not repeat")
+        out.append("- block's measured overhead sits below its FLOP count: the count covers matmuls only, while a "
+                   "step also spends time in the optimizer, the data phase and Python, which recompute does not "
+                   "repeat")
     else:
-        out.append("- measured overheads exceed the FLOP count: recompute also repeats the non-matmul work "
-                   "(LayerNorm, GELU, attention softmax) and the checkpoint bookkeeping")
+        out.append("- block's measured overhead exceeds its FLOP count: recompute also repeats the non-matmul "
+                   "work (LayerNorm, GELU, attention softmax) and the checkpoint bookkeeping")
     costs = {c: cell(c)["cpu_s"] / base["cpu_s"] - 1 for c in ("block", "every-2", "attn", "mlp")}
     partial = ("every-2", "attn", "mlp")
     lo, hi = min(partial, key=costs.__getitem__), max(partial, key=costs.__getitem__)
