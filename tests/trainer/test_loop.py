@@ -59,8 +59,8 @@ def test_two_ranks_under_torchrun_write_one_run(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          "--master_port", "29517", "-m", "gpudash", "train", "--steps", "2", "--batch", "2",
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "gpudash", "train", "--steps", "2", "--batch", "2",
                           "--seq-len", "16", "--device", "cpu", "--no-progress", "--run-dir", str(tmp_path / "ddp")],
                          capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
