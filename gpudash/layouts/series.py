@@ -60,8 +60,9 @@ def spike_mask(values: np.ndarray, window: int = WINDOW, z: float = 6.0) -> np.n
     """
     s = pd.Series(values, dtype=float)
     prev = s.shift(1)
-    med = prev.rolling(window, min_periods=min(10, window)).median()
-    mad = (prev - med).abs().rolling(window, min_periods=min(10, window)).median()
+    roll = prev.rolling(window, min_periods=min(10, window))
+    med = roll.median()
+    mad = roll.apply(lambda w: np.nanmedian(np.abs(w - np.nanmedian(w))), raw=True)
     scale = 1.4826 * mad.clip(lower=1e-12)
     mask = ((s - med) / scale > z) & (s > med * 1.2) | ~np.isfinite(s) & s.notna()
     out: np.ndarray = mask.fillna(False).to_numpy(dtype=bool)
@@ -173,6 +174,6 @@ def add_series(fig: Fig, spec: Series, x: list[Any], y: list[Any]) -> None:
                  line={"width": 0.5, **color})
     elif spec.style == "markers":
         t.update(type="scatter", mode="markers", marker={"size": 9, "symbol": "x", "color": spec.color or "#d62728"})
-    else:
-        t.update(type="scatter", mode="lines", line={"width": 1.2, **color})
+    else:  # a line of one point is invisible: markers until there are a few
+        t.update(type="scatter", mode="lines" if len(x) > 2 else "lines+markers", line={"width": 1.2, **color})
     fig.add_trace(t)

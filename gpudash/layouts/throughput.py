@@ -27,12 +27,14 @@ __all__ = [
 
 PHASE_COLORS = {"data": "#8c564b", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
                 "offload": "#9467bd"}
-_NOT_PHASES = {"duration_s"}
+#: ``_s`` columns that are not wall-time phases (the trainer's CPU time, CUDA-event timings of phases).
+_NOT_PHASES = {"duration_s", "thread_cpu_s", "process_cpu_s", "step_cpu_s"}
 
 
 def phase_columns(steps: pd.DataFrame) -> list[str]:
     """``<phase>_s`` columns (data_s, forward_s, ...), known phases first."""
-    cols = [c for c in steps.columns if c.endswith("_s") and c not in _NOT_PHASES and steps[c].notna().any()]
+    cols = [c for c in steps.columns if c.endswith("_s") and c not in _NOT_PHASES and not c.endswith("_gpu_s")
+            and not c.endswith("_cpu_s") and steps[c].notna().any()]
     known = [f"{p}_s" for p in PHASE_COLORS]
     return [c for c in known if c in cols] + sorted(c for c in cols if c not in known)
 

@@ -268,3 +268,19 @@ def test_mfu_from_known_device_peak(rich) -> None:  # type: ignore[no-untyped-de
     st = throughput.throughput_stats(view.frame("steps"), meta)
     assert st["mfu"] == pytest.approx(st["tokens_per_s"] * 6e6 / 989e12)
     assert throughput.mfu_meta(meta) == {"peak_flops": 989e12, "flops_per_token": 6e6}
+
+
+def test_spike_early_in_a_falling_loss() -> None:
+    """Regression: the trailing MAD was NaN for the first window, so an early spike went unseen."""
+    import numpy as np
+
+    loss = np.linspace(5.5, 4.0, 30)
+    loss[15] = 35.0
+    assert list(np.flatnonzero(spike_mask(loss))) == [15]
+
+
+def test_cpu_time_columns_are_not_phases() -> None:
+    import pandas as pd
+
+    steps = pd.DataFrame({"duration_s": [1.0], "forward_s": [0.4], "thread_cpu_s": [0.9], "forward_gpu_s": [0.3]})
+    assert throughput.phase_columns(steps) == ["forward_s"]
