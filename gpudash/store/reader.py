@@ -74,6 +74,7 @@ class RankReader:
         self.rank = rank_from_db_name(path.name) or 0
         self.problems: list[str] = []
         self._columns: dict[str, list[str]] = {}
+        self._schema_version: int | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
         self.conn = self._open(path)
 
@@ -175,7 +176,14 @@ class RankReader:
         return cols
 
     def refresh_columns(self) -> None:
-        self._columns.clear()
+        """Forget cached column lists if the writer added columns since (cheap check)."""
+        try:
+            version = self.conn.execute("PRAGMA schema_version").fetchone()[0]
+        except sqlite3.DatabaseError:
+            version = None
+        if version != self._schema_version:
+            self._schema_version = version
+            self._columns.clear()
 
     def max_rowid(self, table: str) -> int:
         """Largest rowid, or 0 when unknown (empty or damaged)."""
@@ -403,8 +411,9 @@ class RunReader:
     def time_bounds(self, table: str = "steps") -> tuple[float, float] | None:
         lo, hi = np.inf, -np.inf
         for r in self.ranks.values():
-            try:
-                a, b = r.conn.execute(f'SELECT min(time), max(time) FROM "{table}"').fetchone()
+            try:  # two queries: each is one index probe, together they would scan the table
+                a = r.conn.execute(f'SELECT min(time) FROM "{table}"').fetchone()[0]
+                b = r.conn.execute(f'SELECT max(time) FROM "{table}"').fetchone()[0]
             except sqlite3.DatabaseError:
                 continue
             if a is not None:
