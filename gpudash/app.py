@@ -98,7 +98,7 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
         return jsonify({"error": "no such API route", "routes": ["/api/runs", "/api/runs/<run_id>/summary"]}), 404
 
 
-def create_app(runs_dir: Path, *, token: str | None = None) -> dash.Dash:
+def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = False) -> dash.Dash:
     """The dashboard for the runs in ``runs_dir``; with ``token`` every route requires it."""
     runs_dir = Path(runs_dir)
     no_title: Any = None  # no "Updating..." tab-title flicker on every live tick
@@ -110,6 +110,10 @@ def create_app(runs_dir: Path, *, token: str | None = None) -> dash.Dash:
     if token:
         _install_token_check(app.server, token)
     _install_api(app.server, runs_dir, readers)
+    if metrics:  # Prometheus /metrics beside the dashboard (behind the same token)
+        from gpudash.metrics import register_metrics
+
+        register_metrics(app.server, runs_dir)
     register_callbacks(app, runs_dir, readers)
     return app
 
@@ -130,7 +134,7 @@ def _check_bind(host: str, token: str | None) -> None:
 
 
 def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
-                    token: str | None = None) -> tuple[str, Callable[[], None]]:
+                    token: str | None = None, metrics: bool = False) -> tuple[str, Callable[[], None]]:
     """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port."""
     from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -139,7 +143,7 @@ def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
             pass
 
     _check_bind(host, token)
-    app = create_app(Path(runs_dir), token=token)
+    app = create_app(Path(runs_dir), token=token, metrics=metrics)
     server = make_server(host, port, app.server, threaded=True, request_handler=QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="gpudash-serve", daemon=True)
     thread.start()
@@ -162,6 +166,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None,
                    help=f"require this token on every page and API call (default: ${TOKEN_ENV}); "
                         "needed to bind anything but loopback")
+    p.add_argument("--metrics", action="store_true",
+                   help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
     try:
-        url, stop = serve_in_thread(runs_dir, args.host, args.port, token)
+        url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics)
     except OSError as exc:
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from exc
     print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from gpudash._version import __version__
 from gpudash.errors import RunError, UserError
@@ -32,14 +32,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (UserError), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
 def _module(command: str) -> Any:
     return importlib.import_module(COMMANDS[command][0])
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpudash", description="Live GPU memory and throughput dashboard.")
+    parser = _Parser(prog="gpudash", description="Live GPU memory and throughput dashboard.")
     parser.add_argument("--version", action="version", version=f"gpudash {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if only is None or name == only:
