@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one line (UserError), not usage + error."""
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
 def _module(command: str) -> Any:
