@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlencode
 import dash
 from dash import ALL, Input, Output, Patch, State, dcc, html, no_update
 from dash.exceptions import PreventUpdate
-from gpudash.layouts import compare, events, memory, run_page, runs, stability, throughput
+from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
 from gpudash.layouts.live import live_tick
@@ -39,6 +39,8 @@ __all__ = ["ReaderCache", "page_for", "register_callbacks", "zoom_range"]
 
 _ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph": "step", "phases-graph": "step",
                 "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
+#: Live ticks (500 ms each) between refreshes of the ranks section.
+RANKS_EVERY = 10
 
 
 class ReaderCache:
@@ -267,6 +269,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
 
     for graph_id, xmode in _ZOOM_GRAPHS.items():
         _register_zoom(app, readers, graph_id, xmode)
+    _register_ranks(app, readers)
 
     @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),
                   Input("summary-timer", "n_intervals"), Input("run-status", "children"), State("page-run", "data"),
@@ -283,6 +286,25 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if not verdicts:
             return [], {"display": "none"}
         return run_page.summary_children(verdicts), {}
+
+
+def _register_ranks(app: dash.Dash, readers: ReaderCache) -> None:
+    @app.callback(Output("ranks-box", "children"), Input("live-interval", "n_intervals"),
+                  Input("run-status", "children"), State("page-run", "data"), prevent_initial_call=True)
+    def ranks_refresh(n: int | None, _status: str | None, page: dict[str, Any] | None) -> Any:
+        # a live run: every RANKS_EVERY ticks (the skew reads both ranks' tables), and once when it ends
+        if not page or (dash.ctx.triggered_id == "live-interval" and (n or 0) % RANKS_EVERY):
+            raise PreventUpdate
+        try:
+            reader, lock = readers.get(page["run"])
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+        with lock:
+            reader.refresh()
+            if len(reader.ranks) < 2:
+                raise PreventUpdate
+            view = load_view(reader)
+        return ranks.ranks_box(view.frame("steps"), view.frame("memory"))
 
 
 def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dash import html
-from gpudash.layouts import events, hotspots, memory
+from gpudash.layouts import events, hotspots, memory, ranks
 from gpudash.layouts.common import source_reason
 from gpudash.layouts.data import RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
@@ -187,6 +187,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "activations": memory.activations_figure(view.frame("activations"), None, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
+        "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory")),
     }
     state = initial_state(run_id, view, specs, rank)
     state["downsampled"] = any(view.levels.values()) or any(

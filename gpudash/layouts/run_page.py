@@ -108,7 +108,7 @@ def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[st
 
 
 def summary_children(verdicts: list[Any]) -> list[Any]:
-    """The post-mortem verdicts as text (title, severity, evidence, recommendation)."""
+    """The post-mortem verdicts as text (title, severity, steps, evidence, recommendation, saving)."""
     out: list[Any] = []
     for v in verdicts:
         sev = str(getattr(v, "severity", "ok"))
@@ -118,6 +118,12 @@ def summary_children(verdicts: list[Any]) -> list[Any]:
         rec = getattr(v, "recommendation", None)
         if rec:
             body.append(html.Li(["→ ", str(rec)], className="rec"))
+        saving = getattr(v, "saving", None)
+        if saving:
+            body.append(html.Li(["saves: ", str(saving)], className="saving"))
+        where = getattr(v, "step_range", None)
+        if where:
+            items.append(html.Span(f" ({where})", className="muted step-range"))
         out.append(html.Div([html.Div(items), html.Ul(body)], className="verdict"))
     return out
 
@@ -129,7 +135,7 @@ def _section(title: str, children: list[Any], sid: str) -> html.Section:
 def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
              state: dict[str, Any], extra: dict[str, Any]) -> html.Div:
     """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
-    rows, hot-spot rows, the summary verdicts (or None) and the snapshot options."""
+    rows, hot-spot rows, the summary verdicts (or None), the snapshot options and the ranks box's children."""
     meta = view.meta
     last = view.last_step
     first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
@@ -205,12 +211,13 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         _graph("events-graph", events.events_figure(view.frame("events"))),
         html.Div(events.events_table(ev_rows), id="events-box"),
     ], "events-view")
+    ranks_box = html.Div(extra.get("ranks") or [], id="ranks-box")  # the "Ranks" section when > 1 rank
     hot_rows = extra.get("hotspot_rows") or []
     hot_section = _section("Python hot spots", [
         hotspots.hotspots_table(hot_rows) if hot_rows else note(source_reason("stacks", meta, view.frame("events")))
     ], "hotspots-view")
     return html.Div([
-        header, replay, mem_section, tp_section, dev_section, stab_section, ev_section, hot_section,
+        header, replay, mem_section, tp_section, ranks_box, dev_section, stab_section, ev_section, hot_section,
         dcc.Store(id="live-state", data=state),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
         dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1,

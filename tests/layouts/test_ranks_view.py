@@ -1,0 +1,158 @@
+"""The ranks view on a real two-rank run: two real Monitors (rank 0 and 1 of world size 2) train side by side,
+rank 1 sleeping in its data phase, as a straggling data loader under torchrun would."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpudash.layouts import ranks
+from gpudash.layouts.data import load_view
+from gpudash.layouts.pages import build_run_page
+from gpudash.layouts.run_page import summary_children
+from gpudash.store.reader import RunReader
+
+STEPS = 12
+STRAGGLE_S = 0.03
+
+
+def _rank(run_dir: Path, rank: int, steps: int, straggle_s: float, barrier: threading.Barrier | None) -> None:
+    import torch
+
+    from gpudash.monitor import Monitor
+
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(run_dir, rank=rank, world_size=2, flush_interval=0.2, host_hz=0.0, handle_signals=False) as mon:
+        mon.watch(model, opt)
+        for _ in range(steps):
+            with mon.step(samples=8, tokens=8 * 4):
+                with mon.phase("data"):
+                    x = torch.randn(8, 16)
+                    if straggle_s:
+                        threading.Event().wait(straggle_s)
+                with mon.phase("forward"):
+                    loss = model(x).square().mean()
+                with mon.phase("backward"):
+                    loss.backward()
+                    if barrier is not None:
+                        barrier.wait(30)  # the all-reduce: the fast rank waits here for the slow one
+                with mon.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                mon.log(loss=loss)
+
+
+def record_two_ranks(run_dir: Path, steps: int = STEPS, straggle_rank: int = 1,
+                     straggle_s: float = STRAGGLE_S, sync: bool = True) -> Path:
+    """A finished two-rank run in ``run_dir``: ``straggle_rank`` sleeps ``straggle_s`` in each data phase;
+    with ``sync`` the ranks meet in backward each step (as DDP's all-reduce makes them)."""
+    barrier = threading.Barrier(2) if sync else None
+    threads = [threading.Thread(target=_rank, args=(run_dir, r, steps, straggle_s if r == straggle_rank else 0.0,
+                                                     barrier)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_two_ranks(tmp_path_factory.mktemp("ranks") / "ddp")
+
+
+def _frames(run_dir: Path):  # type: ignore[no-untyped-def]
+    reader = RunReader(run_dir)
+    try:
+        view = load_view(reader)
+    finally:
+        reader.close()
+    return view.frame("steps"), view.frame("memory")
+
+
+def test_rank_rows_side_by_side(two_ranks: Path) -> None:
+    steps, memory = _frames(two_ranks)
+    rows = ranks.rank_rows(steps, memory)
+    assert [r["rank"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["steps"] == STEPS
+        assert r["memory_peak"].endswith("B") and r["memory_peak"] != "-"
+        assert r["tokens_s"] != "-" and r["samples_s"] != "-"
+        assert {"data_median", "forward_median", "backward_median", "optimizer_median"} <= set(r)
+    # rank 1 sleeps 30 ms in data; rank 0 spends that time waiting inside backward
+    data = [float(r["data_median"].split()[0]) for r in rows]
+    assert rows[1]["data_median"].endswith("ms") and data[1] >= 1000 * STRAGGLE_S * 0.9
+    table = ranks.ranks_table(rows)
+    assert [c["id"] for c in table.columns][:2] == ["rank", "steps"]
+
+
+def test_straggler_lights_name_the_rank_and_phase(two_ranks: Path) -> None:
+    steps, memory = _frames(two_ranks)
+    lights = {name: (color, detail) for name, color, detail in ranks.straggler_lights(steps, memory)}
+    assert set(lights) == {"straggler", "step-time skew", "slowest phase", "memory imbalance"}
+    assert lights["straggler"][1] == "rank 1 (slow in data)"
+    color, detail = lights["slowest phase"]
+    assert detail.startswith("data: rank 1 slowest in")
+    assert detail.endswith("rank 0 waits for it in backward")
+    assert color in ("amber", "red")  # 30 ms of a step that is mostly that sleep
+    # the barrier lines the step ends up: step time differs little, memory (same model) not at all
+    assert lights["memory imbalance"][0] == "green"
+    assert lights["memory imbalance"][1] == "ranks within 0.5 % of the mean"
+
+
+def test_unsynchronized_straggler_shows_in_step_time(tmp_path: Path) -> None:
+    run_dir = record_two_ranks(tmp_path / "async", steps=6, straggle_rank=0, sync=False)
+    steps, memory = _frames(run_dir)
+    lights = {name: (color, detail) for name, color, detail in ranks.straggler_lights(steps, memory)}
+    assert lights["step-time skew"][0] == "red"
+    assert lights["step-time skew"][1].startswith("slowest rank 0 (100 % of steps)")
+    assert lights["straggler"] == ("red", "rank 0 (slow in data)")
+
+
+def test_rank_step_figure_one_trace_per_rank(two_ranks: Path) -> None:
+    steps, _ = _frames(two_ranks)
+    fig = ranks.rank_step_figure(steps)
+    assert [t.name for t in fig.data] == ["rank 0", "rank 1"]
+    for t in fig.data:
+        assert list(t.x) == list(range(STEPS))
+        assert min(t.y) > 0
+
+
+def test_run_page_has_ranks_section_only_with_two_ranks(two_ranks: Path, runs_dir: Path) -> None:
+    reader = RunReader(two_ranks)
+    try:
+        page = build_run_page("ddp", reader)
+    finally:
+        reader.close()
+    text = str(page)
+    assert "ranks-view" in text and "straggler-lights" in text and "rank-step-graph" in text
+    reader = RunReader(runs_dir / "plain")
+    try:
+        page = build_run_page("plain", reader)
+    finally:
+        reader.close()
+    text = str(page)
+    assert "ranks-box" in text and "ranks-view" not in text and "rank-step-graph" not in text
+
+
+def test_single_rank_has_no_ranks_children(runs_dir: Path) -> None:
+    steps, memory = _frames(runs_dir / "plain")
+    assert ranks.ranks_box(steps, memory) == []
+    assert ranks.ranks_children(steps.iloc[0:0], memory) == []
+
+
+def test_summary_shows_saving_and_step_range() -> None:
+    from gpudash.analysis.verdict import Verdict
+
+    v = Verdict(kind="input-bound", title="Input-bound <b>x</b>", severity="warn", evidence=["data 40 %"],
+                recommendation="more workers", saving="about 30 % of step time <script>", steps=(3, 9))
+    out = summary_children([v])
+    text = str(out)
+    assert "saves: " in text and "about 30 % of step time <script>" in text
+    assert "(steps 3–9)" in text
+    one = summary_children([Verdict(kind="oom", title="OOM", severity="bad", steps=(5, 5))])
+    assert "(step 5)" in str(one) and "saves" not in str(one)
