@@ -75,6 +75,7 @@ def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: P
     assert "NVML" in reason
     assert driver.find_elements("css selector", "#hotspots-table")
     assert driver.find_elements("css selector", "#stability-lights .light-red")  # the OOM
+    assert not driver.find_elements("id", "ranks-view")  # one rank: no Ranks section, no empty chart
     # the post-mortem verdicts arrive after the first paint (when gpudash.analysis provides summarize)
     import importlib.util
 
@@ -85,6 +86,34 @@ def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: P
     time.sleep(0.5)
     full_screenshot(driver, artifacts / "run-page.png")
     assert severe_logs(driver) == []
+
+
+def test_run_page_ranks_section(driver: Any, tmp_path: Path, artifacts: Path) -> None:
+    """A two-rank run (rank 1 straggles in its data phase) shows its ranks side by side and names the straggler."""
+    from test_ranks_view import STEPS, record_two_ranks
+
+    from gpudash.app import serve_in_thread
+
+    record_two_ranks(tmp_path / "ddp")
+    url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
+    try:
+        driver.get(url + "run/ddp")
+        wait_for(lambda: rendered(driver, "rank-step-graph"), what="step time per rank")
+        names = driver.execute_script(
+            "return document.querySelector('#rank-step-graph .js-plotly-plot').data.map(t => t.name)")
+        assert names == ["rank 0", "rank 1"]
+        rows = driver.find_elements("css selector", "#ranks-table tbody tr")
+        cells = [[c.text for c in r.find_elements("css selector", "td")] for r in rows]
+        cells = [c for c in cells if c]  # the header row has th cells only
+        assert [c[0] for c in cells] == ["0", "1"] and all(c[1] == str(STEPS) for c in cells)
+        lights = driver.find_element("id", "straggler-lights").text
+        assert "rank 1 (slow in data)" in lights
+        driver.execute_script("document.getElementById('ranks-view').scrollIntoView(); window.scrollBy(0, -90)")
+        time.sleep(0.3)
+        driver.save_screenshot(str(artifacts / "run-page-ranks.png"))
+        assert severe_logs(driver) == []
+    finally:
+        stop()
 
 
 def test_replay_cursor_jumps_to_events(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
