@@ -46,12 +46,16 @@ class AdaptiveEvery:
         return step >= self.next
 
     def observe_step(self, duration_s: float) -> None:
+        """A step without the sampled work: the baseline its cost is measured against."""
         self._durations.append(duration_s)
+
+    def median_step(self) -> float:
+        return sorted(self._durations)[len(self._durations) // 2] if self._durations else 0.0
 
     def done(self, step: int, cost_s: float) -> None:
         self._cost = cost_s if not self._cost else 0.5 * (self._cost + cost_s)
         if not self.fixed and self._durations:
-            med = sorted(self._durations)[len(self._durations) // 2]
+            med = self.median_step()
             self.every = min(self.max_every, max(1, math.ceil(self._cost / (self.budget * max(med, 1e-9)))))
         self.next = step + self.every
 
@@ -163,15 +167,16 @@ class CategoryCollector:
 
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
         self._next_step = step + 1
-        self.act_sampler.observe_step(row.get("duration_s", 0.0))
         sampled = self._hooks_ctx is not None
+        if not sampled:
+            self.act_sampler.observe_step(row.get("duration_s", 0.0))
         if sampled:
             self._uninstall()
         if step % self.memory_every and not sampled:
             return
         t0 = time.perf_counter()
         mem: dict[str, Any] = {"step": step, "time": row["time"], "params_bytes": self._params_bytes}
-        mem["grads_bytes"] = max(self._grads_bytes(), self._grads_after_backward)
+        mem["grads_bytes"] = self._grads_after_backward or self._grads_bytes()
         self._grads_after_backward = 0
         opt_dev, opt_host = self._optimizer_bytes()
         mem["optimizer_bytes"] = opt_dev
@@ -180,7 +185,11 @@ class CategoryCollector:
         if sampled:
             act = self._flush_activations(step, row["time"])
             mem["activations_bytes"] = act
-            self.act_sampler.done(step, self._pack_s + (time.perf_counter() - t0))
+            # what sampling cost: the hooks' own time, or (when larger) how much slower
+            # this step ran than a plain one; autograd calling into Python adds to both
+            own = self._pack_s + (time.perf_counter() - t0)
+            slower = row.get("duration_s", 0.0) - self.act_sampler.median_step()
+            self.act_sampler.done(step, max(own, slower))
             mem["activations_every"] = self.act_sampler.every
         monitor = self._monitor
         assert monitor is not None
