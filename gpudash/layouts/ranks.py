@@ -51,7 +51,7 @@ def _num(v: Any) -> float | None:
 
 def rank_rows(steps: pd.DataFrame, memory: pd.DataFrame) -> list[dict[str, Any]]:
     """One row of text per rank: steps, median / p95 step time, phases, samples/s, tokens/s, peak memory and
-    how often the rank was the slowest."""
+    how often the rank was the slowest (a column no rank recorded is left out)."""
     summary = rank_summary(SimpleNamespace(steps=steps, memory=memory))
     phases = [c.removesuffix("_s") for c in phase_columns(steps)] if len(steps) else []
     rows: list[dict[str, Any]] = []
@@ -69,7 +69,8 @@ def rank_rows(steps: pd.DataFrame, memory: pd.DataFrame) -> list[dict[str, Any]]
         share = _num(r.get("slowest_share"))
         row["slowest_share"] = "-" if share is None else f"{100 * share:.0f} %"
         rows.append(row)
-    return rows
+    empty = [k for k in (rows[0] if rows else {}) if k not in ("rank", "steps") and all(r[k] == "-" for r in rows)]
+    return [{k: v for k, v in r.items() if k not in empty} for r in rows]  # columns no rank recorded
 
 
 _HEADERS = {"rank": "rank", "steps": "steps", "step_median": "step median", "step_p95": "step p95",

@@ -3,6 +3,9 @@ rank 1 sleeping in its data phase, as a straggling data loader under torchrun wo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -156,3 +159,26 @@ def test_summary_shows_saving_and_step_range() -> None:
     assert "(steps 3–9)" in text
     one = summary_children([Verdict(kind="oom", title="OOM", severity="bad", steps=(5, 5))])
     assert "(step 5)" in str(one) and "saves" not in str(one)
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_run_names_the_straggler(tmp_path: Path) -> None:
+    """The real thing: examples/ddp_train.py under torchrun (2 ranks, gloo, DDP), rank 1 slow at loading data."""
+    pytest.importorskip("torch.distributed.run")
+    example = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
+    run_dir = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(example),
+           str(run_dir), "--steps", "8", "--straggle-rank", "1", "--straggle-s", "0.03"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps, memory = _frames(run_dir)
+    rows = ranks.rank_rows(steps, memory)
+    assert [(r["rank"], r["steps"]) for r in rows] == [(0, 8), (1, 8)]
+    assert "tokens_s" not in rows[0]  # the example counts samples only: no empty column
+    assert rows[0]["memory_peak"] == rows[1]["memory_peak"] != "-"  # DDP replicas hold the same state
+    lights = {name: (color, detail) for name, color, detail in ranks.straggler_lights(steps, memory)}
+    assert lights["straggler"] == ("red", "rank 1 (slow in data)")
+    assert lights["slowest phase"][1].endswith("rank 0 waits for it in backward")
+    fig = ranks.rank_step_figure(steps)
+    assert [t.name for t in fig.data] == ["rank 0", "rank 1"] and all(len(t.x) == 8 for t in fig.data)
