@@ -82,7 +82,8 @@ def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: P
     if importlib.util.find_spec("gpudash.analysis.summary") is not None:
         verdicts = wait_for(lambda: driver.find_elements("css selector", "#summary-panel .verdict"),
                             what="summary verdicts")
-        assert any("OOM" in v.text for v in verdicts)
+        oom = next(v.text for v in verdicts if "OOM" in v.text)
+        assert "(step 36)" in oom and "saves: " in oom  # Verdict.step_range and Verdict.saving, as text
     time.sleep(0.5)
     full_screenshot(driver, artifacts / "run-page.png")
     assert severe_logs(driver) == []
@@ -111,6 +112,36 @@ def test_run_page_ranks_section(driver: Any, tmp_path: Path, artifacts: Path) ->
         driver.execute_script("document.getElementById('ranks-view').scrollIntoView(); window.scrollBy(0, -90)")
         time.sleep(0.3)
         driver.save_screenshot(str(artifacts / "run-page-ranks.png"))
+        assert severe_logs(driver) == []
+    finally:
+        stop()
+
+
+def test_ranks_section_refreshes_live(driver: Any, tmp_path: Path) -> None:
+    """While a two-rank run is live the Ranks section catches up (every few ticks), and once after it ends."""
+    import threading
+
+    from test_ranks_view import record_two_ranks
+
+    from gpudash.app import serve_in_thread
+
+    steps = 300
+    writer = threading.Thread(target=record_two_ranks, args=(tmp_path / "ddp-live", steps), daemon=True)
+    writer.start()
+    url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
+
+    def steps_of_rank0() -> int:
+        return int(driver.find_element("css selector", "#ranks-table tbody tr td[data-dash-column=steps]").text)
+
+    try:
+        wait_for(lambda: (tmp_path / "ddp-live" / "rank1.db").exists(), what="rank 1 recording")
+        time.sleep(0.5)
+        driver.get(url + "run/ddp-live")
+        first = wait_for(steps_of_rank0, what="ranks table")
+        assert first < steps
+        wait_for(lambda: steps_of_rank0() > first, timeout=30, what="ranks table refreshed while live")
+        writer.join(60)
+        wait_for(lambda: steps_of_rank0() == steps, timeout=30, what="ranks table complete after the run ends")
         assert severe_logs(driver) == []
     finally:
         stop()
