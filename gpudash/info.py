@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from gpudash.store import load_run
 from gpudash.store.run import Run
+from gpudash.units import human_bytes
 
 __all__ = ["add_arguments", "human_bytes", "run", "summarize"]
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def summarize(r: Run) -> list[str]:

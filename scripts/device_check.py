@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import gpudash  # noqa: E402
-from gpudash.info import human_bytes  # noqa: E402
+from gpudash.units import human_bytes  # noqa: E402
 
 GB = 1024**3
 

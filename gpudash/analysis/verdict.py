@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpudash.units import fmt_duration
+
 __all__ = ["SEVERITY_ORDER", "Severity", "Verdict", "fmt_bytes", "fmt_pct", "fmt_s", "num"]
 
 Severity = Literal["ok", "warn", "bad"]
@@ -76,18 +78,7 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = float(seconds)
-    if abs(s) < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if abs(s) < 1:
-        return f"{s * 1e3:.1f} ms"
-    if abs(s) < 120:
-        return f"{s:.2f} s"
-    if abs(s) < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
+    return fmt_duration(seconds, missing="?")
 
 
 def fmt_pct(fraction: float | None) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 from dash import html
 from gpudash.layouts.fig import Fig
+from gpudash.units import fmt_duration, human_bytes
 
 __all__ = [
     "UIREVISION",
@@ -87,28 +88,11 @@ def plot_text(value: object, limit: int = 300) -> str:
 
 
 def fmt_bytes(n: float | None) -> str:
-    if n is None or (isinstance(n, float) and not math.isfinite(n)):
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    return human_bytes(n)
 
 
 def fmt_s(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "-"
-    if abs(s) < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if abs(s) < 1:
-        return f"{s * 1e3:.1f} ms"
-    if abs(s) < 120:
-        return f"{s:.2f} s"
-    if abs(s) < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
+    return fmt_duration(s)
 
 
 def fmt_num(v: float | None, digits: int = 3) -> str:

@@ -7,7 +7,6 @@ arrived since, and drops the few rows both reads saw (by step or time).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pandas as pd
 from gpudash.layouts.downsample import MAX_POINTS, downsample_indices
 from gpudash.store.reader import RunReader
+from gpudash.store.run import merged_meta, parse_json
 from gpudash.store.schema import NUMERIC_TABLES
 
 __all__ = ["RAW_LIMIT", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta", "time_bounds"]
@@ -62,24 +62,8 @@ class RunView:
         return int(np.nanmax(s["step"].to_numpy(dtype=float)))
 
 
-def parse_json(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return value
-    if not isinstance(value, str) or not value:
-        return {}
-    try:
-        out = json.loads(value)
-    except ValueError:
-        return {}
-    return out if isinstance(out, dict) else {}
-
-
 def run_meta(reader: RunReader) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for rm in reversed(list(reader.rank_meta().values())):
-        meta.update(rm)
-    meta.update(reader.run_meta())
-    return meta
+    return merged_meta(reader)
 
 
 _ENVELOPE = {

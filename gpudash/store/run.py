@@ -16,7 +16,7 @@ from gpudash.store.reader import RunError, RunReader
 if TYPE_CHECKING:
     from gpudash.store.snapshot import MemoryMap
 
-__all__ = ["Run", "load_run"]
+__all__ = ["Run", "load_run", "merged_meta", "parse_json"]
 
 
 @dataclass
@@ -75,7 +75,10 @@ class Run:
             self._reader.close()
 
 
-def _parse_json(value: Any) -> dict[str, Any]:
+def parse_json(value: Any) -> dict[str, Any]:
+    """An event's ``data`` cell as a dict (``{}`` when missing or not JSON)."""
+    if isinstance(value, dict):
+        return value
     if not isinstance(value, str) or not value:
         return {}
     try:
@@ -85,23 +88,30 @@ def _parse_json(value: Any) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
-    """Load a run directory (live, finished or crashed). Raises :class:`RunError`
-    with a one-line message if the path is not a run at all; damage inside a run
-    is reported in ``Run.problems`` and the intact records are returned."""
-    reader = RunReader(path)
-    rank_meta = reader.rank_meta()
+def merged_meta(reader: RunReader, rank_meta: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One meta dict for the run: rank 0's keys win over other ranks', run.json's over both."""
+    rank_meta = reader.rank_meta() if rank_meta is None else rank_meta
     meta: dict[str, Any] = {}
     for rm in reversed(list(rank_meta.values())):
         meta.update(rm)
     meta.update(reader.run_meta())
     if rank_meta:
         meta["world_size"] = max(int(meta.get("world_size") or 1), len(rank_meta))
+    return meta
+
+
+def load_run(path: str | os.PathLike[str]) -> Run:
+    """Load a run directory (live, finished or crashed). Raises :class:`RunError`
+    with a one-line message if the path is not a run at all; damage inside a run
+    is reported in ``Run.problems`` and the intact records are returned."""
+    reader = RunReader(path)
+    rank_meta = reader.rank_meta()
+    meta = merged_meta(reader, rank_meta)
     steps = reader.read_table("steps")
     memory = reader.read_table("memory")
     events = reader.read_table("events")
     if "data" in events:
-        events["data"] = pd.Series([_parse_json(v) for v in events["data"]], index=events.index, dtype=object)
+        events["data"] = pd.Series([parse_json(v) for v in events["data"]], index=events.index, dtype=object)
     status = reader.status()
     meta["status"] = status
     run = Run(

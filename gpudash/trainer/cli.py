@@ -124,8 +124,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def summary_lines(run_dir: Path) -> list[str]:
     """Peak memory by category, tokens/s, events: what a user wants after a run."""
-    from gpudash.info import human_bytes
     from gpudash.store import load_run
+    from gpudash.units import human_bytes
 
     r = load_run(run_dir)
     try:
