@@ -144,7 +144,9 @@ def test_ranks_section_refreshes_live(driver: Any, tmp_path: Path) -> None:
         wait_for(lambda: steps_of_rank0() == steps, timeout=30, what="ranks table complete after the run ends")
         assert severe_logs(driver) == []
     finally:
+        driver.get("about:blank")  # no request of this page may reach the stopped server (the next test's log)
         stop()
+        driver.get_log("browser")
 
 
 def test_replay_cursor_jumps_to_events(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
