@@ -146,8 +146,8 @@ def straggler_lights(steps: pd.DataFrame, memory: pd.DataFrame) -> list[Light]:
     ratio = s.get("skew_ratio_median")
     p95 = s.get("skew_ratio_p95")
     detail = (f"slowest rank {s['slowest_rank']} ({100 * s['slowest_rank_share']:.0f} % of steps); "
-              f"slowest / median step - 1: median {fmt_num(None if ratio is None else 100 * ratio, 2)} %, "
-              f"p95 {fmt_num(None if p95 is None else 100 * p95, 2)} %, "
+              f"slowest step over the median step: {fmt_num(None if ratio is None else 100 * ratio, 2)} % "
+              f"(median), {fmt_num(None if p95 is None else 100 * p95, 2)} % (p95); "
               f"{100 * s['slow_steps_share']:.0f} % of {s['steps']} steps over 10 %")
     lights.append(("step-time skew", _color(ratio), detail))
     spreads = _phase_spreads(skew, [c.removesuffix("_s") for c in phase_columns(steps)])
