@@ -33,7 +33,10 @@ def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
             return memory[col].astype(float), col
     cats = [c for c in _CATEGORY_COLUMNS if c in memory]
     if cats:
-        return memory[cats].astype(float).sum(axis=1, min_count=1), "categories_bytes"
+        # activations are measured on sampled steps only, and ranks sample different
+        # steps: carry each rank's last measurement forward so steps compare like with like
+        filled = memory.sort_values("step")[["rank", *cats]].astype(float).groupby("rank").ffill()
+        return filled.reindex(memory.index).sum(axis=1, min_count=1), "categories_bytes"
     return None
 
 

@@ -72,3 +72,23 @@ def test_single_rank_gives_empty_frame(tmp_path: Path) -> None:
     table = rank_summary(run)
     assert list(table.index) == [0] and "slowest_share" not in table
     run.close()
+
+
+def test_sampled_activations_do_not_read_as_imbalance() -> None:
+    """Two identical ranks that measured activations on different steps are balanced."""
+    import types
+
+    import pandas as pd
+
+    from gpudash.analysis.ranks import rank_skew
+
+    rows = []
+    for rank, sampled in ((0, {0, 4}), (1, {2, 6})):
+        for step in range(8):
+            rows.append({"rank": rank, "step": step, "params_bytes": 100.0, "grads_bytes": 100.0,
+                         "optimizer_bytes": 200.0, "activations_bytes": 300.0 if step in sampled else None})
+    memory = pd.DataFrame(rows)
+    steps = pd.DataFrame([{"rank": r, "step": s, "duration_s": 0.1} for r in (0, 1) for s in range(8)])
+    skew = rank_skew(types.SimpleNamespace(steps=steps, memory=memory))
+    later = skew.loc[2:]  # from step 2 on both ranks have measured activations once
+    assert (later["memory_imbalance"].abs() < 1e-9).all()
