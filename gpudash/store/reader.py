@@ -90,8 +90,12 @@ class RankReader:
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
+        # no -wal file: no writer is attached and every record is in the main file, so open it
+        # immutable (reads only; creates no -wal/-shm beside someone else's run)
+        wal = path.with_name(path.name + "-wal")
+        flags = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
         try:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=5)
+            conn = sqlite3.connect(f"file:{path}?{flags}", uri=True, check_same_thread=False, timeout=5)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")  # big chunk blobs read without copies
             return conn
