@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from gpudash.collectors import default_collectors
 from gpudash.collectors.base import MonitorOptions
 from gpudash.collectors.categories import CategoryCollector
 from gpudash.collectors.env import cuda_device_meta, describe_environment
+from gpudash.store.reader import RunError
 from gpudash.store.schema import column_name
 from gpudash.store.writer import Recorder, write_run_meta
 
@@ -208,20 +210,24 @@ class Monitor:
         self._phases: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
         env = describe_environment()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_run_meta(self.run_dir, {
-            "name": self.name,
-            "run_id": uuid.uuid4().hex[:12],
-            "created_at": time.time(),
-            "world_size": self.world_size,
-            "gpudash_version": __version__,
-            "argv": sys.argv,
-        })
-        meta = {"name": self.name, "world_size": self.world_size, "argv": sys.argv, **env}
-        if config:
-            meta["config"] = config
-        self.recorder = Recorder(self.run_dir, rank=self.rank, flush_interval=options.flush_interval,
-                                 capacity=options.buffer_records, meta=meta)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_meta(self.run_dir, {
+                "name": self.name,
+                "run_id": uuid.uuid4().hex[:12],
+                "created_at": time.time(),
+                "world_size": self.world_size,
+                "gpudash_version": __version__,
+                "argv": sys.argv,
+            })
+            meta = {"name": self.name, "world_size": self.world_size, "argv": sys.argv, **env}
+            if config:
+                meta["config"] = config
+            self.recorder = Recorder(self.run_dir, rank=self.rank, flush_interval=options.flush_interval,
+                                     capacity=options.buffer_records, meta=meta)
+        except (OSError, sqlite3.Error) as exc:
+            raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
+                           f"to gpudash.Monitor") from exc
         self.collectors: list[Any] = []
         if env.get("cuda_available") and "device_capacity_bytes" not in env:
             self.add_step_hooks(end=self._record_cuda_device)

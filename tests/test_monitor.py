@@ -119,3 +119,12 @@ def test_activations_under_accumulation_are_the_largest_micro_batch(tmp_path: Pa
     one = record(tmp_path / "one", 1)
     four = record(tmp_path / "four", 4)
     assert one > 0 and four == one  # 4 micro-batches in a row never hold more than one at a time
+
+
+def test_unwritable_run_dir_is_one_clear_error(tmp_path: Path) -> None:
+    import pytest
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(gpudash.RunError, match="cannot record a run here.*writable run directory"):
+        gpudash.Monitor(blocker / "run")
