@@ -20,7 +20,8 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are written (default: runs)")
-    p.add_argument("--steps", type=int, default=300, help="training steps (default: 300)")
+    p.add_argument("--steps", type=int, default=1500,
+                   help="training steps (default: 1500, about a minute on a laptop CPU: time to watch it live)")
     p.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu or cuda")
     p.add_argument("--port", type=int, default=8050, help="dashboard port (default: 8050; busy: a free one)")
