@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpudash.units import fmt_duration
+from gpudash.units import fmt_duration, human_bytes
 
 __all__ = ["SEVERITY_ORDER", "Severity", "Verdict", "fmt_bytes", "fmt_pct", "fmt_s", "num"]
 
@@ -67,14 +67,8 @@ def num(value: Any) -> float | None:
 
 
 def fmt_bytes(n: float | None) -> str:
-    """Bytes in decimal units as practitioners quote them (GB, not GiB)."""
-    if n is None:
-        return "?"
-    n = float(n)
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
+    """Bytes in binary units, as torch's OOM message and the dashboard print them."""
+    return "?" if n is None else human_bytes(n)
 
 
 def fmt_s(seconds: float | None) -> str:
