@@ -347,22 +347,33 @@ def main() -> int:
     (out / "env.json").write_text(json.dumps(env, indent=1, default=str))
     print(f"[{time.time() - t0:5.0f}s] env: {env.get('gpu', 'no GPU')}, NVML {env['nvml'].get('available')}, "
           f"py-spy {env['py_spy'].get('available')}", flush=True)
-    strat = [] if "strategies" in skip else strategies(out, gpu, steps, timeout)
-    print(f"[{time.time() - t0:5.0f}s] strategies done", flush=True)
-    card = [] if "cards" in skip else cards(out, gpu, steps, timeout)
-    print(f"[{time.time() - t0:5.0f}s] cards done", flush=True)
+    if not gpu:
+        summary["skipped"] = "GPU-only parts: bf16/gpt2 presets, memory caps, NVML, snapshot fixtures (no GPU)"
+    strat: list[dict[str, Any]] = []
+    card: list[dict[str, Any]] = []
+
+    def save(part: str) -> None:
+        # after every part: a GPU slot that runs out still leaves everything done so far
+        summary.update(strategies=strat, cards=card, wall_s=time.time() - t0)
+        write_reports(out, strat, card)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        print(f"[{time.time() - t0:5.0f}s] {part} done; saved {out}/summary.json", flush=True)
+
+    # most valuable first: the CPU test fixtures, then costs, then the matrices
     if "collectors" not in skip:
         (out / "collectors.txt").write_text(collectors(out, gpu))
+        save("collectors")
     if "overhead" not in skip:
         summary["overhead"] = overhead(out, gpu, 50 if gpu else 20)
         with open(out / "collectors.txt", "a") as f:
             f.write(f"\nMonitor (all collectors) vs bare: {json.dumps(summary['overhead'])}\n")
-    if not gpu:
-        summary["skipped"] = "GPU-only parts: bf16/gpt2 presets, memory caps, NVML, snapshot fixtures (no GPU)"
-    summary.update(strategies=strat, cards=card, wall_s=time.time() - t0)
-    write_reports(out, strat, card)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(f"[{time.time() - t0:5.0f}s] wrote {out}/summary.json, strategies.md, cards.md, estimator.md", flush=True)
+        save("overhead")
+    if "strategies" not in skip:
+        strat = strategies(out, gpu, steps, timeout)
+        save("strategies")
+    if "cards" not in skip:
+        card = cards(out, gpu, steps, timeout)
+        save("cards")
     return 0
 
 
