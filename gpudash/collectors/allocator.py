@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpudash.collectors.base import try_import_torch
+from gpudash.collectors.base import cuda_torch
 
 if TYPE_CHECKING:
     from gpudash.monitor import Monitor
@@ -119,17 +119,8 @@ class AllocatorCollector:
     def start(self, monitor: Monitor) -> None:
         self._monitor = monitor
         if self.source is None:
-            torch = try_import_torch()
+            torch = cuda_torch(monitor, self.name, "no CUDA device (torch.cuda.is_available() is False)")
             if torch is None:
-                monitor.unavailable(self.name, "torch is not installed")
-                return
-            try:
-                ok = bool(torch.cuda.is_available())
-            except Exception as exc:  # noqa: BLE001 - a broken driver is a state
-                monitor.unavailable(self.name, f"CUDA check failed: {exc}")
-                return
-            if not ok:
-                monitor.unavailable(self.name, "no CUDA device (torch.cuda.is_available() is False)")
                 return
             self.source = TorchAllocatorSource(torch)
         monitor.add_step_hooks(end=self.on_step_end)

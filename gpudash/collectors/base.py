@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from gpudash.monitor import Monitor
 
-__all__ = ["Collector", "MonitorOptions", "try_import_torch"]
+__all__ = ["Collector", "MonitorOptions", "cuda_torch", "try_import_torch"]
 
 
 def try_import_torch() -> Any:
@@ -16,6 +16,23 @@ def try_import_torch() -> Any:
     try:
         import torch
     except ImportError:
+        return None
+    return torch
+
+
+def cuda_torch(monitor: Monitor, source: str, without_cuda: str) -> Any:
+    """torch when CUDA is usable; otherwise record once why ``source`` records nothing, and None."""
+    torch = try_import_torch()
+    if torch is None:
+        monitor.unavailable(source, "torch is not installed")
+        return None
+    try:
+        ok = bool(torch.cuda.is_available())
+    except Exception as exc:  # noqa: BLE001 - a broken driver is a state, not a crash
+        monitor.unavailable(source, f"CUDA check failed: {exc}")
+        return None
+    if not ok:
+        monitor.unavailable(source, without_cuda)
         return None
     return torch
 

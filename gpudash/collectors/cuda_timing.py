@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from gpudash.collectors.base import try_import_torch
+from gpudash.collectors.base import cuda_torch
 from gpudash.store.schema import column_name
 
 if TYPE_CHECKING:
@@ -227,17 +227,8 @@ class CudaTimingCollector:
         self._monitor: Monitor | None = None
 
     def start(self, monitor: Monitor) -> None:
-        torch = try_import_torch()
+        torch = cuda_torch(monitor, self.name, "no CUDA device: steps are timed on the CPU only")
         if torch is None:
-            monitor.unavailable(self.name, "torch is not installed")
-            return
-        try:
-            ok = bool(torch.cuda.is_available())
-        except Exception as exc:  # noqa: BLE001
-            monitor.unavailable(self.name, f"CUDA check failed: {exc}")
-            return
-        if not ok:
-            monitor.unavailable(self.name, "no CUDA device: steps are timed on the CPU only")
             return
         self._monitor = monitor
         self.timer = CudaTimer(monitor, torch.cuda.Event, **self.timer_options)

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpudash.collectors.base import try_import_torch
+from gpudash.collectors.base import cuda_torch
 from gpudash.collectors.oom import note_observed_oom, oom_message_summary
 from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
 from gpudash.store.snapshot import snapshot_row, summarize
@@ -92,17 +92,9 @@ class SnapshotCollector:
             self._monitor = monitor
             self._begin(monitor)
             return
-        torch = try_import_torch()
+        torch = cuda_torch(monitor, self.name,
+                           "no CUDA device: allocator snapshots and the OOM observer need CUDA")
         if torch is None:
-            monitor.unavailable(self.name, "torch is not installed")
-            return
-        try:
-            ok = bool(torch.cuda.is_available())
-        except Exception as exc:  # noqa: BLE001
-            monitor.unavailable(self.name, f"CUDA check failed: {exc}")
-            return
-        if not ok:
-            monitor.unavailable(self.name, "no CUDA device: allocator snapshots and the OOM observer need CUDA")
             return
         self._monitor = monitor
         self._torch = torch
