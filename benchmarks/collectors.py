@@ -29,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import results  # noqa: E402  (benchmarks/results.py, next to this script)
+
 from gpudash.collectors.allocator import AllocatorCollector, allocator_row  # noqa: E402
 from gpudash.collectors.device import DeviceCollector, DeviceSampler  # noqa: E402
 from gpudash.collectors.nvml import NvmlSource, ReplaySource, Unsupported  # noqa: E402
@@ -314,15 +316,7 @@ def table(rows: list[tuple[str, str, str]]) -> str:
 
 
 def write_section(text: str) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    current = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = current.find(SECTION)
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text + "\n"
-    else:
-        nxt = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + ("\n" + current[nxt:] if nxt >= 0 else "\n")
-    path.write_text(new)
+    results.write_section(SECTION, text)
 
 
 def main() -> int:

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import results  # benchmarks/results.py, next to this script
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Dashboard (issue 4)"
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
@@ -292,15 +294,7 @@ def table(live: dict[str, Any] | None, big: dict[str, Any] | None, args: argpars
 
 
 def write_section(text: str) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    current = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = current.find(SECTION)
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text + "\n"
-    else:
-        nxt = current.find("\n## ", start + len(SECTION))
-        new = current[:start] + text + ("\n" + current[nxt:] if nxt >= 0 else "\n")
-    path.write_text(new)
+    results.write_section(SECTION, text)
 
 
 def main() -> int:

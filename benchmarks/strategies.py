@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import results
 import torch
 
 import gpudash
@@ -108,14 +108,7 @@ def machine() -> str:
 
 def write_results(path: Path, lines: list[str]) -> None:
     """Replace (or append) only this benchmark's section; other sections are other people's."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = "\n".join(lines).rstrip() + "\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block + "\n", text, count=1)
-    else:
-        text = text.rstrip() + "\n\n" + block
-    path.write_text(text)
+    results.write_section(SECTION, "\n".join(lines), path)
 
 
 def main() -> int:
