@@ -137,12 +137,16 @@ def _oom_fit(run: Run, v: Verdict) -> None:
         v.numbers["saving_bytes"] = opt
         v.numbers["saving_fraction"] = -OFFLOAD_TIME_COST
     if _precision(run) == "fp32" and act > 0:
-        parts.append("bf16 autocast (--precision bf16)")
         bf = predict(run, b, precision="bf16")
         if bf and now:
-            saving.append(f"bf16 activations: {fmt_bytes(now['activations_bytes'])} → "
-                          f"{fmt_bytes(bf['activations_bytes'])} (estimator)")
+            # only worth saying when the estimator sees a real saving (fp32 logits and the
+            # residual stream stay 32-bit, so a small model may gain almost nothing)
+            if bf["activations_bytes"] < 0.95 * now["activations_bytes"]:
+                parts.append("bf16 autocast (--precision bf16)")
+                saving.append(f"bf16 activations: {fmt_bytes(now['activations_bytes'])} → "
+                              f"{fmt_bytes(bf['activations_bytes'])} (estimator)")
         else:
+            parts.append("bf16 autocast (--precision bf16)")
             saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less (rule of thumb: half)")
     if cap and need and act and isinstance(batch, int) and batch > 1:
         fixed = need - act
