@@ -74,30 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _monitor_options(items: list[str]) -> dict[str, Any]:
-    from dataclasses import fields
-
     from gpudash.collectors.base import MonitorOptions
+    from gpudash.trainer.shapes import parse_fields
 
-    types = {f.name: f.type for f in fields(MonitorOptions)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in types:
-            raise UserError(f"--monitor {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}")
-        kind = str(types[key])
-        try:
-            if "bool" in kind:
-                out[key] = value.strip().lower() in ("1", "true", "yes", "on")
-            elif "int" in kind:
-                out[key] = int(value)
-            elif "float" in kind:
-                out[key] = float(value)
-            else:
-                out[key] = value
-        except ValueError:
-            raise UserError(f"--monitor {item!r}: {value!r} is not a valid {kind}") from None
-    return out
+    try:
+        return parse_fields(items, MonitorOptions, "--monitor", what="KEY")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["PRESETS", "GPTConfig", "parse_overrides", "preset"]
+__all__ = ["PRESETS", "GPTConfig", "parse_fields", "parse_overrides", "preset"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,23 +71,31 @@ def preset(name: str, **overrides: Any) -> GPTConfig:
     return replace(PRESETS[name], **overrides)
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["n_layer=48", "mlp=swiglu"]`` -> GPTConfig field overrides; ValueError names the fields."""
-    kinds = {f.name: f.type for f in fields(GPTConfig)}
+def parse_fields(items: list[str], cls: Any, flag: str, what: str = "FIELD") -> dict[str, Any]:
+    """``["n_layer=48", "bias=true"]`` -> values for fields of dataclass ``cls``, converted
+    by the field's declared type; ValueError names the flag, the item and the valid fields."""
+    kinds = {f.name: str(f.type) for f in fields(cls)}
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in kinds:
-            raise ValueError(f"--model {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(kinds)}")
-        kind = str(kinds[key])
+            raise ValueError(f"{flag} {item!r}: expected {what}=VALUE with {what} one of {', '.join(kinds)}")
+        kind = kinds[key]
         try:
             if "bool" in kind:
                 out[key] = value.strip().lower() in ("1", "true", "yes", "on")
             elif "int" in kind:
                 out[key] = int(value)
+            elif "float" in kind:
+                out[key] = float(value)
             else:
                 out[key] = value.strip()
         except ValueError:
-            raise ValueError(f"--model {item!r}: {value!r} is not an integer") from None
+            raise ValueError(f"{flag} {item!r}: {value!r} is not a valid {kind}") from None
     return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["n_layer=48", "mlp=swiglu"]`` -> GPTConfig field overrides; ValueError names the fields."""
+    return parse_fields(items, GPTConfig, "--model")
