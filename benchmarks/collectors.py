@@ -228,7 +228,7 @@ def record_fixtures(out: Path, seconds: float) -> None:
 
     import torch
 
-    from gpudash.collectors.nvml import record_nvml
+    from gpudash.collectors.device import record_nvml
 
     out.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
