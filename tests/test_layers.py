@@ -15,6 +15,9 @@ RULES = {
     "trainer": {"dash", "plotly"},
     "integrations": {"dash", "plotly"},
     "monitor.py": {"dash", "plotly"},
+    "options.py": {"torch", "pynvml", "dash", "plotly"},
+    "errors.py": {"torch", "pynvml", "dash", "plotly"},
+    "testing.py": {"dash", "plotly"},
 }
 
 
