@@ -228,22 +228,18 @@ def record_fixtures(out: Path, seconds: float) -> None:
 
     import torch
 
-    from gpudash.collectors.nvml import record_nvml
+    from gpudash.collectors.device import record_nvml
+    from gpudash.testing import ToyLoop
 
     out.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
 
     def train() -> None:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda()
-        opt = torch.optim.AdamW(model.parameters())
+        loop = ToyLoop([1024] * 9, activation=None, batch=256, labels=None, device="cuda")
         torch.cuda.memory._record_memory_history(max_entries=3000, stacks="python")
         step = 0
         while not stop.is_set():
-            x = torch.randn(256, 1024, device="cuda")
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loop.bare_step()
             host = torch.randn(64 << 20 >> 2, pin_memory=True)
             host.to("cuda", non_blocking=True)  # PCIe traffic for the recording
             step += 1
@@ -280,24 +276,14 @@ def run_under_all_collectors(run_dir: Path, steps: int = 60) -> None:
     from gpudash.collectors.oom import record_oom
     from gpudash.monitor import Monitor
     from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
+    from gpudash.testing import ToyLoop
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]).cuda()
-    opt = torch.optim.AdamW(model.parameters())
+    loop = ToyLoop([2048] * 7, activation=None, batch=128, labels=None, pin_memory=True, device="cuda")
     with Monitor(run_dir, device_hz=20, stacks_hz=20, snapshot_every=20) as m:
-        m.watch(model, opt)
+        m.watch(loop.model, loop.opt)
         for i in range(steps):
-            with m.step(samples=128):
-                with m.phase("data"):
-                    x = torch.randn(128, 2048).pin_memory().to("cuda", non_blocking=True)
-                with m.phase("forward"):
-                    loss = model(x).square().mean()
-                with m.phase("backward"):
-                    loss.backward()
-                with m.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                m.log(loss=loss)
+            with loop.step(m) as s:
+                m.log(loss=s.loss)
             if i == 10:
                 (run_dir / SNAPSHOT_REQUEST_FILE).write_text("")
             time.sleep(0.02)

@@ -98,27 +98,16 @@ class Trainer(threading.Thread):
         import torch
 
         from gpudash.monitor import Monitor
+        from gpudash.testing import ToyLoop
 
-        torch.manual_seed(0)
         torch.set_num_threads(1)
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loop = ToyLoop((256, 512, 10), activation="gelu", lr=1e-3, batch=64, tokens_per_sample=16)
         with Monitor(self.run_dir, name="bench-live") as mon:
-            mon.watch(model, opt)
+            mon.watch(loop.model, loop.opt)
             while not self.stop_flag.is_set():
                 t0 = time.perf_counter()
-                with mon.step(samples=64, tokens=64 * 16):
-                    with mon.phase("data"):
-                        x = torch.randn(64, 256)
-                        y = x[:, :10].argmax(1)
-                    with mon.phase("forward"):
-                        loss = torch.nn.functional.cross_entropy(model(x), y)
-                    with mon.phase("backward"):
-                        loss.backward()
-                    with mon.phase("optimizer"):
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
-                    mon.log(loss=loss)
+                with loop.step(mon) as s:
+                    mon.log(loss=s.loss)
                 dt = time.perf_counter() - t0
                 self.durations.append((time.time(), dt))
                 time.sleep(max(0.0, self.pace_s - dt))

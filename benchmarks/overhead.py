@@ -127,32 +127,20 @@ def part1(steps: int, tmp: Path) -> list[tuple[str, float, float, float]]:
 def part2(steps: int, tmp: Path) -> list[tuple[str, float, float]]:
     import torch
 
-    torch.manual_seed(0)
+    from gpudash.testing import ToyLoop
+
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
-                                torch.nn.GELU(), torch.nn.Linear(1024, 16))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x, y = torch.randn(64, 256), torch.randint(0, 16, (64,))
+    loop = ToyLoop((256, 1024, 1024, 16), activation="gelu", lr=1e-4, batch=64, labels="random", fixed_batch=True)
 
     def train_step(mon: Monitor | None) -> None:
         if mon is None:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loop.bare_step()
             return
-        with mon.step(samples=64):
-            with mon.phase("forward"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            with mon.phase("backward"):
-                loss.backward()
-            with mon.phase("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            mon.log(loss=loss, **{k: v for k, v in scalars(0).items() if k != "loss"})
+        with loop.step(mon) as s:
+            mon.log(loss=s.loss, **{k: v for k, v in scalars(0).items() if k != "loss"})
 
     mon = Monitor(tmp / "real")
-    mon.watch(model, opt)
+    mon.watch(loop.model, loop.opt)
     for _ in range(20):
         train_step(None)
         train_step(mon)

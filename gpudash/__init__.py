@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpudash._version import __version__
-from gpudash.store import Run, RunError, load_run
+from gpudash.errors import RunError
+from gpudash.store import Run, load_run
 
 if TYPE_CHECKING:
     from gpudash.monitor import Monitor

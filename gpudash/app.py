@@ -25,14 +25,13 @@ import dash
 from dash import dcc, html
 from flask import Response, jsonify, redirect, request
 
-from gpudash.errors import UserError
+from gpudash.errors import RunError, UserError
 from gpudash.layouts import memory, runs, stability, throughput
 from gpudash.layouts.callbacks import ReaderCache, register_callbacks
 from gpudash.layouts.data import load_view
 from gpudash.layouts.pages import verdicts_for
 from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir
 from gpudash.layouts.style import index_string
-from gpudash.store.reader import RunError
 
 __all__ = ["add_arguments", "create_app", "run", "serve_in_thread"]
 

@@ -38,7 +38,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpudash.analysis.ranks import rank_skew
-from gpudash.store.reader import RankReader, RunError, RunReader, is_run_dir
+from gpudash.errors import RunError
+from gpudash.store.reader import RankReader, RunReader, is_run_dir
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -28,24 +28,24 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudash._version import __version__
 from gpudash.collectors import default_collectors
-from gpudash.collectors.base import MonitorOptions
 from gpudash.collectors.categories import CategoryCollector
 from gpudash.collectors.env import cuda_device_meta, describe_environment
-from gpudash.store.reader import RunError
+from gpudash.errors import RunError
+from gpudash.options import MonitorOptions
 from gpudash.store.schema import column_name
 from gpudash.store.writer import Recorder, write_run_meta
 
+if TYPE_CHECKING:
+    from gpudash.collectors.api import Collector, PhaseEndHook, StepEndHook, StepStartHook, StepTimer
+
 __all__ = ["Monitor"]
 
-StepStartHook = Callable[[int], None]
-StepEndHook = Callable[[int, dict[str, Any]], None]
 _CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
 
@@ -159,9 +159,9 @@ class _Step:
                 m.collector_failed(hook, exc)
         m._emit_memory()
         if m.cuda_timer is not None:
-            m.cuda_timer.step_end(step, row)  # the timer puts the row once its events resolve
+            m.cuda_timer.step_end(step, row)  # the timer hands the row to put_step once its events resolve
         else:
-            m.recorder.put("steps", row)
+            m.put_step(row)
         m.step_index = step + 1
 
 
@@ -197,13 +197,13 @@ class Monitor:
         self.name = name or self.run_dir.name
         self.step_index = 0
         self.current_phase: str | None = None
-        self.cuda_timer: Any = None
+        self.cuda_timer: StepTimer | None = None
         self._row: dict[str, Any] | None = None
         self._pending: dict[str, Any] = {}
         self._mem: dict[str, Any] | None = None
         self._start_hooks: list[StepStartHook] = []
         self._end_hooks: list[StepEndHook] = []
-        self._phase_end_hooks: list[Callable[[str], None]] = []
+        self._phase_end_hooks: list[PhaseEndHook] = []
         self._unavailable: set[str] = set()
         self._closed = False
         self._lock = threading.Lock()
@@ -228,15 +228,15 @@ class Monitor:
         except (OSError, sqlite3.Error) as exc:
             raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
                            f"to gpudash.Monitor") from exc
-        self.collectors: list[Any] = []
+        self.collectors: list[Collector] = []
         if env.get("cuda_available") and "device_capacity_bytes" not in env:
             self.add_step_hooks(end=self._record_cuda_device)
         for collector in default_collectors(options):
             self.add_collector(collector)
         self._install_exit_handlers()
 
-    # ---- collectors ---------------------------------------------------------------------
-    def add_collector(self, collector: Any) -> None:
+    # ---- the recording interface collectors use (gpudash.collectors.api.Recording) -------
+    def add_collector(self, collector: Collector) -> None:
         try:
             collector.start(self)
         except Exception as exc:  # noqa: BLE001
@@ -245,7 +245,7 @@ class Monitor:
         self.collectors.append(collector)
 
     def add_step_hooks(self, start: StepStartHook | None = None, end: StepEndHook | None = None,
-                       phase_end: Callable[[str], None] | None = None) -> None:
+                       phase_end: PhaseEndHook | None = None) -> None:
         """Register training-thread hooks; they must be cheap and must not block."""
         if start is not None:
             self._start_hooks.append(start)
@@ -253,6 +253,15 @@ class Monitor:
             self._end_hooks.append(end)
         if phase_end is not None:
             self._phase_end_hooks.append(phase_end)
+
+    def put(self, table: str, row: dict[str, Any]) -> None:
+        """Queue one record for ``table`` (never blocks). Step rows go through :meth:`put_step`."""
+        self.recorder.put(table, row)
+
+    def put_step(self, row: dict[str, Any]) -> None:
+        """Write one finished step's row: the only writer of the ``steps`` table (called at
+        step end, or by the CUDA timer once the step's GPU times are known)."""
+        self.recorder.put("steps", row)
 
     def _record_cuda_device(self, step: int, row: dict[str, Any]) -> None:
         """Record the CUDA device once the user's code has initialised CUDA."""

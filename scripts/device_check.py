@@ -244,28 +244,18 @@ def overhead(out: Path, gpu: bool, steps: int) -> dict[str, float]:
     import torch
 
     from gpudash.monitor import Monitor
+    from gpudash.testing import ToyLoop
 
     dev = "cuda" if gpu else "cpu"
     width = 4096 if gpu else 256
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)]).to(dev)
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(64, width, device=dev)
+    loop = ToyLoop([width] * 5, activation=None, batch=64, labels=None, fixed_batch=True, device=dev, seed=None)
 
     def step(mon: Any) -> None:
         if mon is None:
-            model(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loop.bare_step()
             return
-        with mon.step(samples=64):
-            with mon.phase("forward"):
-                loss = model(x).square().mean()
-            with mon.phase("backward"):
-                loss.backward()
-            with mon.phase("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            mon.log(loss=loss)
+        with loop.step(mon) as s:
+            mon.log(loss=s.loss)
 
     def timed(mon: Any, n: int) -> float:
         if gpu:
@@ -278,7 +268,7 @@ def overhead(out: Path, gpu: bool, steps: int) -> dict[str, float]:
         return (time.perf_counter() - t0) / n
 
     mon = Monitor(out / "runs" / "overhead-all-collectors", device_hz=20, stacks_hz=10, snapshot_every=0)
-    mon.watch(model, opt)
+    mon.watch(loop.model, loop.opt)
     timed(None, 5)
     timed(mon, 5)
     bares, insts = [], []

@@ -25,29 +25,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def tiny_loop(run_dir: Path, steps: int = 20, *, watch: bool = True, close: bool = True,
               **monitor_kwargs: Any) -> Any:
     """Train a small MLP on CPU for ``steps`` steps under a Monitor; returns the Monitor."""
-    import torch
-
     from gpudash.monitor import Monitor
+    from gpudash.testing import ToyLoop
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loop = ToyLoop((32, 64, 4), lr=1e-2, batch=16, tokens_per_sample=8)
     mon = Monitor(run_dir, **monitor_kwargs)
     if watch:
-        mon.watch(model, opt)
-    for _ in range(steps):
-        with mon.step(samples=16, tokens=16 * 8):
-            with mon.phase("data"):
-                x = torch.randn(16, 32)
-                y = x[:, :4].argmax(1)
-            with mon.phase("forward"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            with mon.phase("backward"):
-                loss.backward()
-            with mon.phase("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            mon.log(loss=loss, lr=1e-2)
+        mon.watch(loop.model, loop.opt)
+    loop.train(mon, steps, lr=1e-2)
     if close:
         mon.close()
     return mon

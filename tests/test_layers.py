@@ -15,6 +15,9 @@ RULES = {
     "trainer": {"dash", "plotly"},
     "integrations": {"dash", "plotly"},
     "monitor.py": {"dash", "plotly"},
+    "options.py": {"torch", "pynvml", "dash", "plotly"},
+    "errors.py": {"torch", "pynvml", "dash", "plotly"},
+    "testing.py": {"dash", "plotly"},
 }
 
 
@@ -38,3 +41,117 @@ def test_layers_are_honest() -> None:
             if hit:
                 bad.append(f"{f.relative_to(PKG.parent)} imports {sorted(hit)}")
     assert not bad, "\n".join(bad)
+
+
+# ---- the import graph among gpudash modules ------------------------------------------------
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(f): f for f in PKG.rglob("*.py")}
+
+
+def _gpudash_imports(name: str, path: Path) -> set[str]:
+    """gpudash modules ``name`` imports anywhere in its source: at the top, inside
+    functions and under ``if TYPE_CHECKING:`` (a type-only import is still a dependency).
+    ``from gpudash.a import b`` counts as ``gpudash.a.b`` when that is a module."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                out.add(sub if sub in MODULES else mod)
+    return {m for m in out if m in MODULES and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_sees_type_checking_and_relative_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "gpudash"
+    (pkg / "collectors").mkdir(parents=True)
+    (pkg / "collectors" / "__init__.py").write_text("")
+    (pkg / "collectors" / "base.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpudash.monitor import Monitor\n")
+    (pkg / "monitor.py").write_text("def f():\n    from .collectors import base\n")
+    mods = {"gpudash.collectors": pkg / "collectors" / "__init__.py",
+            "gpudash.collectors.base": pkg / "collectors" / "base.py", "gpudash.monitor": pkg / "monitor.py"}
+    saved = dict(MODULES)
+    MODULES.clear()
+    MODULES.update(mods)
+    try:
+        graph = {n: _gpudash_imports(n, p) for n, p in mods.items()}
+    finally:
+        MODULES.clear()
+        MODULES.update(saved)
+    assert graph["gpudash.collectors.base"] == {"gpudash.monitor"}
+    assert graph["gpudash.monitor"] == {"gpudash.collectors.base"}
+    assert _cycles(graph) == [["gpudash.collectors.base", "gpudash.monitor"]]
+
+
+def test_no_import_cycles_among_gpudash_modules() -> None:
+    graph = {name: _gpudash_imports(name, path) for name, path in MODULES.items()}
+    assert _cycles(graph) == []
+
+
+def test_collectors_record_through_the_interface_not_the_monitor() -> None:
+    bad = [name for name, path in MODULES.items()
+           if name.startswith("gpudash.collectors") and "gpudash.monitor" in _gpudash_imports(name, path)]
+    assert not bad, f"{bad} import gpudash.monitor; use gpudash.collectors.api.Recording"
+
+
+def test_the_steps_table_has_one_writer() -> None:
+    """Only ``Monitor.put_step`` puts rows into ``steps``; the CUDA timer hands its rows to it."""
+    writers = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "put" and node.args
+                        and isinstance(node.args[0], ast.Constant) and node.args[0].value == "steps"):
+                    writers.append(f"{name}.{fn.name}")
+    assert writers == ["gpudash.monitor.put_step"]

@@ -9,15 +9,18 @@ import time.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from gpudash.collectors.base import MonitorOptions
 from gpudash.collectors.host import HostCollector
+
+if TYPE_CHECKING:
+    from gpudash.collectors.api import Collector
+    from gpudash.options import MonitorOptions
 
 __all__ = ["default_collectors"]
 
 
-def default_collectors(options: MonitorOptions) -> list[Any]:
+def default_collectors(options: MonitorOptions) -> list[Collector]:
     """Host (psutil), allocator, allocator snapshots + OOM observer, NVML device
     telemetry, CUDA-event step timing and, when ``stacks_hz`` > 0, py-spy stacks."""
     from gpudash.collectors.allocator import AllocatorCollector
@@ -26,7 +29,7 @@ def default_collectors(options: MonitorOptions) -> list[Any]:
     from gpudash.collectors.snapshots import SnapshotCollector
     from gpudash.collectors.stacks import StackCollector
 
-    out: list[Any] = []
+    out: list[Collector] = []
     if options.host_hz > 0:
         out.append(HostCollector(options.host_hz))
     if options.allocator:

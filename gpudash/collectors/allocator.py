@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpudash.collectors.base import cuda_torch
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["AllocatorCollector", "AllocatorSource", "TorchAllocatorSource", "allocator_row", "device_row"]
 
@@ -113,10 +113,10 @@ class AllocatorCollector:
         self.source = source
         self.device_info_interval = device_info_interval
         self.reset_peaks = reset_peaks
-        self._monitor: Monitor | None = None
+        self._monitor: Recording | None = None
         self._next_info = 0.0
 
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         self._monitor = monitor
         if self.source is None:
             torch = cuda_torch(monitor, self.name, "no CUDA device (torch.cuda.is_available() is False)")

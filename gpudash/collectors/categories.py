@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gpudash.collectors.base import try_import_torch
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["AdaptiveEvery", "CategoryCollector", "watched_modules"]
 
@@ -104,7 +104,7 @@ class CategoryCollector:
         self.params = [p for p in model.parameters()]
         self.memory_every = memory_every
         self.act_sampler = AdaptiveEvery(activations_every, activations_budget, first=1)
-        self._monitor: Monitor | None = None
+        self._monitor: Recording | None = None
         self._param_ptrs: set[int] = set()
         self._params_bytes = 0
         self._opt_cache: tuple[int, int, int] = (-1, 0, 0)
@@ -124,7 +124,7 @@ class CategoryCollector:
         self._grads_after_backward = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         self._monitor = monitor
         self._refresh_params()
         monitor.add_step_hooks(self.on_step_start, self.on_step_end, self.on_phase_end)
@@ -308,6 +308,6 @@ class CategoryCollector:
         monitor = self._monitor
         assert monitor is not None
         for module, nbytes in per.items():
-            monitor.recorder.put("activations", {"step": step, "time": t, "module": module,
+            monitor.put("activations", {"step": step, "time": t, "module": module,
                                                  "bytes": nbytes, "tensors": counts.get(module, 0)})
         return sum(per.values())

@@ -5,7 +5,8 @@ boundaries; each call records a CUDA event on the current stream (a few µs,
 asynchronous). The step's row is parked until its last event has completed;
 a background thread polls ``Event.query()`` (non-blocking) and then adds
 ``<phase>_gpu_s`` (repeated phases add up) and ``gpu_s`` (step start to step
-end on the GPU) and queues the row. Rows go out in step order. If more than
+end on the GPU) and hands the row to ``monitor.put_step`` (the one writer of
+the ``steps`` table). Rows go out in step order. If more than
 ``max_pending`` steps are in flight (the GPU is far behind, or stuck), the
 oldest row is written without GPU times rather than holding memory. ``drain``
 waits (polling, bounded) for the remaining events: only at flush and close.
@@ -25,7 +26,7 @@ from gpudash.collectors.base import cuda_torch
 from gpudash.store.schema import column_name
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["CudaTimer", "CudaTimingCollector"]
 
@@ -43,7 +44,7 @@ class _Pending:
 class CudaTimer:
     """Set as ``monitor.cuda_timer``; owns the rows of steps whose events are in flight."""
 
-    def __init__(self, monitor: Monitor, event_cls: Any, *, max_pending: int = 256,
+    def __init__(self, monitor: Recording, event_cls: Any, *, max_pending: int = 256,
                  poll_interval: float = 0.05) -> None:
         """``event_cls``: ``torch.cuda.Event`` (anything with ``record``, ``query``,
         and ``elapsed_time`` in ms)."""
@@ -129,7 +130,7 @@ class CudaTimer:
 
     # ---- resolution (collector thread, and drain at close) ------------------------------
     def _put(self, row: dict[str, Any]) -> None:
-        self.monitor.recorder.put("steps", row)
+        self.monitor.put_step(row)
 
     def _resolve(self, p: _Pending) -> None:
         row = p.row
@@ -224,9 +225,9 @@ class CudaTimingCollector:
     def __init__(self, **timer_options: Any) -> None:
         self.timer_options = timer_options
         self.timer: CudaTimer | None = None
-        self._monitor: Monitor | None = None
+        self._monitor: Recording | None = None
 
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         torch = cuda_torch(monitor, self.name, "no CUDA device: steps are timed on the CPU only")
         if torch is None:
             return

@@ -18,19 +18,22 @@ thread's CUDA device by UUID, else PCI bus id, else CUDA_VISIBLE_DEVICES.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpudash.collectors.base import try_import_torch
-from gpudash.collectors.nvml import GPM_COLUMNS, METRICS, DeviceSource, NvmlSource, Unsupported
+from gpudash.collectors.nvml import GPM_COLUMNS, METRICS, DeviceSource, NvmlSource, RecordingSource, Unsupported
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
-__all__ = ["DeviceCollector", "DeviceSampler", "readings_to_row", "resolve_nvml_index", "torch_device_identity"]
+__all__ = ["DeviceCollector", "DeviceSampler", "readings_to_row", "record_nvml", "resolve_nvml_index",
+           "torch_device_identity"]
 
 # nvmlClocksEventReason* bits
 _POWER, _HW_SLOWDOWN, _SW_THERMAL, _HW_THERMAL, _POWER_BRAKE, _IDLE = 0x4, 0x8, 0x20, 0x40, 0x80, 0x1
@@ -196,13 +199,13 @@ class DeviceCollector:
         self.busy_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._monitor: Monitor | None = None
+        self._monitor: Recording | None = None
         self._source: DeviceSource | None = None
         self._devices: list[dict[str, Any]] = []
         self._cuda_pending = False
         self._pending_gpus: list[int] | None = None
 
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         self._monitor = monitor
         try:
             source = self.source_factory()
@@ -260,7 +263,7 @@ class DeviceCollector:
         monitor = self._monitor
         assert monitor is not None
         period = 1.0 / self.hz
-        put = monitor.recorder.put
+        put = monitor.put
         reported = 0
         while not self._stop.is_set():
             t0 = time.perf_counter()
@@ -296,3 +299,32 @@ class DeviceCollector:
             self._source = None
 
 
+def record_nvml(path: str | os.PathLike[str], seconds: float = 10.0, hz: float = 20.0,
+                gpus: list[int] | None = None, **extra: Any) -> dict[str, Any]:
+    """Record raw NVML readings for ``seconds`` at ``hz`` into ``path`` (the replay fixture).
+
+    Run it on a GPU while something trains (issue 7's prepared script). Returns
+    the recording, with the measured ``sample_cost_us`` (median per tick).
+    """
+    rec = RecordingSource(NvmlSource())
+    try:
+        devices = rec.devices()
+        sampler = DeviceSampler(rec, gpus if gpus is not None else [d["index"] for d in devices])
+        sampler.probe()
+        costs = []
+        period = 1.0 / hz
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            sampler.sample()
+            dt = time.perf_counter() - t0
+            costs.append(dt)
+            time.sleep(max(0.0, period - dt))
+        costs.sort()
+        inner = rec.inner
+        out = rec.recording(hz=hz, driver_version=inner.driver_version() if isinstance(inner, NvmlSource) else "",
+                            sample_cost_us=1e6 * costs[len(costs) // 2] if costs else None, **extra)
+    finally:
+        rec.close()
+    Path(path).write_text(json.dumps(out))
+    return out

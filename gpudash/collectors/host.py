@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["HostCollector"]
 
@@ -20,7 +20,7 @@ class HostCollector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         try:
             import psutil
         except ImportError:
@@ -29,7 +29,7 @@ class HostCollector:
         proc = psutil.Process()
         proc.cpu_percent(None)  # first call primes the counter
         psutil.cpu_percent(None)
-        put = monitor.recorder.put
+        put = monitor.put
         period = 1.0 / self.hz
 
         def sample() -> None:

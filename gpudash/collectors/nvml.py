@@ -20,7 +20,7 @@ Raw metrics (name: NVML call -> raw value):
 * ``gpm`` (Hopper+): GpmMetricsGet over the previous and the current sample ->
   {metric id: value}
 
-Recording format (:func:`record_nvml` writes it; JSON)::
+Recording format (:func:`gpudash.collectors.device.record_nvml` writes it; JSON)::
 
     {"format": "gpudash-nvml-recording", "version": 1, "synthetic": false,
      "pid": 1234, "driver_version": "...", "hz": 20.0, "sample_cost_us": 180.0,
@@ -50,7 +50,6 @@ __all__ = [
     "ReplaySource",
     "Unsupported",
     "nvml_call",
-    "record_nvml",
 ]
 
 RECORDING_FORMAT = "gpudash-nvml-recording"
@@ -281,36 +280,3 @@ class ReplaySource:
 
     def close(self) -> None:
         pass
-
-
-def record_nvml(path: str | os.PathLike[str], seconds: float = 10.0, hz: float = 20.0,
-                gpus: list[int] | None = None, **extra: Any) -> dict[str, Any]:
-    """Record raw NVML readings for ``seconds`` at ``hz`` into ``path`` (the replay fixture).
-
-    Run it on a GPU while something trains (issue 7's prepared script). Returns
-    the recording, with the measured ``sample_cost_us`` (median per tick).
-    """
-    from gpudash.collectors.device import DeviceSampler
-
-    rec = RecordingSource(NvmlSource())
-    try:
-        devices = rec.devices()
-        sampler = DeviceSampler(rec, gpus if gpus is not None else [d["index"] for d in devices])
-        sampler.probe()
-        costs = []
-        period = 1.0 / hz
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            t0 = time.perf_counter()
-            sampler.sample()
-            dt = time.perf_counter() - t0
-            costs.append(dt)
-            time.sleep(max(0.0, period - dt))
-        costs.sort()
-        inner = rec.inner
-        out = rec.recording(hz=hz, driver_version=inner.driver_version() if isinstance(inner, NvmlSource) else "",
-                            sample_cost_us=1e6 * costs[len(costs) // 2] if costs else None, **extra)
-    finally:
-        rec.close()
-    Path(path).write_text(json.dumps(out))
-    return out

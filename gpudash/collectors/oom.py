@@ -30,7 +30,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["note_observed_oom", "oom_message_summary", "parse_oom_message", "parse_size", "record_oom"]
 
@@ -122,7 +122,7 @@ def note_observed_oom(monitor: Any) -> None:
     _OBSERVED[monitor] = time.monotonic()
 
 
-def record_oom(monitor: Monitor, error: BaseException | str, **extra: Any) -> dict[str, Any]:
+def record_oom(monitor: Recording, error: BaseException | str, **extra: Any) -> dict[str, Any]:
     """Record an ``oom`` event from a caught ``torch.OutOfMemoryError`` (or its text).
 
     Returns the parsed numbers. If the OOM observer (snapshot collector) already

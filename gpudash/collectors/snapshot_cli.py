@@ -13,8 +13,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from gpudash.errors import UserError
-from gpudash.store.reader import RunError
+from gpudash.errors import RunError, UserError
 from gpudash.store.schema import TABLE_BASE_COLUMNS, rank_db_name
 from gpudash.store.snapshot import read_snapshot_pickle, snapshot_row, summarize
 from gpudash.store.writer import Recorder, write_run_meta

@@ -33,7 +33,7 @@ from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
 from gpudash.store.snapshot import snapshot_row, summarize
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["SnapshotCollector"]
 
@@ -75,7 +75,7 @@ class SnapshotCollector:
         self.oom_snapshot_gap_s = oom_snapshot_gap_s
         self.taken = 0
         self.dropped = 0
-        self._monitor: Monitor | None = None
+        self._monitor: Recording | None = None
         self._torch: Any = None
         self._requested = threading.Event()
         self._stop = threading.Event()
@@ -87,7 +87,7 @@ class SnapshotCollector:
         self._armed = False
 
     # ---- lifecycle ----------------------------------------------------------------------
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         if self._take is not None:
             self._monitor = monitor
             self._begin(monitor)
@@ -125,13 +125,13 @@ class SnapshotCollector:
                 monitor.unavailable("snapshot_history", f"allocation history not recorded: {exc}")
         self._attach_oom_observer(monitor)
 
-    def _begin(self, monitor: Monitor) -> None:
+    def _begin(self, monitor: Recording) -> None:
         self._served_mtime = time.time() - 5.0  # a request left over from an earlier run is stale
         monitor.add_step_hooks(end=self.on_step_end)
         self._thread = threading.Thread(target=self._run, name="gpudash-snapshots", daemon=True)
         self._thread.start()
 
-    def _attach_oom_observer(self, monitor: Monitor) -> None:
+    def _attach_oom_observer(self, monitor: Recording) -> None:
         global _ATTACHED
         attach = getattr(self._torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is None:
@@ -233,7 +233,7 @@ class SnapshotCollector:
         except Exception as exc:  # noqa: BLE001 - a strange snapshot must not stop the collector
             monitor.event("snapshot_failed", f"memory snapshot at step {step} not stored: {exc}", step=step)
             return
-        monitor.recorder.put("snapshots", snapshot_row(summary, time=t, step=step, reason=reason))
+        monitor.put("snapshots", snapshot_row(summary, time=t, step=step, reason=reason))
         self.taken += 1
 
     def _poll_request(self) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpudash.monitor import Monitor
+    from gpudash.collectors.api import Recording
 
 __all__ = ["OTHER", "StackCollector", "aggregate_stacks", "find_py_spy", "parse_folded", "allow_ptrace"]
 
@@ -128,10 +128,10 @@ class StackCollector:
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
-        self._monitor: Monitor | None = None
+        self._monitor: Recording | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
-    def start(self, monitor: Monitor) -> None:
+    def start(self, monitor: Recording) -> None:
         exe = self.py_spy or find_py_spy()
         if exe is None or not (shutil.which(exe) or Path(exe).is_file()):
             monitor.unavailable(self.name, f"py-spy is not installed ({exe or 'not on PATH'}; pip install py-spy)")
@@ -187,7 +187,7 @@ class StackCollector:
             if counts:
                 t = time.time()
                 for stack, n in aggregate_stacks(counts, self.max_stacks, self.max_stack_chars):
-                    monitor.recorder.put("stacks", {"time": t, "stack": stack, "count": n})
+                    monitor.put("stacks", {"time": t, "stack": stack, "count": n})
                 self.windows += 1
                 self.samples += sum(counts.values())
                 continue

@@ -146,6 +146,29 @@ class StepDriver:
         if self.monitor is not None and not self.monitor.closed:
             self.monitor.log(**{k: v for k, v in scalars.items() if v is not None})
 
+    def evaluation(self, metrics: dict[str, Any]) -> None:
+        """Record one evaluation's results as an ``evaluation`` event (scalars only; one-element
+        tensors are read, which is fine here: evaluation already waited for the device).
+
+        The event's step is the Monitor's step index, i.e. the number of optimizer steps done:
+        the framework's global step, where W&B and TensorBoard plot it. An event, not a column of
+        a step's row: evaluation runs between steps, and the one after the last step has no
+        row to land in."""
+        m = self.monitor
+        if m is None or m.closed:
+            return
+        values: dict[str, float] = {}
+        for k, v in metrics.items():
+            if isinstance(v, bool):
+                continue
+            if isinstance(v, (int, float)):
+                values[str(k)] = float(v)
+            elif getattr(v, "numel", lambda: 0)() == 1:
+                values[str(k)] = float(v.detach().float().item())
+        if values:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
+            m.event("evaluation", f"evaluation after {m.step_index} steps: {shown}", metrics=values)
+
     def end_step(self) -> None:
         self.ahead = False
         step, self._step = self._step, None

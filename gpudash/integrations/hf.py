@@ -12,7 +12,11 @@ hooks on the model), ``backward`` (backward plus gradient clipping),
 which syncs the GPU to read the loss). Per step: samples and tokens (from the
 batch shapes), loss (over the step's micro-batches as the Trainer reduces it,
 read off the GPU by the writer thread), lr; ``grad_norm`` as the Trainer reports it, on logging steps (set
-``logging_steps=1`` to get it every step). Memory by category comes from
+``logging_steps=1`` to get it every step). Each evaluation during ``train()``
+(the one after the last step too) is an ``evaluation`` event carrying its
+metrics (``eval_loss``, ...) at the global step it ran after; an
+evaluation after ``train()`` returned is not recorded (the run is closed).
+Memory by category comes from
 ``Monitor.watch``; on CUDA the allocator's numbers come with every step.
 Every process (rank) records its own file in the same run folder.
 """
@@ -164,14 +168,11 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
             if "loss" in logs and not self._step_has_loss:
                 d.log(loss=logs["loss"])  # the model returned no loss: take the Trainer's average
             d.end_step()
-        else:
-            evals = {k: v for k, v in logs.items() if k.startswith("eval_") and isinstance(v, (int, float))}
-            if evals:
-                d.log(**evals)  # lands in the next step's row
         self._open_next(control)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
+                    metrics: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._driver.evaluation(metrics or {})  # the one after the last step included
         self._open_next(control)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

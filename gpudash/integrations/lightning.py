@@ -11,6 +11,9 @@ from batch start to the loss), ``backward``, ``optimizer`` (gradient clipping
 and ``optimizer.step()``). Per step: samples and tokens (batch shapes), loss (mean
 of ``training_step``'s losses), lr, and the gradient norm before clipping
 (one fused norm over the gradients per step; ``grad_norm=False`` skips it).
+Each validation during ``fit`` (the one after the last step too) is an
+``evaluation`` event carrying what ``validation_step`` logged (``val_loss``, ...)
+at the global step it ran after.
 Memory by category comes from ``Monitor.watch``. Every rank records its own
 file in the same run folder.
 """
@@ -61,6 +64,7 @@ class GpudashCallback(Callback):  # type: ignore[misc]
         self._grad_norm = grad_norm
         self._global_step = 0
         self._in_epoch = False
+        self._metrics_before: dict[str, Any] = {}
 
     @property
     def monitor(self) -> Monitor | None:
@@ -97,9 +101,15 @@ class GpudashCallback(Callback):  # type: ignore[misc]
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._driver.drop_ahead()
+        self._metrics_before = {} if trainer.sanity_checking else dict(trainer.callback_metrics)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if self._in_epoch and not trainer.sanity_checking:
+        if trainer.sanity_checking:
+            return
+        # what this validation logged: the metrics it added or replaced (training's stay as they were)
+        before = self._metrics_before
+        self._driver.evaluation({k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v})
+        if self._in_epoch:
             self._driver.open_ahead()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:

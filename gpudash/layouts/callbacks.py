@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlencode
 import dash
 from dash import ALL, Input, Output, Patch, State, dcc, html, no_update
 from dash.exceptions import PreventUpdate
+from gpudash.errors import RunError
 from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
@@ -33,7 +34,7 @@ from gpudash.layouts.pages import (
     verdicts_for,
 )
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
-from gpudash.store.reader import RunError, RunReader
+from gpudash.store.reader import RunReader
 
 __all__ = ["ReaderCache", "page_for", "register_callbacks", "zoom_range"]
 

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
+from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.data import run_meta
 from gpudash.layouts.runid import list_run_dirs
-from gpudash.store.reader import RunError, RunReader
+from gpudash.store.reader import RunReader
 
 __all__ = ["cached_summary", "device_label", "list_runs", "run_stamp", "run_summary", "runs_page"]
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.errors import RunError
 from gpudash.store.chunks import read_chunks
 from gpudash.store.schema import (
     NUMERIC_TABLES,
@@ -32,7 +33,7 @@ from gpudash.store.schema import (
     rollup_table,
 )
 
-__all__ = ["RankReader", "RunReader", "RunError", "Cursor", "is_run_dir"]
+__all__ = ["RankReader", "RunReader", "Cursor", "is_run_dir"]
 
 #: A writer that has not written a heartbeat for this long (and at least 4
 #: flush intervals) is treated as dead: its run reads ``crashed``.
@@ -41,10 +42,6 @@ _SALVAGE_BLOCK = 2048
 _MMAP_BYTES = 1 << 32
 
 Cursor = dict[str, int]  # "rank/table" -> last rowid seen
-
-
-class RunError(Exception):
-    """A run directory that cannot be read at all (message names the fix)."""
 
 
 def is_run_dir(path: Path) -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gpudash.store.reader import RunError, RunReader
+from gpudash.store.reader import RunReader
 
 if TYPE_CHECKING:
     from gpudash.store.snapshot import MemoryMap
@@ -131,4 +131,3 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     return run
 
 
-__all__ += ["RunError"]

@@ -41,7 +41,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpudash.store.reader import RunError
+from gpudash.errors import RunError
 
 __all__ = [
     "MAX_BLOCKS",

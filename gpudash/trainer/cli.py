@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _monitor_options(items: list[str]) -> dict[str, Any]:
-    from gpudash.collectors.base import MonitorOptions
+    from gpudash.options import MonitorOptions
     from gpudash.trainer.shapes import parse_fields
 
     try:

@@ -124,7 +124,7 @@ class TrainConfig:
             raise ValueError(f"unknown --device {self.device!r}; use auto, cpu or cuda")
         self.inject_nan_at_steps = tuple(int(s) for s in self.inject_nan_at_steps)
         self.inject_spike_at_steps = tuple(int(s) for s in self.inject_spike_at_steps)
-        from gpudash.collectors.base import MonitorOptions
+        from gpudash.options import MonitorOptions
 
         try:
             MonitorOptions(**self.monitor_options)  # unknown or bad Monitor options fail here, not mid-run

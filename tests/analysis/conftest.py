@@ -1,9 +1,9 @@
 """Runs that provoke each verdict for real, recorded once per session.
 
 Two sources: gpudash's trainer with its own switches and testing aids (the
-sample-run recipes in scripts/make_sample_runs.py, shortened), and a small
-hand-written Monitor loop for what the trainer has no switch for (a corrupted
-batch, fp16 gradient overflow, host copies, a barrier wait).
+sample-run recipes in scripts/make_sample_runs.py, shortened), and the toy loop
+of :mod:`gpudash.testing` with faults for what the trainer has no switch for (a
+corrupted batch, fp16 gradient overflow, host copies, a barrier wait).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from gpudash.testing import ToyLoop
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,21 +32,68 @@ def load_script() -> Any:
     return mod
 
 
+class FaultLoop(ToyLoop):
+    """An MLP on a learnable task whose data, backward and optimizer parts can
+    misbehave for real: a corrupted batch, an fp16 gradient overflow under a loss scaler."""
+
+    def __init__(self, *, batch: int, slow_data_ms: float, bad_batch_at: tuple[int, ...],
+                 fp16_overflow_at: tuple[int, ...]) -> None:
+        super().__init__((64, 256, 8), activation="gelu", lr=3e-3, batch=batch, tokens_per_sample=1)
+        torch = self.torch
+        self.w_true = torch.randn(64, 8)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16) if fp16_overflow_at else None
+        self.slow_data_ms = slow_data_ms
+        self.bad_batch_at = bad_batch_at
+        self.fp16_overflow_at = fp16_overflow_at
+        self.finite = True
+
+    def batch(self, step: int) -> tuple[Any, Any]:
+        torch = self.torch
+        if self.slow_data_ms:
+            time.sleep(self.slow_data_ms / 1e3)
+        x = torch.randn(self.batch_size, 64)
+        y = (x @ self.w_true).argmax(1)
+        if step in self.bad_batch_at:  # a corrupted batch: huge inputs, random labels
+            x, y = x * 50.0, torch.randint(0, 8, (self.batch_size,))
+        return x, y
+
+    def forward(self, x: Any, y: Any) -> Any:
+        torch = self.torch
+        with torch.autocast("cpu", dtype=torch.float16, enabled=self.scaler is not None):
+            return torch.nn.functional.cross_entropy(self.model(x).float(), y)
+
+    def backward(self, loss: Any, step: int) -> None:
+        scaler = self.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None and step in self.fp16_overflow_at:
+            self.model[0].weight.grad.fill_(float("inf"))  # what an fp16 overflow leaves behind
+
+    def optimize(self, step: int) -> Any:
+        torch, scaler, opt = self.torch, self.scaler, self.opt
+        self.finite = True
+        if scaler is not None:
+            scaler.unscale_(opt)
+            self.finite = all(bool(torch.isfinite(p.grad).all()) for p in self.model.parameters())
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return None
+
+
 def monitor_loop(run_dir: Path, *, steps: int = 60, batch: int = 32, slow_data_ms: float = 0.0,
                  bad_batch_at: tuple[int, ...] = (), fp16_overflow_at: tuple[int, ...] = (),
                  fallback_after: int = 3, offload_mb: float = 0.0, barrier_wait_ms: float = 0.0) -> Path:
-    """A residual MLP trained on CPU under a real Monitor, with the scenario's fault done for real."""
+    """:class:`FaultLoop` trained on CPU under a real Monitor, with the scenario's fault done for real
+    (plus host copies in an ``offload`` phase and a barrier wait outside any phase)."""
     import torch
 
     from gpudash.monitor import Monitor
 
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    dim, classes = 64, 8
-    model = torch.nn.Sequential(torch.nn.Linear(dim, 256), torch.nn.GELU(), torch.nn.Linear(256, classes))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    w_true = torch.randn(dim, classes)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16) if fp16_overflow_at else None
+    loop = FaultLoop(batch=batch, slow_data_ms=slow_data_ms, bad_batch_at=bad_batch_at,
+                     fp16_overflow_at=fp16_overflow_at)
     nonfinite_run = 0
     host = torch.empty(int(offload_mb * 2**20) // 4) if offload_mb else None
     dev = torch.randn(host.numel()) if host is not None else None
@@ -64,33 +113,9 @@ def monitor_loop(run_dir: Path, *, steps: int = 60, batch: int = 32, slow_data_m
     if peer is not None:
         peer.start()
     with Monitor(run_dir, name=run_dir.name, host_hz=1.0) as mon:
-        mon.watch(model, opt)
-        for step in range(steps):
-            with mon.step(samples=batch, tokens=batch):
-                with mon.phase("data"):
-                    if slow_data_ms:
-                        time.sleep(slow_data_ms / 1e3)
-                    x = torch.randn(batch, dim)
-                    y = (x @ w_true).argmax(1)
-                    if step in bad_batch_at:  # a corrupted batch: huge inputs, random labels
-                        x, y = x * 50.0, torch.randint(0, classes, (batch,))
-                with mon.phase("forward"):
-                    with torch.autocast("cpu", dtype=torch.float16, enabled=scaler is not None):
-                        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
-                with mon.phase("backward"):
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                    if scaler is not None and step in fp16_overflow_at:
-                        model[0].weight.grad.fill_(float("inf"))  # what an fp16 overflow leaves behind
-                with mon.phase("optimizer"):
-                    finite = True
-                    if scaler is not None:
-                        scaler.unscale_(opt)
-                        finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-                        scaler.step(opt)
-                        scaler.update()
-                    else:
-                        opt.step()
-                    opt.zero_grad(set_to_none=True)
+        mon.watch(loop.model, loop.opt)
+        for _ in range(steps):
+            with loop.step(mon) as s:
                 if host is not None and dev is not None:
                     with mon.phase("offload"):
                         for _ in range(4):
@@ -98,15 +123,15 @@ def monitor_loop(run_dir: Path, *, steps: int = 60, batch: int = 32, slow_data_m
                             dev.copy_(host)
                 if barrier is not None:
                     barrier.wait(timeout=5)  # outside any phase, like an all-reduce wait
-                log: dict[str, Any] = {"loss": loss if finite else float("nan")}
-                if scaler is not None:
-                    log["loss_scale"] = scaler.get_scale()
+                log: dict[str, Any] = {"loss": s.loss if loop.finite else float("nan")}
+                if loop.scaler is not None:
+                    log["loss_scale"] = loop.scaler.get_scale()
                 mon.log(**log)
-                nonfinite_run = 0 if finite else nonfinite_run + 1
-                if scaler is not None and nonfinite_run >= fallback_after:  # inside the step: the event carries it
+                nonfinite_run = 0 if loop.finite else nonfinite_run + 1
+                if loop.scaler is not None and nonfinite_run >= fallback_after:  # inside the step: the event carries it
                     mon.event("precision_fallback", f"{nonfinite_run} non-finite steps in a row: fp16 -> fp32",
                               old="fp16", new="fp32")
-                    scaler = None
+                    loop.scaler = None
     stop.set()
     if barrier is not None:
         barrier.abort()

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 import gpudash
-from gpudash.collectors.device import DeviceCollector, DeviceSampler, readings_to_row, resolve_nvml_index
+from gpudash.collectors.device import (
+    DeviceCollector,
+    DeviceSampler,
+    readings_to_row,
+    record_nvml,
+    resolve_nvml_index,
+)
 from gpudash.collectors.nvml import (
     GPM_COLUMNS,
     METRICS,
@@ -25,7 +31,6 @@ from gpudash.collectors.nvml import (
     ReplaySource,
     Unsupported,
     nvml_call,
-    record_nvml,
 )
 from gpudash.monitor import Monitor
 

@@ -9,7 +9,7 @@ import pytest
 
 import gpudash
 from gpudash.collectors import default_collectors
-from gpudash.collectors.base import MonitorOptions
+from gpudash.options import MonitorOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

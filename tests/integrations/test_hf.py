@@ -141,12 +141,22 @@ def test_evaluation_is_outside_every_step(tmp_path: Path) -> None:
             assert monitor is not None and monitor._row is None  # no step is open while evaluating
 
     cb = GpudashCallback(run_dir, host_hz=0, handle_signals=False)
-    transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(16, 8, 128),
-                         eval_dataset=_Tokens(4, 8, 128), callbacks=[Probe(), cb]).train()
+    trainer = transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(16, 8, 128),
+                                   eval_dataset=_Tokens(4, 8, 128), callbacks=[Probe(), cb])
+    trainer.train()
     assert seen == [2, 4]
     run = load_run(run_dir)
     s = run.steps
     assert list(s["step"]) == [0, 1, 2, 3]
     assert (s["data_s"] > 0).all()
-    assert s["eval_loss"].notna().tolist() == [False, False, True, False]  # logged before step 2 ran
+    # every evaluation is one event at the global step it ran after, the one after the last step too
+    evals = run.events[run.events["kind"] == "evaluation"]
+    history = [h for h in trainer.state.log_history if "eval_loss" in h]  # type: ignore[attr-defined]
+    assert [h["step"] for h in history] == [2, 4]
+    assert evals["step"].tolist() == [2, 4]
+    for h, data in zip(history, evals["data"], strict=True):
+        assert data["metrics"]["eval_loss"] == pytest.approx(h["eval_loss"])
+        assert set(data["metrics"]) >= {"eval_loss", "eval_runtime"}
+    assert "eval_loss" in evals["message"].iloc[-1]
+    assert "eval_loss" not in s  # not in a step's row: evaluation is between steps
     run.close()

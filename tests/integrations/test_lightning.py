@@ -91,9 +91,14 @@ def test_validation_is_outside_every_step(tmp_path: Path) -> None:
             mon = cb.monitor
             assert mon is None or mon._row is None  # no step is open while validating (None: sanity check)
             checked.append(mon is not None)
-            self.log("val_loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+            loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            if mon is not None:
+                val_losses.setdefault(self.global_step, []).append(float(loss))
+            self.log("val_loss", loss)
+            self.log("val_mae", torch.nn.functional.l1_loss(self.net(batch[0]), batch[1]))
 
     checked: list[bool] = []
+    val_losses: dict[int, list[float]] = {}
     cb = GpudashCallback(tmp_path / "val", host_hz=0, handle_signals=False)
     torch.manual_seed(0)
     trainer = L.Trainer(default_root_dir=str(tmp_path), accelerator="cpu", devices=1, max_steps=6, logger=False,
@@ -104,4 +109,10 @@ def test_validation_is_outside_every_step(tmp_path: Path) -> None:
     run = load_run(tmp_path / "val")
     assert list(run.steps["step"]) == list(range(6))
     assert (run.steps["data_s"] > 0).all()
+    # each validation is one event with what it logged (not training's metrics), the last one too
+    evals = run.events[run.events["kind"] == "evaluation"]
+    assert evals["step"].tolist() == [2, 4, 6] == sorted(val_losses)
+    for step, data in zip(evals["step"], evals["data"], strict=True):
+        assert set(data["metrics"]) == {"val_loss", "val_mae"}
+        assert data["metrics"]["val_loss"] == pytest.approx(sum(val_losses[step]) / len(val_losses[step]), rel=1e-5)
     run.close()

@@ -19,39 +19,24 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 
 def train(run_dir: Path, steps: int = 40, *, rich: bool = False, name: str | None = None, delay: float = 0.0,
           stop: threading.Event | None = None, flush_interval: float = 0.2, hostile: bool = True) -> Path:
-    import torch
-
     from gpudash.monitor import Monitor
+    from gpudash.testing import ToyLoop
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loop = ToyLoop((32, 64, 4), lr=1e-2, batch=16, tokens_per_sample=8, clip_grad_norm=10.0)
     with Monitor(run_dir, name=name, flush_interval=flush_interval, host_hz=5.0,
                  config={"memory_budget_gb": 0.001} if rich else None) as mon:
-        mon.watch(model, opt)
+        mon.watch(loop.model, loop.opt)
         if rich:
             mon.set_meta(estimate={"peak_bytes": 900_000})
             _store_snapshot(mon, step=0)
-            mon.recorder.put("stacks", {"time": time.time(), "stack": "train.py:main;train.py:step;torch:backward",
-                                        "count": 30})
-            mon.recorder.put("stacks", {"time": time.time(), "stack": "train.py:main;train.py:data", "count": 10})
+            mon.put("stacks", {"time": time.time(), "stack": "train.py:main;train.py:step;torch:backward", "count": 30})
+            mon.put("stacks", {"time": time.time(), "stack": "train.py:main;train.py:data", "count": 10})
         step = 0
         while step < steps or (stop is not None and not stop.is_set()):
-            with mon.step(samples=16, tokens=16 * 8):
-                with mon.phase("data"):
-                    x = torch.randn(16, 32)
-                    y = x[:, :4].argmax(1)
-                with mon.phase("forward"):
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
-                with mon.phase("backward"):
-                    loss.backward()
-                with mon.phase("optimizer"):
-                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                scalars: dict[str, Any] = {"loss": loss, "lr": 1e-2}
+            with loop.step(mon) as s:
+                scalars: dict[str, Any] = {"loss": s.loss, "lr": 1e-2}
                 if rich:
-                    scalars["grad_norm"] = norm
+                    scalars["grad_norm"] = s.grad_norm
                     if step == steps // 2:
                         scalars["loss"] = 50.0  # a loss spike for the detector
                     alloc = 600_000 + 1000 * step
@@ -71,7 +56,7 @@ def _store_snapshot(mon: Any, step: int) -> None:
     from gpudash.store.snapshot import read_snapshot_pickle, snapshot_row, summarize
 
     raw = read_snapshot_pickle((FIXTURES / "snapshot_synthetic.pickle").read_bytes())
-    mon.recorder.put("snapshots", snapshot_row(summarize(raw), time=time.time(), step=step, reason="test"))
+    mon.put("snapshots", snapshot_row(summarize(raw), time=time.time(), step=step, reason="test"))
 
 
 class LiveRun:

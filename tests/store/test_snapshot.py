@@ -22,7 +22,7 @@ import pytest
 
 import gpudash
 from gpudash.cli import main as cli
-from gpudash.store.reader import RunError
+from gpudash.errors import RunError
 from gpudash.store.snapshot import (
     SUMMARY_FORMAT,
     decode_summary,

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpudash.store import RunError, RunReader, load_run
+from gpudash.errors import RunError
+from gpudash.store import RunReader, load_run
 from gpudash.store.chunks import MERGE_FANOUT
 from gpudash.store.writer import Recorder
 
