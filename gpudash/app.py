@@ -25,6 +25,7 @@ from gpudash.errors import UserError
 from gpudash.layouts import memory, runs, stability, throughput
 from gpudash.layouts.callbacks import ReaderCache, register_callbacks
 from gpudash.layouts.data import load_view
+from gpudash.layouts.inputs import BadInput
 from gpudash.layouts.pages import verdicts_for
 from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir
 from gpudash.layouts.style import index_string
@@ -82,6 +83,8 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
     app.server.wsgi_app = guard(app.server.wsgi_app, token=token,  # type: ignore[method-assign]
                                 hosts=allowed_hosts(host, allow_hosts), browser=True)
     _install_api(app.server, runs_dir, readers)
+    app.server.register_error_handler(
+        BadInput, lambda exc: (f"gpudash: bad request: {exc}\n", 400, {"Content-Type": "text/plain; charset=utf-8"}))
     if metrics:  # Prometheus /metrics beside the dashboard (behind the same token)
         from gpudash.metrics import register_metrics
 
