@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpudash.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.analysis.ranks import rank_skew
 from gpudash.errors import UserError
-from gpudash.layouts.runid import InvalidRunId, list_nested_run_dirs, resolve_run_dir
+from gpudash.layouts.runid import list_nested_run_dirs
 from gpudash.store.reader import RankReader, RunError, RunReader, is_run_dir
 
 if TYPE_CHECKING:
@@ -144,11 +144,8 @@ class RunsCollector:
         found: dict[str, Path] = {}
         root = self.runs_dir
         if is_run_dir(root):
-            try:  # the run itself: its rank files must stay inside its folder's parent, as on the dashboard
-                found[root.name] = resolve_run_dir(root.resolve().parent, root.resolve().name)
-            except (InvalidRunId, OSError):
-                pass
-        else:
+            found[root.name] = root  # the run this process writes (MetricsServer), named by its owner
+        else:  # a runs folder: the dashboard's run ids, nothing that links out of it
             found = dict(list_nested_run_dirs(root))
         for run_id, path in found.items():
             if run_id not in self._readers:
