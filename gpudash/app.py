@@ -11,55 +11,26 @@ token check, the server thread and the CLI.
 from __future__ import annotations
 
 import argparse
-import hmac
-import ipaddress
-import os
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import dash
 from dash import dcc, html
-from flask import Response, jsonify, redirect, request
+from flask import jsonify
 
+from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.errors import RunError, UserError
 from gpudash.layouts import memory, runs, stability, throughput
 from gpudash.layouts.callbacks import ReaderCache, register_callbacks
 from gpudash.layouts.data import load_view
+from gpudash.layouts.inputs import BadInput
 from gpudash.layouts.pages import verdicts_for
 from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir
 from gpudash.layouts.style import index_string
 
 __all__ = ["add_arguments", "create_app", "run", "serve_in_thread"]
-
-TOKEN_ENV = "GPUDASH_TOKEN"
-_COOKIE = "gpudash_token"
-
-def _token_ok(token: str) -> bool:
-    supplied = [request.cookies.get(_COOKIE, ""), request.args.get("token", "")]
-    auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer "):
-        supplied.append(auth[7:])
-    return any(s and hmac.compare_digest(s.encode(), token.encode()) for s in supplied)
-
-
-def _install_token_check(server: Any, token: str) -> None:
-    @server.before_request
-    def check_token() -> Any:
-        if not _token_ok(token):
-            return Response("gpudash: this dashboard needs its token: open the URL printed by "
-                            "'gpudash serve' (…?token=...)\n", status=401, mimetype="text/plain")
-        if request.args.get("token") and request.method == "GET" and not request.path.startswith("/api/"):
-            # keep the token out of the address bar and history: move it into a cookie
-            args = {k: v for k, v in request.args.items() if k != "token"}
-            resp = redirect(request.path + ("?" + urlencode(args) if args else ""))
-            resp.set_cookie(_COOKIE, token, httponly=True, samesite="Strict")
-            return resp
-        return None
-
 
 def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
     @server.get("/api/runs")
@@ -97,8 +68,10 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
         return jsonify({"error": "no such API route", "routes": ["/api/runs", "/api/runs/<run_id>/summary"]}), 404
 
 
-def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = False) -> dash.Dash:
-    """The dashboard for the runs in ``runs_dir``; with ``token`` every route requires it."""
+def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = False, host: str = "127.0.0.1",
+               allow_hosts: Iterable[str] = ()) -> dash.Dash:
+    """The dashboard for the runs in ``runs_dir``; with ``token`` every route requires it. Requests must
+    name the server in their Host header (:func:`gpudash.access.allowed_hosts` of ``host``)."""
     runs_dir = Path(runs_dir)
     no_title: Any = None  # no "Updating..." tab-title flicker on every live tick
     app = dash.Dash(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
@@ -106,9 +79,11 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
     app.index_string = index_string()
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), html.Div(id="page")])
     readers = ReaderCache(runs_dir)
-    if token:
-        _install_token_check(app.server, token)
+    app.server.wsgi_app = guard(app.server.wsgi_app, token=token,  # type: ignore[method-assign]
+                                hosts=allowed_hosts(host, allow_hosts), browser=True)
     _install_api(app.server, runs_dir, readers)
+    app.server.register_error_handler(
+        BadInput, lambda exc: (f"gpudash: bad request: {exc}\n", 400, {"Content-Type": "text/plain; charset=utf-8"}))
     if metrics:  # Prometheus /metrics beside the dashboard (behind the same token)
         from gpudash.metrics import register_metrics
 
@@ -117,35 +92,13 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
     return app
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _check_bind(host: str, token: str | None) -> None:
-    if not _is_loopback(host) and not token:
-        raise UserError(f"binding {host} exposes your runs to the network: pass --token SECRET "
-                        f"(or set {TOKEN_ENV}), or keep the default --host 127.0.0.1")
-
-
 def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
-                    token: str | None = None, metrics: bool = False) -> tuple[str, Callable[[], None]]:
+                    token: str | None = None, metrics: bool = False,
+                    allow_hosts: Iterable[str] = ()) -> tuple[str, Callable[[], None]]:
     """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port."""
-    from werkzeug.serving import WSGIRequestHandler, make_server
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns the console
-            pass
-
-    _check_bind(host, token)
-    app = create_app(Path(runs_dir), token=token, metrics=metrics)
-    server = make_server(host, port, app.server, threaded=True, request_handler=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="gpudash-serve", daemon=True)
-    thread.start()
+    check_bind(host, token)
+    app = create_app(Path(runs_dir), token=token, metrics=metrics, host=host, allow_hosts=allow_hosts)
+    server, thread = serve_wsgi(app.server, host, port, "gpudash-serve")
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
 
@@ -165,6 +118,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None,
                    help=f"require this token on every page and API call (default: ${TOKEN_ENV}); "
                         "needed to bind anything but loopback")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to NAME (a DNS name or proxy in front of the server); "
+                        "'*' answers any (default: loopback names and the bound address only)")
     p.add_argument("--metrics", action="store_true",
                    help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
 
@@ -176,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
     if not list_run_dirs(runs_dir) and resolve_is_run(runs_dir):
         print(f"gpudash: {runs_dir} is a run; serving its parent folder {runs_dir.resolve().parent}")
         runs_dir = runs_dir.resolve().parent
-    token = args.token or os.environ.get(TOKEN_ENV) or None
+    token = resolve_token(args.token)
     if not 0 <= args.port < 65536:
         raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
     try:
-        url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics)
+        url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics,
+                                    allow_hosts=args.allow_host)
     except OSError as exc:
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from exc
     print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)

@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -37,12 +37,14 @@ import pandas as pd
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpudash.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.analysis.ranks import rank_skew
-from gpudash.errors import RunError
+from gpudash.errors import RunError, UserError
+from gpudash.layouts.runid import list_nested_run_dirs
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+    from werkzeug.serving import BaseWSGIServer as WSGIServer
 
 __all__ = [
     "DEFAULT_PORT",
@@ -142,15 +144,9 @@ class RunsCollector:
         found: dict[str, Path] = {}
         root = self.runs_dir
         if is_run_dir(root):
-            found[root.name] = root
-        else:
-            for d in sorted(p for p in root.glob("*") if p.is_dir()):
-                if is_run_dir(d):
-                    found[d.name] = d
-                else:
-                    for sub in sorted(p for p in d.glob("*") if p.is_dir()):
-                        if is_run_dir(sub):
-                            found[sub.relative_to(root).as_posix()] = sub
+            found[root.name] = root  # the run this process writes (MetricsServer), named by its owner
+        else:  # a runs folder: the dashboard's run ids, nothing that links out of it
+            found = dict(list_nested_run_dirs(root))
         for run_id, path in found.items():
             if run_id not in self._readers:
                 try:
@@ -322,13 +318,16 @@ def register_metrics(server: Any, runs_dir: str | os.PathLike[str], path: str = 
 
 
 def serve_metrics(runs_dir: str | os.PathLike[str], port: int = DEFAULT_PORT, host: str = "127.0.0.1",
-                  **collector_kwargs: Any) -> WSGIServer:
+                  token: str | None = None, allow_hosts: Iterable[str] = (), **collector_kwargs: Any) -> WSGIServer:
     """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the server
     (``server.shutdown()`` stops it; ``server.server_port`` is the port when 0 was asked).
-    Use ``host="0.0.0.0"`` so a Prometheus on another machine can scrape it."""
-    from prometheus_client import start_wsgi_server
-
-    server, _thread = start_wsgi_server(port, addr=host, registry=metrics_registry(runs_dir, **collector_kwargs))
+    Use ``host="0.0.0.0"`` so a Prometheus on another machine can scrape it; that needs ``token``
+    (or ``$GPUDASH_TOKEN``), sent by Prometheus as ``authorization: {credentials: TOKEN}``.
+    The same rules as ``gpudash serve`` (:mod:`gpudash.access`)."""
+    token = resolve_token(token)
+    check_bind(host, token)
+    app = guard(metrics_wsgi_app(runs_dir, **collector_kwargs), token=token, hosts=allowed_hosts(host, allow_hosts))
+    server, _thread = serve_wsgi(app, host, port, "gpudash-metrics")
     return server
 
 
@@ -341,14 +340,16 @@ class MetricsServer:
 
     name = "metrics"
 
-    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | None = None) -> None:
         self.port = port
         self.host = host
+        self.token = resolve_token(token)
+        check_bind(host, self.token)  # here, not in start(): a config mistake is said before training
         self.server: WSGIServer | None = None
 
     def start(self, monitor: Any) -> None:
         if monitor.rank == 0:
-            self.server = serve_metrics(monitor.run_dir, self.port, self.host, max_age_s=None)
+            self.server = serve_metrics(monitor.run_dir, self.port, self.host, self.token, max_age_s=None)
 
     @property
     def url(self) -> str | None:
@@ -365,13 +366,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpudash.metrics", description="Serve /metrics for a runs folder.")
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to let other machines scrape")
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to let other machines scrape (needs --token)")
+    p.add_argument("--token", default=None,
+                   help="require this bearer token on every scrape (default: $GPUDASH_TOKEN); "
+                        "needed to bind anything but loopback")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to NAME ('*': any)")
     args = p.parse_args(argv)
     if not Path(args.runs_dir).is_dir():
         print(f"gpudash: error: {args.runs_dir}: no such directory (pass the folder your runs are written to)",
               file=sys.stderr)
         return 2
-    server = serve_metrics(args.runs_dir, args.port, args.host)
+    try:
+        server = serve_metrics(args.runs_dir, args.port, args.host, args.token, args.allow_host)
+    except UserError as exc:
+        print(f"gpudash: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"gpudash: error: cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port",
+              file=sys.stderr)
+        return 2
     print(f"gpudash metrics for {args.runs_dir} at http://{args.host}:{server.server_port}/metrics")
     try:
         threading.Event().wait()

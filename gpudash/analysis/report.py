@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,12 @@ footer{color:#8a93a3;font-size:12px;margin-top:30px}
 
 def _e(x: object) -> str:
     return html.escape(str(x), quote=True)
+
+
+def _md_text(text: str) -> str:
+    """Markdown with no raw HTML: a ``<`` that would open a tag and a ``&`` that would start an entity are
+    escaped; a plain ``loss < 2`` stays readable in the terminal."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", re.sub(r"&(?=#?\w+;)", "&amp;", text))
 
 
 @dataclass
@@ -329,4 +336,4 @@ def render_markdown(run: Run, verdicts: list[Verdict] | None = None,
         if v.saving:
             lines.append(f"- **Saves:** {v.saving}")
         lines.append("")
-    return "\n".join(lines)
+    return _md_text("\n".join(lines))

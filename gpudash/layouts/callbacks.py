@@ -7,6 +7,7 @@ its result, an ``extendData`` payload, a ``Patch`` or ``no_update``.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +22,7 @@ from gpudash.errors import RunError
 from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
+from gpudash.layouts.inputs import BadInput, as_float, as_int, live_state, page_run, rank_of
 from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
     activations_at,
@@ -36,7 +38,7 @@ from gpudash.layouts.pages import (
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.store.reader import RunReader
 
-__all__ = ["ReaderCache", "page_for", "register_callbacks", "zoom_range"]
+__all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "zoom_range"]
 
 _ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph": "step", "phases-graph": "step",
                 "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
@@ -68,7 +70,55 @@ class ReaderCache:
             return item
 
 
+class SnapshotRequests:
+    """The "take a snapshot" button writes ``snapshot.request`` only into a live run, and at most once per
+    ``every_s`` seconds per run (each request makes the training process dump its allocator)."""
+
+    def __init__(self, every_s: float = 5.0, clock: Any = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def ask(self, run_id: str, run_dir: Path, status: str) -> str:
+        if status != "live":
+            return f"not requested: the run is {status}; only a live run can take a snapshot"
+        with self._lock:
+            now = self.clock()
+            wait = self._last.get(run_id, -math.inf) + self.every_s - now
+            if wait > 0:
+                return f"not requested: one was asked {self.every_s - wait:.0f} s ago; wait {math.ceil(wait)} s"
+            self._last[run_id] = now
+        request_snapshot(run_dir)
+        return f"requested at {time.strftime('%H:%M:%S')}: it appears after the next step"
+
+
+def event_inputs(click: Any, cell: Any, rows: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None,
+                                                            list[dict[str, Any]]]:
+    """The events timeline click, table cell and table rows, reduced to the steps they point at."""
+    def step(v: Any) -> int | None:
+        return None if v is None else as_int(v, "event step")
+
+    if rows is not None and (not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows)):
+        raise BadInput("events-table data must be a list of rows")
+    clean_rows = [{"step": step(r.get("step"))} for r in rows or []]
+    clean_click = None
+    if click is not None:
+        points = click.get("points") if isinstance(click, dict) else None
+        if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+            raise BadInput("clickData must be {'points': [...]}")
+        clean_click = {"points": [{"customdata": step(p.get("customdata", p.get("x")))} for p in points[:1]]}
+    clean_cell = None
+    if cell is not None:
+        if not isinstance(cell, dict):
+            raise BadInput("active_cell must be an object")
+        clean_cell = {"row": as_int(cell.get("row"), "table row", lo=0)}
+    return clean_click, clean_cell, clean_rows
+
+
 def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -> Any:
+    if not isinstance(pathname, str) or not isinstance(search, str):
+        raise BadInput("the page address must be a string")
     if pathname in ("", "/"):
         return runs.runs_page(runs_dir, runs.list_runs(runs_dir))
     if pathname.startswith("/run/"):
@@ -78,9 +128,12 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         except (InvalidRunId, RunError):
             return html.Div([dcc.Link("← all runs", href="/"), note(f"no run named {run_id!r} in {runs_dir}")],
                             id="not-found")
-        rank = parse_qs(search.lstrip("?")).get("rank", ["0"])[0]
+        try:  # a rank typed into the address: the first rank when it is not one
+            rank = rank_of(parse_qs(search.lstrip("?")).get("rank", ["0"])[0])
+        except BadInput:
+            rank = 0
         with lock:
-            return build_run_page(run_id, reader, int(rank) if rank.isdigit() else 0)
+            return build_run_page(run_id, reader, rank)
     if pathname == "/compare":
         wanted = [r for r in ",".join(parse_qs(search.lstrip("?")).get("runs", [])).split(",") if r]
         views, missing = [], []
@@ -106,7 +159,9 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
 
     @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
     def compare_href(values: list[list[str]]) -> str:
-        picked = [v for vals in values for v in (vals or [])]
+        if not isinstance(values, list) or not all(isinstance(v, list | None) for v in values):
+            raise BadInput("compare picks must be lists of run ids")
+        picked = [v for vals in values for v in (vals or []) if isinstance(v, str)]
         return "/compare?" + urlencode({"runs": ",".join(picked)}) if picked else "/compare"
 
     @app.callback(
@@ -124,8 +179,14 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     )
     def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None,
              page: dict[str, Any] | None) -> Any:
-        if not state or not state.get("run"):
+        if not state or not isinstance(state, dict) or not state.get("run"):
             raise PreventUpdate
+        state = live_state(state)
+        cursor = None if cursor is None else as_int(cursor, "cursor")
+        slider_max = None if slider_max is None else as_int(slider_max, "slider max")
+        n = 0 if n is None else as_int(n, "n_intervals", lo=0)
+        if page is not None and not isinstance(page, dict):
+            raise BadInput("page-run must be an object")
         try:
             reader, lock = readers.get(state["run"])
         except (InvalidRunId, RunError):
@@ -158,7 +219,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
 
             tail = pd.DataFrame({k: v for k, v in (new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {}).items()})
             steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
-            stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, (page or {}).get("mfu_meta") or {}))]
+            mfu = (page or {}).get("mfu_meta") or {}
+            mfu = {k: as_float(v, k) for k, v in mfu.items() if k in ("peak_flops", "flops_per_token")} \
+                if isinstance(mfu, dict) else {}
+            stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, mfu))]
         if view is not None:
             lights = stability.lights_row(stability.stability_lights(view.frame("steps"), view.frame("memory"),
                                                                       view.frame("events")))
@@ -186,13 +250,16 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, value: int | None, lo: int, hi: int,
                     speed: int, page: dict[str, Any], rows: list[dict[str, Any]]) -> int:
         trigger = dash.ctx.triggered_id
-        value = int(value if value is not None else lo)
+        lo, hi = as_int(lo or 0, "slider min"), as_int(hi or 0, "slider max")
+        value = as_int(value if value is not None else lo, "cursor")
+        click, cell, rows = event_inputs(click, cell, rows)
         if trigger == "play-interval":
-            per_tick = 0.5 * float(speed or 1) / max(float(page.get("step_s") or 0.1), 1e-6)
+            step_s = as_float((page or {}).get("step_s") or 0.1, "step_s") if isinstance(page, dict | None) else 0.1
+            per_tick = min(0.5 * as_float(speed or 1, "speed") / max(step_s, 1e-6), float(2**53))
             nxt = value + max(1, round(per_tick))
             return lo if value >= hi else min(nxt, hi)
         if trigger in ("prev-event", "next-event"):
-            steps = [int(r["step"]) for r in rows or [] if r.get("step") is not None]
+            steps = [r["step"] for r in rows if r.get("step") is not None]
             target = events.neighbor_event(steps, value, 1 if trigger == "next-event" else -1)
             if target is None:
                 raise PreventUpdate
@@ -215,12 +282,16 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                       status: str | None, prev: dict[str, Any] | None) -> list[Any]:
         if step is None or not page:
             raise PreventUpdate
+        run_id, rank = page_run(page)
+        step = as_int(step, "cursor")
+        slider_max = None if slider_max is None else as_int(slider_max, "slider max")
+        if not isinstance(pick, str | None) or not isinstance(status, str | None) \
+                or not isinstance(prev, dict | None):
+            raise BadInput("snapshot pick, status and cursor-follow must be strings and an object")
         try:
-            reader, lock = readers.get(page["run"])
+            reader, lock = readers.get(run_id)
         except (InvalidRunId, RunError):
             raise PreventUpdate from None
-        rank = int(page.get("rank", 0))
-        step = int(step)
         prev = prev or {}
         # following a live run: the cursor is the newest step, so no cursor line, and the snapshot and
         # activation views are resent only when a newer one exists
@@ -261,13 +332,16 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     def snapshot_now(_n: int, page: dict[str, Any] | None) -> str:
         if not page:
             raise PreventUpdate
+        run_id, _ = page_run(page)
         try:
-            path = resolve_run_dir(runs_dir, page["run"])
-        except InvalidRunId:
+            reader, lock = readers.get(run_id)
+        except (InvalidRunId, RunError):
             raise PreventUpdate from None
-        request_snapshot(path)
-        return f"requested at {time.strftime('%H:%M:%S')}: it appears after the next step"
+        with lock:
+            status = reader.status()
+        return snapshots.ask(run_id, reader.path, status)
 
+    snapshots = SnapshotRequests()
     for graph_id, xmode in _ZOOM_GRAPHS.items():
         _register_zoom(app, readers, graph_id, xmode)
     _register_ranks(app, readers)
@@ -280,7 +354,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if not page:
             raise PreventUpdate
         try:
-            path = resolve_run_dir(runs_dir, page["run"])
+            path = resolve_run_dir(runs_dir, page_run(page)[0])
         except InvalidRunId:
             raise PreventUpdate from None
         verdicts = verdicts_for(path)
@@ -294,10 +368,11 @@ def _register_ranks(app: dash.Dash, readers: ReaderCache) -> None:
                   Input("run-status", "children"), State("page-run", "data"), prevent_initial_call=True)
     def ranks_refresh(n: int | None, _status: str | None, page: dict[str, Any] | None) -> Any:
         # a live run: every RANKS_EVERY ticks (the skew reads both ranks' tables), and once when it ends
-        if not page or (dash.ctx.triggered_id == "live-interval" and (n or 0) % RANKS_EVERY):
+        n = 0 if n is None else as_int(n, "n_intervals", lo=0)
+        if not page or (dash.ctx.triggered_id == "live-interval" and n % RANKS_EVERY):
             raise PreventUpdate
         try:
-            reader, lock = readers.get(page["run"])
+            reader, lock = readers.get(page_run(page)[0])
         except (InvalidRunId, RunError):
             raise PreventUpdate from None
         with lock:
@@ -312,13 +387,15 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | 
     """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change."""
     if not relayout:
         return None
+    if not isinstance(relayout, dict):
+        raise BadInput("relayoutData must be an object")
     if relayout.get("xaxis.autorange") or relayout.get("autosize"):
         return True
     if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
-        return float(relayout["xaxis.range[0]"]), float(relayout["xaxis.range[1]"])
+        return as_float(relayout["xaxis.range[0]"], "x range"), as_float(relayout["xaxis.range[1]"], "x range")
     rng = relayout.get("xaxis.range")
     if isinstance(rng, list) and len(rng) == 2:
-        return float(rng[0]), float(rng[1])
+        return as_float(rng[0], "x range"), as_float(rng[1], "x range")
     return None
 
 
@@ -327,8 +404,10 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
                   State("live-state", "data"), State("cursor-slider", "value"), prevent_initial_call=True)
     def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None) -> Any:
         rng = zoom_range(relayout)
-        if rng is None or not state or not state.get("downsampled"):
+        if rng is None or not state or not isinstance(state, dict) or not state.get("downsampled"):
             raise PreventUpdate
+        state = live_state(state)
+        cursor = None if cursor is None else as_int(cursor, "cursor")
         try:
             reader, lock = readers.get(state["run"])
         except (InvalidRunId, RunError):

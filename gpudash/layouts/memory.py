@@ -147,7 +147,8 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     blocks: pd.DataFrame = getattr(mm, "blocks", pd.DataFrame())
     step = getattr(mm, "step", None)
     reason = getattr(mm, "reason", None)
-    title = "Allocator segment map" + (f" (step {step})" if step is not None else "") + (f" - {reason}" if reason else "")
+    title = "Allocator segment map" + (f" (step {plot_text(step)})" if step is not None else "") \
+        + (f" - {plot_text(reason)}" if reason else "")
     fig = base_figure(title, height=360, xaxis_title="bytes within segment", yaxis_title="")
     fig.update_layout(hovermode="closest", barmode="overlay")
     fig.update_xaxes(tickformat=".3s", ticksuffix="B")
@@ -179,7 +180,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     states = blocks[state_c].astype(str) if state_c else pd.Series("active_allocated", index=blocks.index)
     for state in sorted(states.unique()):
         b = blocks[states == state]
-        hover = [f"{state} {fmt_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
+        hover = [f"{plot_text(state)} {fmt_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
                  for sz, fr in zip(b[size_c], b[frame_c] if frame_c else [None] * len(b), strict=False)]
         fig.add_trace({"type": "bar", "orientation": "h", "y": [labels[int(s)] for s in b["_seg"]],
                        "x": b[size_c].astype(float).tolist(), "base": b["_offset"].astype(float).tolist(),

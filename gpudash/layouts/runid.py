@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpudash.store.reader import is_run_dir
 
-__all__ = ["InvalidRunId", "list_run_dirs", "resolve_run_dir", "valid_run_id"]
+__all__ = ["InvalidRunId", "list_nested_run_dirs", "list_run_dirs", "resolve_run_dir", "valid_run_id"]
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@-]{0,199}$")
 
@@ -54,4 +54,24 @@ def list_run_dirs(runs_dir: Path) -> list[tuple[str, Path]]:
             out.append((child.name, resolve_run_dir(runs_dir, child.name)))
         except (InvalidRunId, OSError):
             continue
+    return out
+
+
+def list_nested_run_dirs(runs_dir: Path) -> list[tuple[str, Path]]:
+    """:func:`list_run_dirs`, plus the runs one folder down (id ``group/run``), each level held to
+    the same rules: a group folder must resolve directly inside ``runs_dir``."""
+    out = list_run_dirs(runs_dir)
+    try:
+        children = sorted(runs_dir.iterdir())
+        root = runs_dir.resolve()
+    except OSError:
+        return out
+    for child in children:
+        try:
+            if not valid_run_id(child.name) or child.resolve().parent != root or not child.is_dir() \
+                    or is_run_dir(child):
+                continue
+        except OSError:
+            continue
+        out.extend((f"{child.name}/{run_id}", path) for run_id, path in list_run_dirs(child))
     return out

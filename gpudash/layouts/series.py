@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from gpudash.layouts.common import plot_text
 from gpudash.layouts.fig import Fig
 
 __all__ = ["WINDOW", "Series", "add_series", "series_xy", "spike_mask"]
@@ -165,7 +166,7 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
 
 def add_series(fig: Fig, spec: Series, x: list[Any], y: list[Any]) -> None:
     """Append the trace for ``spec`` (``uid`` = its key) to ``fig``; data as plain lists."""
-    t: dict[str, Any] = {"x": x, "y": y, "name": spec.name, "uid": spec.key, "yaxis": spec.yaxis}
+    t: dict[str, Any] = {"x": x, "y": y, "name": plot_text(spec.name), "uid": spec.key, "yaxis": spec.yaxis}
     color = {"color": spec.color} if spec.color else {}
     if spec.style == "bar":
         t.update(type="bar", marker=color)

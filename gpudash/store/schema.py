@@ -102,8 +102,11 @@ def rank_db_name(rank: int) -> str:
 
 
 def rank_from_db_name(name: str) -> int | None:
+    """The rank of ``rankN.db``; None for other names, and for an N no launcher gives (above 2**31 - 1)."""
     m = _RANK_DB.match(name)
-    return int(m.group(1)) if m else None
+    if not m or len(m.group(1)) > 10 or int(m.group(1)) > 2**31 - 1:
+        return None
+    return int(m.group(1))
 
 
 def rollup_table(table: str, level: int) -> str:

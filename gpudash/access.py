@@ -1,0 +1,171 @@
+"""Who may talk to a gpudash server: one rule for the dashboard and for ``/metrics``.
+
+* Binding anything but loopback needs a token (``--token`` or ``$GPUDASH_TOKEN``),
+  checked on every request (``Authorization: Bearer``, ``?token=`` or the cookie
+  the dashboard sets).
+* Every request must name this server in its ``Host`` header: loopback names
+  always, the bound address (or this machine's names for a wildcard bind) when
+  exposed, and names given with ``--allow-host``. A page on another site that
+  re-points its DNS name at 127.0.0.1 (DNS rebinding) gets a 403.
+
+    check_bind(host, token)                       # UserError before anything listens
+    app = guard(app, token=token, hosts=allowed_hosts(host))
+    server, thread = serve_wsgi(app, host, port)
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlencode
+
+from gpudash.errors import UserError
+
+__all__ = ["TOKEN_ENV", "allowed_hosts", "check_bind", "guard", "host_name", "is_loopback", "resolve_token",
+           "serve_wsgi", "token_ok"]
+
+TOKEN_ENV = "GPUDASH_TOKEN"
+COOKIE = "gpudash_token"
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(flag: str | None) -> str | None:
+    """The token given on the command line, else ``$GPUDASH_TOKEN``, else None."""
+    return flag or os.environ.get(TOKEN_ENV) or None
+
+
+def check_bind(host: str, token: str | None) -> None:
+    if not is_loopback(host) and not token:
+        raise UserError(f"binding {host or '0.0.0.0'} exposes your runs to the network: pass --token SECRET "
+                        f"(or set {TOKEN_ENV}), or keep the default --host 127.0.0.1")
+
+
+def host_name(header: str) -> str | None:
+    """The host of a ``Host`` header without its port, lower case; None when malformed."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        name, rest = header[1:end], header[end + 1:]
+        if end < 0 or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:]
+    else:
+        name, _, port = header.partition(":")
+    if (port and not port.isdigit()) or not name or any(c in name for c in "/@\\ ?#"):
+        return None
+    return name.rstrip(".")
+
+
+def _machine_names() -> set[str]:
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    try:
+        import psutil
+
+        for addrs in psutil.net_if_addrs().values():
+            names |= {a.address.split("%")[0].lower() for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
+    except Exception:  # noqa: BLE001 - no interface list: the names above and --allow-host remain
+        pass
+    return names
+
+
+def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """Host names this server answers to; ``"*"`` in ``extra`` turns the check off."""
+    names = set(_LOOPBACK_NAMES) | {e.strip().lower().strip("[]").rstrip(".") for e in extra if e.strip()}
+    bind = bind_host.strip().lower()
+    if bind in _WILDCARDS:
+        names |= _machine_names()
+    elif not is_loopback(bind):
+        names.add(bind.strip("[]").rstrip("."))
+    return frozenset(names)
+
+
+def _host_ok(header: str | None, hosts: frozenset[str]) -> bool | None:
+    """True/False for a well-formed header, None for a malformed one."""
+    if header is None or "*" in hosts:
+        return True  # no Host header: not a browser, so not a rebinding page
+    name = host_name(header)
+    if name is None:
+        return None
+    return name in hosts or is_loopback(name)
+
+
+def token_ok(token: str, *, authorization: str = "", cookie: str = "", query: str = "") -> bool:
+    supplied = [cookie, query]
+    if authorization[:7].lower() == "bearer ":
+        supplied.append(authorization[7:].strip())
+    return any(s and hmac.compare_digest(s.encode(), token.encode()) for s in supplied)
+
+
+def _plain(start_response: Callable[..., Any], status: str, text: str) -> list[bytes]:
+    body = (text + "\n").encode()
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def guard(app: Callable[..., Any], *, token: str | None, hosts: frozenset[str],
+          browser: bool = False) -> Callable[..., Any]:
+    """A WSGI app that answers only requests naming an allowed host and, with ``token``, carrying it.
+
+    ``browser``: a page opened with ``?token=`` is redirected to the same page without it, the token
+    moved into an HttpOnly cookie (kept out of the address bar and history)."""
+    from werkzeug.http import dump_cookie
+    from werkzeug.wrappers import Request
+
+    def checked(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        ok = _host_ok(environ.get("HTTP_HOST"), hosts)
+        if ok is None:
+            return _plain(start_response, "400 Bad Request", "gpudash: malformed Host header")
+        if not ok:
+            name = host_name(environ["HTTP_HOST"])
+            return _plain(start_response, "403 Forbidden",
+                          f"gpudash: this server does not answer for host {name!r} (DNS-rebinding guard); "
+                          f"open it as 127.0.0.1 or localhost, or start it with --allow-host {name}")
+        if not token:
+            return app(environ, start_response)
+        req = Request(environ)
+        if not token_ok(token, authorization=req.headers.get("Authorization", ""),
+                        cookie=req.cookies.get(COOKIE, ""), query=req.args.get("token", "")):
+            return _plain(start_response, "401 Unauthorized",
+                          "gpudash: this server needs its token: open the URL printed by 'gpudash serve' "
+                          "(…?token=...) or send 'Authorization: Bearer TOKEN'")
+        if browser and req.args.get("token") and req.method == "GET" and not req.path.startswith("/api/"):
+            args = {k: v for k, v in req.args.items() if k != "token"}
+            location = req.script_root + req.path + ("?" + urlencode(args) if args else "")
+            start_response("302 Found", [("Location", location), ("Content-Length", "0"),
+                                         ("Set-Cookie", dump_cookie(COOKIE, token, path="/", httponly=True,
+                                                                    samesite="Strict"))])
+            return [b""]
+        return app(environ, start_response)
+
+    return checked
+
+
+def serve_wsgi(app: Callable[..., Any], host: str, port: int, name: str) -> tuple[Any, threading.Thread]:
+    """Serve ``app`` on ``host:port`` (0: a free port) from a daemon thread, one thread per request,
+    without a log line per request. Returns (server, thread); ``server.shutdown()`` stops it."""
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns the console
+            pass
+
+    server = make_server(host, port, app, threaded=True, request_handler=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+    thread.start()
+    return server, thread
