@@ -24,6 +24,7 @@ from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
     activations_at,
     build_run_page,
+    facts_for,
     load_snapshots,
     memory_row_at,
     pick_snapshot,
@@ -131,7 +132,9 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             raise PreventUpdate from None
         prev_status = state.get("status")
         with lock:
-            res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0))))
+            facts = facts_for(reader.path)  # the one run cache: re-judged as the run grows, so lights move
+            phases = {"phases": list(facts.phases)} if facts is not None else None
+            res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0)), phases))
             view: RunView | None = load_view(reader) if (res.rebuild or res.new_events) else None
         new = res.state
         extends = [res.extends.get(g, no_update) for g in graphs]
@@ -158,9 +161,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             tail = pd.DataFrame({k: v for k, v in (new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {}).items()})
             steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
             stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, (page or {}).get("mfu_meta") or {}))]
+        lights = stability.lights_row(stability.stability_lights(facts))
         if view is not None:
-            lights = stability.lights_row(stability.stability_lights(view.frame("steps"), view.frame("memory"),
-                                                                      view.frame("events")))
             ev_fig = events.events_figure(view.frame("events"))
             ev_rows = events.event_rows(view.frame("events"))
         changed = status != prev_status  # the summary panel re-runs the analysis only then

@@ -32,8 +32,9 @@ def _ranks(frames: dict[str, Any]) -> list[int]:
     return sorted(ranks) or [0]
 
 
-def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0) -> list[Series]:
-    """The series ``graph`` shows for these frames (the same function decides rebuilds while live)."""
+def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[str, Any] | None = None) -> list[Series]:
+    """The series ``graph`` shows for these frames (the same function decides rebuilds while live);
+    ``meta["phases"]`` is the run's phase set."""
     import pandas as pd
 
     empty = pd.DataFrame()
@@ -46,7 +47,7 @@ def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0) -> list[Serie
     if graph == "rates-graph":
         return throughput.rate_series(steps, ranks)
     if graph == "phases-graph":
-        return throughput.phase_series(steps, rank)
+        return throughput.phase_series(steps, rank, meta)
     if graph == "loss-graph":
         return stability.loss_series(steps, ranks)
     if graph == "signals-graph":
@@ -67,7 +68,7 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
     """A whole figure for ``graph`` from the view's (downsampled) frames."""
     live = view.status == "live"
     f = view.frames
-    specs = graph_specs(graph, f, rank)
+    specs = graph_specs(graph, f, rank, view.meta)
     if graph == "memory-graph":
         fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
     elif graph == "step-time-graph":
@@ -135,12 +136,13 @@ def _section(title: str, children: list[Any], sid: str) -> html.Section:
 def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
              state: dict[str, Any], extra: dict[str, Any]) -> html.Div:
     """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
-    rows, hot-spot rows, the summary verdicts (or None), the snapshot options and the ranks box's children."""
+    rows, hot-spot rows, the summary verdicts (or None), the snapshot options, the ranks box's children and the
+    run's :class:`gpudash.analysis.facts.Facts` (the lights render them)."""
     meta = view.meta
     last = view.last_step
     first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
     stats = throughput.throughput_stats(view.frame("steps"), meta)
-    lights = stability.stability_lights(view.frame("steps"), view.frame("memory"), view.frame("events"))
+    lights = stability.stability_lights(extra.get("facts"))
     device_name = device_label(meta)
     cap = meta.get("device_capacity_bytes")
     header = html.Div([
