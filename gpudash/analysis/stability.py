@@ -105,6 +105,8 @@ def _fmt_ranges(rs: list[tuple[int, int]], limit: int = 6) -> str:
 
 
 def _one_rank(steps: pd.DataFrame) -> pd.DataFrame:
+    if "step" not in steps:  # no steps recorded (a run that died at once)
+        return pd.DataFrame({"step": pd.Series(dtype="int64")})
     if "rank" in steps and steps["rank"].nunique() > 1:
         steps = steps[steps["rank"] == steps["rank"].min()]
     return steps.sort_values("step").reset_index(drop=True)
