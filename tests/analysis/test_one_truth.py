@@ -236,3 +236,13 @@ def test_sparse_activations_never_vanish_from_metrics(runs_dir: Path, metrics_te
 def test_finished_runs_stay_in_metrics(metrics_text: str) -> None:
     for name in SAMPLES:  # finished long ago: still scraped (no --metrics-max-age)
         assert _metric(metrics_text, "gpudash_steps", name) is not None, name
+
+
+def test_metrics_max_age_drops_runs_that_ended_long_ago(runs_dir: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from gpudash.metrics import main, metrics_registry
+
+    text = generate_latest(metrics_registry(runs_dir / "healthy", max_age_s=60.0)).decode()
+    assert "gpudash_step{" not in text  # the sample run ended long before this test
+    assert main([str(runs_dir), "--metrics-max-age", "-1"]) == 2  # a user mistake: one line, no traceback
