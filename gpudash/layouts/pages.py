@@ -157,9 +157,12 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     view = view if view is not None else load_view(reader)
     if rank not in view.ranks:
         rank = view.ranks[0]
+    facts = facts_for(reader.path)
+    spikes = list(facts.loss_spike_steps) if facts is not None else None
     figs, specs = {}, {}
     for g in LIVE_GRAPHS:
-        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step)
+        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step,
+                                        spikes=spikes)
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
@@ -172,7 +175,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
         "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory")),
-        "facts": facts_for(reader.path),
+        "facts": facts,
     }
     state = initial_state(run_id, view, specs, rank)
     state["downsampled"] = any(view.levels.values()) or any(

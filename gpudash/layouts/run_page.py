@@ -3,6 +3,7 @@ hot-spot views, for live and saved runs alike."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dash import dcc, html
@@ -64,8 +65,23 @@ def _cursor_shape(step: int | None) -> dict[str, Any]:
             "line": {"color": "#111", "width": 1.5, "dash": "dot"}, "visible": step is not None}
 
 
-def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None) -> tuple[Fig, list[Series]]:
-    """A whole figure for ``graph`` from the view's (downsampled) frames."""
+def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int]) -> None:
+    """Put the run's loss spikes (its facts, judged on every row) on the lowest rank's spike trace: on a
+    downsampled or zoomed view the trailing windows of the rows shown are not the run's."""
+    spec = min((s for s in specs if s.fn == "spike"), key=lambda s: s.rank, default=None)
+    trace = next((t for t in fig.data if spec is not None and t.get("uid") == spec.key), None)
+    if spec is None or trace is None or "loss" not in steps or "step" not in steps:
+        return
+    rows = steps[steps["rank"] == spec.rank] if "rank" in steps else steps
+    loss = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")["loss"]
+    shown = [int(s) for s in spikes if s in loss.index]
+    trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
+
+
+def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None,
+                spikes: Sequence[int] | None = None) -> tuple[Fig, list[Series]]:
+    """A whole figure for ``graph`` from the view's (downsampled) frames; ``spikes`` (the run's facts)
+    are the loss chart's markers when given."""
     live = view.status == "live"
     f = view.frames
     specs = graph_specs(graph, f, rank, view.meta)
@@ -79,6 +95,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig = throughput.phase_figure(view.frame("steps"), specs, live)
     elif graph == "loss-graph":
         fig = stability.loss_figure(view.frame("steps"), specs, live)
+        if spikes is not None:
+            _mark_spikes(fig, specs, view.frame("steps"), spikes)
     elif graph == "signals-graph":
         _, titles = stability.signal_series(view.frame("steps"), view.frame("memory"), rank)
         fig = device.panels_figure("Stability signals", f, specs, view.t0, live, axis_titles=titles, xaxis_title="step")

@@ -246,3 +246,28 @@ def test_metrics_max_age_drops_runs_that_ended_long_ago(runs_dir: Path) -> None:
     text = generate_latest(metrics_registry(runs_dir / "healthy", max_age_s=60.0)).decode()
     assert "gpudash_step{" not in text  # the sample run ended long before this test
     assert main([str(runs_dir), "--metrics-max-age", "-1"]) == 2  # a user mistake: one line, no traceback
+
+
+def test_spike_markers_of_a_downsampled_view_are_the_facts() -> None:
+    """A long run's chart is drawn from a downsampled frame, where the trailing window of a row spans many
+    more steps: judged there, the spikes vanished. The markers are the run's facts, judged on every row."""
+    import numpy as np
+    import pandas as pd
+
+    from gpudash.layouts.data import RunView, downsample_frame
+    from gpudash.layouts.run_page import build_graph
+    from gpudash.store.run import Run
+
+    n = 3000
+    rng = np.random.default_rng(0)
+    loss = np.linspace(6.0, 2.0, n) + 0.01 * rng.standard_normal(n)
+    loss[2000] *= 1.25
+    loss[2500] *= 1.5
+    steps = pd.DataFrame({"step": np.arange(n), "rank": 0, "loss": loss, "duration_s": 0.1, "time": np.arange(n) * 0.1})
+    facts = run_facts(Run(path=Path("."), meta={}, status="finished", steps=steps, memory=pd.DataFrame(),
+                          events=pd.DataFrame()))
+    assert facts.loss_spike_steps == (2000, 2500)
+    view = RunView(path=Path("."), meta={}, status="finished", frames={"steps": downsample_frame(steps, "steps", 300)})
+    assert len(view.frame("steps")) < n
+    fig, _ = build_graph("loss-graph", view, spikes=list(facts.loss_spike_steps))
+    assert next(t for t in fig.data if t.name == "spike").x == [2000, 2500]
