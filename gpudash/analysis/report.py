@@ -153,17 +153,18 @@ def _legend(items: list[tuple[str, str]]) -> str:
                                            for k, c in items) + "</div>"
 
 
-def _markers(run: Run) -> list[tuple[float, str, str]]:
+def _markers(run: Run, facts: Facts) -> list[tuple[float, str, str]]:
+    """Event markers; loss spikes are the run's facts (the trainer's live events follow the same rule)."""
     ev = run.events
-    out: list[tuple[float, str, str]] = []
+    out: list[tuple[float, str, str]] = [(float(s), "#ef6c00", f"step {s}: loss spike") for s in facts.loss_spike_steps]
     if ev.empty:
-        return out
-    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457", "loss_spike": "#ef6c00"}
+        return out[:200]
+    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457"}
     for _, e in ev.iterrows():
         kind = str(e["kind"])
         if kind in colors and not pd.isna(e["step"]):
             out.append((float(e["step"]), colors[kind], f"step {int(e['step'])}: {kind}: {e['message']}"))
-    return out[:200]
+    return sorted(out)[:200]
 
 
 def _one_rank(df: pd.DataFrame) -> pd.DataFrame:
@@ -172,9 +173,9 @@ def _one_rank(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values("step") if "step" in df else df
 
 
-def _figures(run: Run, cap: float | None) -> list[tuple[str, str]]:
+def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]:
     figs: list[tuple[str, str]] = []
-    markers = _markers(run)
+    markers = _markers(run, facts)
     steps = _one_rank(run.steps)
     if len(steps):
         phases = phase_columns(steps, run.meta)
@@ -285,9 +286,10 @@ def render_html(run: Run, verdicts: list[Verdict] | None = None,
     if verdicts is None:
         verdicts = summarize(run, price_per_hour=price_per_hour)
     title = f"gpudash report: {run.name}"
-    kv = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline(run))
+    facts = run_facts(run)
+    kv = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline(run, facts))
     figs = "".join(f"<figure><figcaption>{_e(t)}</figcaption>{body}</figure>"
-                   for t, body in _figures(run, _capacity(run, verdicts)))
+                   for t, body in _figures(run, _capacity(run, verdicts), facts))
     worst = next((v for v in verdicts if v.severity != "ok"), None)
     lead = f"{_e(worst.title)}" if worst else "Nothing wrong found."
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

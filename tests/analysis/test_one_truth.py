@@ -138,9 +138,12 @@ def _text(component: Any) -> str:
 def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: Any, metrics_text: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     path = runs_dir / name
+    from gpudash.analysis.report import render_html
+
     run = load_run(path)
     try:
         facts = run_facts(run)
+        html = render_html(run)
     finally:
         run.close()
     truth = facts.to_json()
@@ -160,6 +163,9 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
     spike_verdict = next((v for v in report["verdicts"] if v["kind"] == "loss-spike"), None)
     if spike_verdict is not None:
         assert spike_verdict["numbers"]["count"] == len(facts.loss_spike_steps)
+
+    if facts.steps:  # the HTML report's chart marks the same spikes
+        assert sorted({int(m) for m in re.findall(r"step (\d+): loss spike", html)}) == list(facts.loss_spike_steps)
 
     # /metrics
     assert _metric(metrics_text, "gpudash_steps", name) == facts.steps
