@@ -27,6 +27,7 @@ __all__ = ["MEMORY_COLUMNS", "rank_skew", "rank_summary", "straggler_summary"]
 MEMORY_COLUMNS = ("allocated_bytes", "reserved_bytes")
 _CATEGORY_COLUMNS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
 
+
 def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
     for col in MEMORY_COLUMNS:
         if col in memory and memory[col].notna().any():
