@@ -22,7 +22,8 @@ steps keeps its last value between writes). Finished runs stay, unless
 ``max_age_s`` (``--metrics-max-age``) drops those that ended longer ago. The
 run-level facts (steps, OOMs counted once, loss spikes, non-finite steps,
 measured peak) come from :mod:`gpudash.analysis.facts`, as every other surface
-shows them; phases are the run's recorded phase set.
+shows them (not from the in-process ``MetricsServer``: they load the whole run);
+phases are the run's recorded phase set.
 """
 
 from __future__ import annotations
@@ -132,8 +133,9 @@ class RunsCollector:
     """Collects the latest values of every run under ``runs_dir`` (or of ``runs_dir`` itself)."""
 
     def __init__(self, runs_dir: str | os.PathLike[str], max_age_s: float | None = None,
-                 rescan_s: float = 5.0) -> None:
+                 rescan_s: float = 5.0, facts: bool = True) -> None:
         self.runs_dir = Path(runs_dir)
+        self.facts = facts
         self.max_age_s = max_age_s
         self.rescan_s = rescan_s
         self._readers: dict[str, RunReader] = {}
@@ -187,7 +189,7 @@ class RunsCollector:
                         tails.append(tail)
                 if len(tails) > 1:
                     self._skew(fams, run_id, tails)
-                if tails:
+                if tails and self.facts:
                     self._facts(fams, run_id, reader)
             yield from fams.families.values()
 
@@ -416,7 +418,8 @@ class MetricsServer:
 
     def start(self, monitor: Any) -> None:
         if monitor.rank == 0:
-            self.server = serve_metrics(monitor.run_dir, self.port, self.host, max_age_s=None)
+            # no run-level facts here: they load the whole run, work that must not compete with training
+            self.server = serve_metrics(monitor.run_dir, self.port, self.host, max_age_s=None, facts=False)
 
     @property
     def url(self) -> str | None:
