@@ -22,7 +22,7 @@ from flask import jsonify
 
 from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.errors import RunError, UserError
-from gpudash.layouts import memory, runs, stability, throughput
+from gpudash.layouts import memory, runs, throughput
 from gpudash.layouts.callbacks import ReaderCache, register_callbacks
 from gpudash.layouts.data import load_view
 from gpudash.layouts.inputs import BadInput
@@ -56,8 +56,7 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
         out["memory_now"] = memory.memory_at(view.frame("memory"), None)
         ev = view.frame("events")
         out["events"] = {str(k): int(v) for k, v in ev["kind"].value_counts().items()} if len(ev) else {}
-        out["stability"] = [{"signal": s, "light": c, "detail": d} for s, c, d in
-                            stability.stability_lights(view.frame("steps"), view.frame("memory"), ev)]
+        out["stability"] = (out.get("facts") or {}).get("lights") or []
         verdicts = verdicts_for(path)
         out["verdicts"] = None if verdicts is None else [
             v.as_dict() if hasattr(v, "as_dict") else {"title": str(getattr(v, "title", v))} for v in verdicts]

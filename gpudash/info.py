@@ -3,47 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
+from gpudash.analysis.facts import Facts, headline_rows, run_facts
 from gpudash.store import load_run
 from gpudash.store.run import Run
 from gpudash.units import human_bytes
 
-__all__ = ["add_arguments", "human_bytes", "run", "summarize"]
+__all__ = ["add_arguments", "as_json", "human_bytes", "run", "summarize"]
 
 
-def summarize(r: Run) -> list[str]:
-    lines = [f"run      {r.name}  ({r.path})", f"status   {r.status}"]
-    if r.meta.get("end_reason"):
-        lines.append(f"ended    {r.meta['end_reason']}")
-    lines.append(f"device   {r.meta.get('device_name') or r.meta.get('device', '?')}   ranks: {len(r.ranks)}")
-    s = r.steps
-    if len(s):
-        lines.append(f"steps    {int(s['step'].max()) + 1}   median step {s['duration_s'].median() * 1e3:.1f} ms")
-        span = float(s["time"].max() - s["time"].min()) if len(s) > 1 else 0.0
-        if "tokens" in s and span > 0:
-            lines.append(f"tokens/s {s['tokens'].sum() / span:,.0f}")
-    m = r.memory
-    if len(m):
-        parts = []
-        for col in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "allocated_bytes"):
-            if col in m and m[col].notna().any():
-                parts.append(f"{col.removesuffix('_bytes')} {human_bytes(m[col].max())}")
-        lines.append("peak     " + ", ".join(parts))
+def summarize(r: Run, facts: Facts | None = None) -> list[str]:
+    """The run as lines of text: its :class:`gpudash.analysis.facts.Facts`, and the events by kind."""
+    facts = facts if facts is not None else run_facts(r)
+    lines = [f"{'run':<13} {r.name}  ({r.path})"]
+    lines += [f"{label:<13} {text}" for label, text in headline_rows(facts, r.meta)]
     if len(r.events):
         counts = r.events["kind"].value_counts()
-        lines.append("events   " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+        lines.append(f"{'events':<13} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
     for p in r.problems:
-        lines.append(f"damaged  {p}")
+        lines.append(f"{'damaged':<13} {p}")
     return lines
+
+
+def as_json(r: Run, facts: Facts | None = None) -> dict[str, Any]:
+    """``gpudash info RUN --json``: ``{"facts": {...}, "name", "path", "events", "problems"}``."""
+    facts = facts if facts is not None else run_facts(r)
+    events = {str(k): int(v) for k, v in r.events["kind"].value_counts().items()} if len(r.events) else {}
+    return {"facts": facts.to_json(), "name": r.name, "path": str(r.path), "events": events,
+            "problems": list(r.problems)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="a run directory")
+    p.add_argument("--json", action="store_true", help='print {"facts": {...}, ...} as JSON')
 
 
 def run(args: argparse.Namespace) -> int:
     r = load_run(args.run_dir)
-    print("\n".join(summarize(r)))
-    r.close()
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps(as_json(r), indent=1, allow_nan=False))
+        else:
+            print("\n".join(summarize(r)))
+    finally:
+        r.close()
     return 0

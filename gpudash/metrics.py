@@ -17,8 +17,13 @@ plain WSGI app (``metrics_wsgi_app``), or on its own port
 (``serve_metrics(runs_dir, port)``; also ``python -m gpudash.metrics RUNS_DIR``),
 or from the training process itself, opt-in:
 ``monitor.add_collector(MetricsServer(port=9479))``.
-Runs that ended more than ``max_age_s`` ago drop out, so dashboards do not keep
-stale series forever.
+Each series is its newest value carried forward (a column written every N
+steps keeps its last value between writes). Finished runs stay, unless
+``max_age_s`` (``--metrics-max-age``) drops those that ended longer ago. The
+run-level facts (steps, OOMs counted once, loss spikes, non-finite steps,
+measured peak) come from :mod:`gpudash.analysis.facts`, as every other surface
+shows them (not from the in-process ``MetricsServer``: they load the whole run);
+phases are the run's recorded phase set.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpudash.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
+from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_skew
 from gpudash.errors import RunError, UserError
 from gpudash.layouts.runid import list_nested_run_dirs
@@ -61,6 +67,8 @@ __all__ = [
 DEFAULT_PORT = 9479
 #: Steps read per scrape to compute rates (tokens/s over the last N steps).
 WINDOW = 20
+#: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
+CARRY_ROWS = 2000
 _CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
                "optimizer_host_bytes"}
 _COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
@@ -127,12 +135,15 @@ def _latest(df: pd.DataFrame) -> dict[str, Any]:
 class RunsCollector:
     """Collects the latest values of every run under ``runs_dir`` (or of ``runs_dir`` itself)."""
 
-    def __init__(self, runs_dir: str | os.PathLike[str], max_age_s: float | None = 600.0,
-                 rescan_s: float = 5.0) -> None:
+    def __init__(self, runs_dir: str | os.PathLike[str], max_age_s: float | None = None,
+                 rescan_s: float = 5.0, facts: bool = True) -> None:
         self.runs_dir = Path(runs_dir)
+        self.facts = facts
         self.max_age_s = max_age_s
         self.rescan_s = rescan_s
         self._readers: dict[str, RunReader] = {}
+        #: (run, rank, table, gpu) -> (rowid read up to, newest value of each column)
+        self._carry: dict[tuple[str, int, str, int | None], tuple[int, dict[str, Any]]] = {}
         self._scanned = 0.0
         self._lock = threading.Lock()
 
@@ -175,7 +186,60 @@ class RunsCollector:
                         tails.append(tail)
                 if len(tails) > 1:
                     self._skew(fams, run_id, tails)
+                if tails and self.facts:
+                    self._facts(fams, run_id, reader)
             yield from fams.families.values()
+
+    @staticmethod
+    def _facts(fams: _Families, run_id: str, reader: RunReader) -> None:
+        """Run-level gauges from the run's facts (the numbers the report and the API state)."""
+        from gpudash.analysis.runcache import shared_cache
+
+        try:
+            facts = shared_cache().get(reader.path).facts
+        except Exception as exc:  # noqa: BLE001 - a damaged run must not break the scrape
+            fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                     {"run": run_id, "rank": "all", "error": type(exc).__name__}, 1)
+            return
+        lab = {"run": run_id}
+        fams.add("gpudash_steps", "Steps recorded (last step index + 1).", lab, facts.steps)
+        fams.add("gpudash_ooms", "Out-of-memory errors, each counted once.", lab, facts.oom_count, counter=True)
+        fams.add("gpudash_loss_spikes", "Steps whose loss was a spike (gpudash's one spike rule).", lab,
+                 len(facts.loss_spike_steps), counter=True)
+        fams.add("gpudash_nonfinite_steps", "Steps with a NaN/Inf loss or gradients.", lab,
+                 len(facts.nonfinite_steps), counter=True)
+        if facts.peak_bytes.get("measured") is not None:
+            fams.add("gpudash_measured_peak_bytes", "Largest measured per-step memory peak of the run.", lab,
+                     facts.peak_bytes["measured"])
+        if facts.fragmentation_pct is not None:
+            fams.add("gpudash_fragmentation_ratio", "Worst share of reserved memory in inactive split blocks.",
+                     lab, facts.fragmentation_pct / 100.0)
+
+    def _carried(self, key: tuple[str, int, str, int | None], rr: RankReader, table: str) -> dict[str, Any]:
+        """Newest non-null value of every column of ``table`` (of one GPU when ``key[3]`` is set),
+        carried forward from earlier scrapes: a column written every N steps never vanishes."""
+        scanned, values = self._carry.get(key, (0, {}))
+        top = rr.max_rowid(table)
+        if top <= scanned:
+            return values
+        gpu = key[3]
+        where, params = ("gpu = ?", (gpu,)) if gpu is not None else ("", ())
+        new = rr.read(table, where, params, after_rowid=max(scanned, top - CARRY_ROWS))
+        values = {**values, **_latest(new.drop(columns=["_rowid"], errors="ignore"))}
+        if not scanned:  # the first look at this run: columns not written lately, one indexed lookup each
+            for col in rr.columns(table):
+                if col in values or col in ("_rowid", "rank", "gpu"):
+                    continue
+                cond = f'"{col}" IS NOT NULL' + (f" AND {where}" if where else "")
+                try:
+                    row = rr.conn.execute(f'SELECT "{col}" FROM "{table}" WHERE {cond} ORDER BY rowid DESC LIMIT 1',
+                                          params).fetchone()
+                except Exception:  # noqa: BLE001 - a damaged table leaves the other columns
+                    continue
+                if row is not None and isinstance(row[0], (int, float)):
+                    values[col] = row[0]
+        self._carry[key] = (top, values)
+        return values
 
     @staticmethod
     def _skew(fams: _Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
@@ -208,10 +272,11 @@ class RunsCollector:
                  status == "live")
         fams.add("gpudash_heartbeat_timestamp_seconds", "Last time the run's writer flushed (unix time).", lab,
                  heartbeat or float("nan"))
-        steps = self._steps(fams, lab, rr)
-        memory = self._memory(fams, lab, rr)
-        self._simple(fams, lab, rr, "host", "gpudash_host_")
-        self._device(fams, lab, rr)
+        key = (run_id, rank)
+        steps = self._steps(fams, lab, rr, key, meta)
+        memory = self._memory(fams, lab, rr, key)
+        self._simple(fams, lab, rr, "host", "gpudash_host_", key)
+        self._device(fams, lab, rr, key)
         self._events(fams, lab, rr)
         return steps.assign(rank=rank), memory.assign(rank=rank)
 
@@ -219,22 +284,25 @@ class RunsCollector:
     def _tail(rr: RankReader, table: str, rows: int) -> pd.DataFrame:
         return rr.read(table, after_rowid=max(0, rr.max_rowid(table) - rows))
 
-    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> pd.DataFrame:
+    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int],
+               meta: dict[str, Any]) -> pd.DataFrame:
         df = self._tail(rr, "steps", WINDOW)
         if df.empty:
             return df
-        last = _latest(df)
+        last = self._carried((*key, "steps", None), rr, "steps")
         fams.add("gpudash_step", "Index of the newest recorded training step.", lab, last.get("step"))
         fams.add("gpudash_last_step_timestamp_seconds", "When the newest step ended (unix time).", lab,
                  last.get("time"))
         fams.add("gpudash_step_duration_seconds", "Wall time of the newest step.", lab,
                  df["duration_s"].iloc[-1])
-        for col in df.columns:
-            if col in _SKIP or col == "_rowid" or col not in last:
+        phases = {f"{p}_s" for p in run_phases(meta, last)}
+        for col in sorted(last):
+            if col in _SKIP or col == "_rowid":
                 continue
-            if col.endswith("_s"):
+            if col in phases:
                 fams.add("gpudash_phase_duration_seconds", "Time spent in each phase of the newest step.",
-                         {**lab, "phase": col[:-2]}, df[col].iloc[-1] if pd.notna(df[col].iloc[-1]) else 0.0)
+                         {**lab, "phase": col[:-2]}, df[col].iloc[-1] if col in df and pd.notna(df[col].iloc[-1])
+                         else 0.0)
             elif col in _SCALARS:
                 fams.add(_SCALARS[col], f"Newest logged {col}.", lab, last[col])
             else:
@@ -247,9 +315,9 @@ class RunsCollector:
                 fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
         return df
 
-    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> pd.DataFrame:
+    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:
         df = self._tail(rr, "memory", WINDOW)
-        last = _latest(df)
+        last = self._carried((*key, "memory", None), rr, "memory")
         for col, value in last.items():
             if col in _SKIP or col == "_rowid":
                 continue
@@ -264,21 +332,24 @@ class RunsCollector:
                 fams.add(f"gpudash_memory_{name}", f"Newest {col} from the memory record.", lab, value * factor)
         return df
 
-    def _simple(self, fams: _Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str) -> None:
-        last = _latest(self._tail(rr, table, 4))
-        for col, value in last.items():
+    def _simple(self, fams: _Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str,
+                key: tuple[str, int]) -> None:
+        for col, value in self._carried((*key, table, None), rr, table).items():
             if col in _SKIP or col == "_rowid":
                 continue
             name, factor = prometheus_name(col)
             fams.add(prefix + name, f"Newest {table} sample of {col}.", lab, value * factor)
 
-    def _device(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
-        df = self._tail(rr, "device", 64)
-        if df.empty or "gpu" not in df:
+    def _device(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
+        if "gpu" not in rr.columns("device"):
             return
-        for gpu, g in df.groupby("gpu"):
-            glab = {**lab, "gpu": str(int(float(str(gpu))))}
-            for col, value in _latest(g).items():
+        try:
+            gpus = [int(g) for (g,) in rr.conn.execute("SELECT DISTINCT gpu FROM device").fetchall() if g is not None]
+        except Exception:  # noqa: BLE001 - a damaged device table leaves the other metrics
+            return
+        for gpu in gpus:
+            glab = {**lab, "gpu": str(gpu)}
+            for col, value in self._carried((*key, "device", gpu), rr, "device").items():
                 if col in _SKIP or col == "_rowid":
                     continue
                 name, factor = prometheus_name(col)
@@ -349,7 +420,8 @@ class MetricsServer:
 
     def start(self, monitor: Any) -> None:
         if monitor.rank == 0:
-            self.server = serve_metrics(monitor.run_dir, self.port, self.host, self.token, max_age_s=None)
+            # no run-level facts here: they load the whole run, work that must not compete with training
+            self.server = serve_metrics(monitor.run_dir, self.port, self.host, self.token, max_age_s=None, facts=False)
 
     @property
     def url(self) -> str | None:
@@ -372,13 +444,20 @@ def main(argv: list[str] | None = None) -> int:
                         "needed to bind anything but loopback")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="also answer requests addressed to NAME ('*': any)")
+    p.add_argument("--metrics-max-age", type=float, default=None, metavar="SECONDS",
+                   help="drop runs that ended more than SECONDS ago (default: keep every run)")
     args = p.parse_args(argv)
+    if args.metrics_max_age is not None and args.metrics_max_age < 0:
+        print("gpudash: error: --metrics-max-age must be >= 0 seconds (or leave it out to keep every run)",
+              file=sys.stderr)
+        return 2
     if not Path(args.runs_dir).is_dir():
         print(f"gpudash: error: {args.runs_dir}: no such directory (pass the folder your runs are written to)",
               file=sys.stderr)
         return 2
     try:
-        server = serve_metrics(args.runs_dir, args.port, args.host, args.token, args.allow_host)
+        server = serve_metrics(args.runs_dir, args.port, args.host, args.token, args.allow_host,
+                               max_age_s=args.metrics_max_age)
     except UserError as exc:
         print(f"gpudash: error: {exc}", file=sys.stderr)
         return 2

@@ -301,6 +301,8 @@ class Monitor:
         ph = self._phases.get(name)
         if ph is None:
             ph = self._phases[name] = _Phase(self, name)
+            # the run's phase set is what was opened (analysis never guesses it from a column suffix)
+            self.recorder.put_meta(phases=[p.key.removesuffix("_s") for p in self._phases.values()])
         return ph
 
     def log(self, **scalars: Any) -> None:

@@ -13,10 +13,12 @@ phase times (``<phase>_gpu_s``) over each stretch are added as evidence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.phases import phase_columns as _phase_columns
 from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, fmt_s
 from gpudash.store.run import Run
 
@@ -56,25 +58,9 @@ class Stretch:
     """Mean device telemetry over the stretch (sm_active_pct, gpu_util_pct, gpu_busy_share)."""
 
 
-_NOT_PHASES = ("duration_s", "seconds", "elapsed_s", "time_s", "gpu_s", "cpu_s")
-_NOT_PHASE_SUFFIXES = ("_gpu_s", "_cpu_s", "_total_s", "_elapsed_s")
-
-
-def phase_columns(steps: pd.DataFrame) -> list[str]:
-    """``<phase>_s`` columns the Monitor's phases wrote; logged timings such as
-    ``thread_cpu_s`` or CUDA-event ``<phase>_gpu_s`` are not wall-time phases."""
-    out = []
-    dur = float(steps["duration_s"].median()) if "duration_s" in steps and len(steps) else 0.0
-    for c in steps.columns:
-        if not c.endswith("_s") or c in _NOT_PHASES or c.endswith(_NOT_PHASE_SUFFIXES):
-            continue
-        col = steps[c]
-        if not col.notna().any() or not pd.api.types.is_numeric_dtype(col):
-            continue
-        if dur and float(col.median()) > 1.05 * dur:  # a phase never outlasts its step
-            continue
-        out.append(c)
-    return out
+def phase_columns(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> list[str]:
+    """The run's ``<phase>_s`` columns (:func:`gpudash.analysis.phases.phase_columns`)."""
+    return _phase_columns(steps, meta)
 
 
 def _group(col: str) -> str:
@@ -85,9 +71,9 @@ def _group(col: str) -> str:
     return "compute"
 
 
-def phase_shares(steps: pd.DataFrame) -> pd.DataFrame:
+def phase_shares(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """Per step: the share of ``duration_s`` in each group; ``sync`` includes unaccounted time."""
-    cols = phase_columns(steps)
+    cols = phase_columns(steps, meta)
     dur = steps["duration_s"].astype(float).clip(lower=1e-9)
     out = pd.DataFrame({"step": steps["step"].astype(int).to_numpy()}, index=steps.index)
     total = pd.Series(0.0, index=steps.index)
@@ -162,10 +148,10 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
     if "rank" in steps and steps["rank"].nunique() > 1:
         steps = steps[steps["rank"] == (rank if rank is not None else int(steps["rank"].min()))]
     steps = steps.sort_values("step").reset_index(drop=True)
-    cols = phase_columns(steps)
+    cols = phase_columns(steps, run.meta)
     if not cols:
         return []
-    shares = phase_shares(steps)
+    shares = phase_shares(steps, run.meta)
     n = len(steps)
     labels = _smooth(_label(shares), window=max(1, min(25, n // 20)) | 1)
     out: list[Stretch] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.lights import FRAG_WARN_PCT, fragmentation_pct
 from gpudash.analysis.verdict import Severity, Verdict, fmt_bytes, fmt_pct, num
 from gpudash.store.run import Run
 
@@ -125,18 +126,16 @@ def memory_verdicts(run: Run) -> list[Verdict]:
     mem = _one_rank(run.memory)
     retries = mem["alloc_retries"].astype(float) if "alloc_retries" in mem else None
     split = mem["inactive_split_bytes"].astype(float) if "inactive_split_bytes" in mem else None
-    reserved = mem["reserved_bytes"].astype(float) if "reserved_bytes" in mem else None
     ev = []
     first = None
     if retries is not None and retries.notna().any() and float(retries.max()) > 0:
         first = int(mem.loc[retries > 0, "step"].iloc[0])
         ev.append(f"{int(retries.max())} cudaMalloc retries (the allocator freed its cache and tried again), "
                   f"first at step {first}")
-    if split is not None and reserved is not None and reserved.notna().any():
-        frac = (split / reserved.where(reserved > 0)).max()
-        if pd.notna(frac) and float(frac) > 0.3:
-            ev.append(f"up to {fmt_pct(float(frac))} of reserved memory sat in inactive split blocks "
-                      f"({fmt_bytes(float(split.max()))})")
+    frag = fragmentation_pct(run.memory)  # the same number as the run's facts and its light
+    if frag is not None and frag >= FRAG_WARN_PCT:  # the amber fragmentation light's threshold
+        ev.append(f"up to {frag:.0f} % of reserved memory sat in inactive split blocks"
+                  + (f" ({fmt_bytes(float(split.max()))})" if split is not None and split.notna().any() else ""))
     if ev and not has_oom:
         out.append(Verdict(kind="fragmentation", title="Allocator fragmentation", severity="warn", evidence=ev,
                            recommendation="set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so freed blocks "

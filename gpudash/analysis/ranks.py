@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.phases import phase_columns
+
 __all__ = ["MEMORY_COLUMNS", "rank_skew", "rank_summary", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
 MEMORY_COLUMNS = ("allocated_bytes", "reserved_bytes")
 _CATEGORY_COLUMNS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-_NOT_PHASES = {"duration_s"}
 
 
 def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
@@ -78,8 +79,7 @@ def rank_skew(run: Any) -> pd.DataFrame:
     out["skew_s"] = out["duration_max_s"] - out["duration_min_s"]
     median = out["duration_median_s"].where(out["duration_median_s"] > 0)
     out["skew_ratio"] = out["duration_max_s"] / median - 1.0
-    phases = [c for c in s.columns if c.endswith("_s") and c not in _NOT_PHASES
-              and pd.api.types.is_numeric_dtype(s[c])]
+    phases = [c for c in phase_columns(s, getattr(run, "meta", None)) if pd.api.types.is_numeric_dtype(s[c])]
     for ph in phases:
         p = s.pivot(index="step", columns="rank", values=ph).astype(float).reindex(out.index)
         name = ph.removesuffix("_s")
@@ -141,8 +141,8 @@ def rank_summary(run: Any) -> pd.DataFrame:
     out = pd.DataFrame({"steps": g["step"].count() if "step" in steps else g.size(),
                         "step_median_s": g["duration_s"].median(),
                         "step_p95_s": g["duration_s"].quantile(0.95)})
-    for ph in (c for c in steps.columns if c.endswith("_s") and c not in _NOT_PHASES
-               and pd.api.types.is_numeric_dtype(steps[c])):
+    for ph in (c for c in phase_columns(steps, getattr(run, "meta", None))
+               if pd.api.types.is_numeric_dtype(steps[c])):
         out[f"{ph.removesuffix('_s')}_median_s"] = g[ph].median()
     mem = _memory_series(memory) if not memory.empty and "rank" in memory else None
     if mem is not None:

@@ -13,19 +13,21 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from gpudash.analysis.bottleneck import phase_columns
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
+from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.oom import CATEGORIES
+from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.summary import summarize
 from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_s
 from gpudash.store.run import Run
 
-__all__ = ["headline", "render_html", "render_markdown", "svg_chart"]
+__all__ = ["headline", "render_html", "render_json", "render_markdown", "svg_chart"]
 
 _SEV_COLOR = {"bad": "#c62828", "warn": "#ef6c00", "ok": "#2e7d32"}
 _SEV_LABEL = {"bad": "problem", "warn": "warning", "ok": "ok"}
@@ -158,17 +160,18 @@ def _legend(items: list[tuple[str, str]]) -> str:
                                            for k, c in items) + "</div>"
 
 
-def _markers(run: Run) -> list[tuple[float, str, str]]:
+def _markers(run: Run, facts: Facts) -> list[tuple[float, str, str]]:
+    """Event markers; loss spikes are the run's facts (the trainer's live events follow the same rule)."""
     ev = run.events
-    out: list[tuple[float, str, str]] = []
+    out: list[tuple[float, str, str]] = [(float(s), "#ef6c00", f"step {s}: loss spike") for s in facts.loss_spike_steps]
     if ev.empty:
-        return out
-    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457", "loss_spike": "#ef6c00"}
+        return out[:200]
+    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457"}
     for _, e in ev.iterrows():
         kind = str(e["kind"])
         if kind in colors and not pd.isna(e["step"]):
             out.append((float(e["step"]), colors[kind], f"step {int(e['step'])}: {kind}: {e['message']}"))
-    return out[:200]
+    return sorted(out)[:200]
 
 
 def _one_rank(df: pd.DataFrame) -> pd.DataFrame:
@@ -177,12 +180,12 @@ def _one_rank(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values("step") if "step" in df else df
 
 
-def _figures(run: Run, cap: float | None) -> list[tuple[str, str]]:
+def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]:
     figs: list[tuple[str, str]] = []
-    markers = _markers(run)
+    markers = _markers(run, facts)
     steps = _one_rank(run.steps)
     if len(steps):
-        phases = phase_columns(steps)
+        phases = phase_columns(steps, run.meta)
         x = steps["step"].to_numpy(dtype=float)
         series = [(c.removesuffix("_s"), steps[c].fillna(0).to_numpy(dtype=float), _PALETTE[i % len(_PALETTE)])
                   for i, c in enumerate(phases)]
@@ -230,26 +233,20 @@ def _device_frame(run: Run) -> pd.DataFrame:
     return dev.sort_values("time")
 
 
-def headline(run: Run) -> list[tuple[str, str]]:
-    """Key facts as (label, value) rows."""
-    rows = [("status", run.status), ("device", str(run.meta.get("device_name") or run.meta.get("device") or "?")),
-            ("ranks", str(max(1, len(run.ranks))))]
-    if run.meta.get("end_reason") and run.status != "finished":
-        rows.append(("ended", str(run.meta["end_reason"])))
-    s = run.steps
-    if len(s):
-        rows.append(("steps", f"{int(s['step'].max()) + 1}, median {fmt_s(float(s['duration_s'].median()))}"))
-        span = float(s["time"].max() - s["time"].min())
-        if "tokens" in s and span > 0 and s["tokens"].notna().any():
-            rows.append(("throughput", f"{float(s['tokens'].sum()) / span:,.0f} tokens/s"))
-    m = run.memory
-    cats = [c for c in CATEGORIES if c in m and m[c].notna().any()]
-    if cats:
-        rows.append(("peak memory", ", ".join(f"{c.removesuffix('_bytes')} {fmt_bytes(float(m[c].max()))}"
-                                              for c in cats)))
-    for p in run.problems:
-        rows.append(("damaged", p))
+def headline(run: Run, facts: Facts | None = None) -> list[tuple[str, str]]:
+    """Key facts as (label, value) rows (:func:`gpudash.analysis.facts.headline_rows`)."""
+    rows = headline_rows(facts if facts is not None else run_facts(run), run.meta)
+    rows += [("damaged", p) for p in run.problems]
     return rows
+
+
+def render_json(run: Run, verdicts: list[Verdict] | None = None, facts: Facts | None = None,
+                price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> dict[str, Any]:
+    """``{"facts": {...}, "verdicts": [...]}``: what ``gpudash report --format json`` prints (JSON-safe)."""
+    if verdicts is None:
+        verdicts = summarize(run, price_per_hour=price_per_hour)
+    facts = facts if facts is not None else run_facts(run)
+    return {"facts": facts.to_json(), "verdicts": json_safe([v.as_dict() for v in verdicts])}
 
 
 def _capacity(run: Run, verdicts: list[Verdict]) -> float | None:
@@ -296,9 +293,10 @@ def render_html(run: Run, verdicts: list[Verdict] | None = None,
     if verdicts is None:
         verdicts = summarize(run, price_per_hour=price_per_hour)
     title = f"gpudash report: {run.name}"
-    kv = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline(run))
+    facts = run_facts(run)
+    kv = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline(run, facts))
     figs = "".join(f"<figure><figcaption>{_e(t)}</figcaption>{body}</figure>"
-                   for t, body in _figures(run, _capacity(run, verdicts)))
+                   for t, body in _figures(run, _capacity(run, verdicts), facts))
     worst = next((v for v in verdicts if v.severity != "ok"), None)
     lead = f"{_e(worst.title)}" if worst else "Nothing wrong found."
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -1,8 +1,9 @@
-"""``gpudash report RUN_DIR [-o report.html] [--format html|md] [--price-per-hour X]``."""
+"""``gpudash report RUN_DIR [-o report.html] [--format html|md|json] [--price-per-hour X]``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -16,13 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="a run directory")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="where to write the report (default: report.html here for html, the terminal for md)")
-    p.add_argument("--format", choices=("html", "md"), default="html", help="html (default) or md")
+    p.add_argument("--format", choices=("html", "md", "json"), default="html",
+                   help='html (default), md, or json ({"facts": {...}, "verdicts": [...]})')
     p.add_argument("--price-per-hour", type=float, default=DEFAULT_PRICE_PER_HOUR, metavar="USD",
                    help=f"price of one GPU-hour for the cost estimate (default: {DEFAULT_PRICE_PER_HOUR:.2f})")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpudash.analysis.report import render_html, render_markdown
+    from gpudash.analysis.report import render_html, render_json, render_markdown
     from gpudash.analysis.summary import summarize
     from gpudash.store import load_run
 
@@ -31,7 +33,12 @@ def run(args: argparse.Namespace) -> int:
     r = load_run(args.run_dir)
     try:
         verdicts = summarize(r, price_per_hour=args.price_per_hour)
-        if args.format == "md":
+        if args.format == "json":
+            text = json.dumps(render_json(r, verdicts), indent=1, allow_nan=False)
+            if args.output is None:
+                sys.stdout.write(text + "\n")
+                return 0
+        elif args.format == "md":
             text = render_markdown(r, verdicts, args.price_per_hour)
             if args.output is None:
                 sys.stdout.write(text + "\n")

@@ -10,19 +10,81 @@ losses counts as non-finite when the run logs its loss on most steps.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
 from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import Run
 
-__all__ = ["batch_oscillation", "loss_scale_collapses", "loss_spikes", "nonfinite_steps", "precision_fallbacks",
-           "ranges", "settled_batch", "stability_verdicts"]
+__all__ = ["SPIKE_MIN_HISTORY", "SPIKE_RATIO", "SPIKE_WINDOW", "SPIKE_Z", "batch_oscillation", "loss_scale_collapses",
+           "loss_series", "loss_spikes", "nonfinite_steps", "precision_fallbacks", "ranges", "settled_batch",
+           "spike_mask", "spike_scores", "stability_verdicts", "trailing_spike"]
 
+SPIKE_WINDOW = 50
+"""Losses before a step that form its baseline (the trailing window)."""
+SPIKE_MIN_HISTORY = 10
+"""Finite losses the trailing window must hold before a spike can be called."""
 SPIKE_Z = 6.0
-"""Robust z-score (median/MAD over the previous window) above which a loss is a spike."""
-SPIKE_RATIO = 1.5
-"""... and the loss must also be this many times the recent median."""
+"""Robust z-score (median / MAD of the trailing window) above which a loss is a spike..."""
+SPIKE_RATIO = 1.2
+"""... and the loss must also be this many times the trailing median (20 % above it)."""
+_CHUNK = 65_536
+
+
+def spike_scores(values: Sequence[float] | np.ndarray, window: int = SPIKE_WINDOW) -> tuple[np.ndarray, np.ndarray]:
+    """(spike mask, robust z-score) of each value against the ``window`` values before it.
+
+    The one loss-spike rule of gpudash (chart markers, the stability light, the
+    summary, the trainer's live ``loss_spike`` events all call it): value ``i``
+    is a spike when, over the previous ``window`` values (non-finite ones left
+    out, at least ``SPIKE_MIN_HISTORY`` finite), ``(x - median) / (1.4826 MAD)``
+    exceeds ``SPIKE_Z`` *and* ``x`` is more than ``SPIKE_RATIO`` times the
+    median. The MAD is floored at 0.1 % of the median so that a perfectly flat
+    loss still has a scale. A non-finite value is never a spike (it is a
+    non-finite step). Each value depends only on the values before it, so the
+    result on the trailing ``window + 1`` values is the live verdict.
+    """
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    mask = np.zeros(n, dtype=bool)
+    z = np.full(n, np.nan)
+    if n <= SPIKE_MIN_HISTORY:
+        return mask, z
+    hist = np.where(np.isfinite(x), x, np.nan)
+    padded = np.concatenate([np.full(window, np.nan), hist[:-1]])  # row i of the windows: the values before i
+    for a in range(0, n, _CHUNK):
+        b = min(n, a + _CHUNK)
+        w = np.lib.stride_tricks.sliding_window_view(padded[a:b + window - 1], window)
+        count = np.count_nonzero(~np.isnan(w), axis=1)
+        ok = count >= SPIKE_MIN_HISTORY
+        if not ok.any():
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows before the history fills
+            med = np.nanmedian(w, axis=1)
+            mad = np.nanmedian(np.abs(w - med[:, None]), axis=1)
+        scale = np.maximum(np.maximum(1.4826 * mad, 1e-3 * np.abs(med)), 1e-12)
+        xs = hist[a:b]
+        zz = (xs - med) / scale
+        z[a:b] = np.where(ok, zz, np.nan)
+        with np.errstate(invalid="ignore"):
+            mask[a:b] = ok & (zz > SPIKE_Z) & (xs - med > (SPIKE_RATIO - 1.0) * np.abs(med))
+    return mask, z
+
+
+def spike_mask(values: Sequence[float] | np.ndarray, window: int = SPIKE_WINDOW) -> np.ndarray:
+    """True where a value is a loss spike (:func:`spike_scores`)."""
+    return spike_scores(values, window)[0]
+
+
+def trailing_spike(recent: Sequence[float]) -> float | None:
+    """The live check: the z-score of the newest of ``recent`` (the last ``SPIKE_WINDOW + 1`` losses, NaN
+    for a non-finite one) when it is a spike, else None. Same answer as :func:`spike_mask` on the whole run."""
+    mask, z = spike_scores(list(recent)[-(SPIKE_WINDOW + 1):])
+    return float(z[-1]) if len(mask) and mask[-1] else None
 
 
 def ranges(steps: list[int], gap: int = 1) -> list[tuple[int, int]]:
@@ -43,6 +105,8 @@ def _fmt_ranges(rs: list[tuple[int, int]], limit: int = 6) -> str:
 
 
 def _one_rank(steps: pd.DataFrame) -> pd.DataFrame:
+    if "step" not in steps:  # no steps recorded (a run that died at once)
+        return pd.DataFrame({"step": pd.Series(dtype="int64")})
     if "rank" in steps and steps["rank"].nunique() > 1:
         steps = steps[steps["rank"] == steps["rank"].min()]
     return steps.sort_values("step").reset_index(drop=True)
@@ -70,31 +134,32 @@ def nonfinite_steps(run: Run) -> list[int]:
             after_first = loss.notna().cumsum().to_numpy() > 0
             inside = after_first
             out.update(s.loc[loss.isna().to_numpy() & inside, "step"].astype(int))
-    for col in ("nonfinite", "non_finite", "skipped", "skipped_step"):
+    for col in ("nonfinite", "non_finite", "skipped", "skipped_step", "found_inf"):
         if col in s:
             out.update(s.loc[s[col].fillna(0).astype(float) > 0, "step"].astype(int))
+    if "skipped_steps" in s:  # a running total: each rise is a skipped step
+        total = pd.to_numeric(s["skipped_steps"], errors="coerce").ffill().fillna(0.0)
+        out.update(s.loc[total.diff().fillna(total).to_numpy() > 0, "step"].astype(int))
     ev = _events(run, "nonfinite", "non_finite", "nan")
     if len(ev):
         out.update(int(x) for x in ev["step"].dropna())
     return sorted(out)
 
 
-def loss_spikes(run: Run, window: int = 20) -> list[int]:
+def loss_series(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, loss) of the lowest rank, in step order (NaN where no finite loss was logged)."""
     s = _one_rank(run.steps)
-    out: set[int] = set()
-    if "loss" in s and len(s) > window // 2:
-        loss = s["loss"].astype(float).where(lambda x: np.isfinite(x))
-        prev = loss.shift(1).rolling(window, min_periods=max(5, window // 4))
-        med = prev.median()
-        mad = (loss.shift(1) - med).abs().rolling(window, min_periods=max(5, window // 4)).median()
-        scale = (1.4826 * mad).clip(lower=1e-3 * med.abs().clip(lower=1e-6))
-        z = (loss - med) / scale
-        hit = (z > SPIKE_Z) & (loss > SPIKE_RATIO * med)
-        out.update(s.loc[hit.fillna(False).to_numpy(), "step"].astype(int))
-    ev = _events(run, "loss_spike", "spike")
-    if len(ev):
-        out.update(int(x) for x in ev["step"].dropna())
-    return sorted(out)
+    if "loss" not in s or not len(s):
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    loss = pd.to_numeric(s["loss"], errors="coerce").to_numpy(dtype=float)
+    return s["step"].to_numpy(dtype=np.int64), loss
+
+
+def loss_spikes(run: Run) -> list[int]:
+    """Steps whose logged loss is a spike by :func:`spike_scores` (the loss column is the record; the
+    trainer's live ``loss_spike`` events come from the same rule on the trailing window)."""
+    steps, loss = loss_series(run)
+    return sorted(int(s) for s in steps[spike_mask(loss)])
 
 
 def loss_scale_collapses(run: Run, factor: float = 16.0, floor: float = 1.0) -> list[tuple[int, int, float, float]]:
@@ -177,15 +242,16 @@ def stability_verdicts(run: Run) -> list[Verdict]:
     if spikes:
         rs = ranges(spikes, gap=2)
         ev = [f"loss spiked at steps {_fmt_ranges(rs)} (more than {SPIKE_Z:g} robust σ and "
-              f"{SPIKE_RATIO:g}× the median of the previous 20 steps)"]
-        s = _one_rank(run.steps)
-        if "loss" in s:
-            first = s[s["step"] == spikes[0]]["loss"]
-            before = s[(s["step"] < spikes[0]) & (s["step"] >= spikes[0] - 20)]["loss"].median()
-            if len(first) and pd.notna(before):
-                ev.append(f"step {spikes[0]}: loss {float(first.iloc[0]):.3g} against a recent median of {float(before):.3g}")
-        out.append(Verdict(kind="loss-spike", title=f"{len(rs)} loss spike(s)", severity="warn", evidence=ev,
-                           steps=(spikes[0], spikes[-1]), numbers={"count": float(len(rs))}))
+              f"{SPIKE_RATIO:g}× the median of the previous {SPIKE_WINDOW} steps)"]
+        steps, loss = loss_series(run)
+        i = int(np.searchsorted(steps, spikes[0]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            before = float(np.nanmedian(loss[max(0, i - SPIKE_WINDOW):i])) if i else float("nan")
+        if np.isfinite(before):
+            ev.append(f"step {spikes[0]}: loss {loss[i]:.3g} against a recent median of {before:.3g}")
+        out.append(Verdict(kind="loss-spike", title=f"{len(spikes)} loss spike(s)", severity="warn", evidence=ev,
+                           steps=(spikes[0], spikes[-1]), numbers={"count": float(len(spikes))}))
     for a, b, before, low in loss_scale_collapses(run):
         out.append(Verdict(kind="loss-scale-collapse", title=f"fp16 loss scale collapsed (steps {a}–{b})",
                            severity="bad" if low < 1.0 else "warn",

@@ -27,6 +27,7 @@ from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
     activations_at,
     build_run_page,
+    facts_for,
     load_snapshots,
     memory_row_at,
     pick_snapshot,
@@ -192,8 +193,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         except (InvalidRunId, RunError):
             raise PreventUpdate from None
         prev_status = state.get("status")
+        facts = facts_for(reader.path)  # the one run cache: re-judged as the run grows, so lights move
         with lock:
-            res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0))))
+            phases = {"phases": list(facts.phases)} if facts is not None else None
+            res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0)), phases))
             view: RunView | None = load_view(reader) if (res.rebuild or res.new_events) else None
         new = res.state
         extends = [res.extends.get(g, no_update) for g in graphs]
@@ -201,7 +204,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if view is not None:
             for i, g in enumerate(graphs):
                 if g in res.rebuild:
-                    fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)))
+                    fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
+                                                      spikes=list(facts.loss_spike_steps) if facts else None)
                     figures[i] = fig
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
@@ -223,9 +227,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             mfu = {k: as_float(v, k) for k, v in mfu.items() if k in ("peak_flops", "flops_per_token")} \
                 if isinstance(mfu, dict) else {}
             stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, mfu))]
+        lights = stability.lights_row(stability.stability_lights(facts))
         if view is not None:
-            lights = stability.lights_row(stability.stability_lights(view.frame("steps"), view.frame("memory"),
-                                                                      view.frame("events")))
             ev_fig = events.events_figure(view.frame("events"))
             ev_rows = events.event_rows(view.frame("events"))
         changed = status != prev_status  # the summary panel re-runs the analysis only then
@@ -416,7 +419,9 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
             view = load_view(reader)
             if isinstance(rng, tuple):
                 view = range_view(reader, view, rng[0], rng[1], xmode)
-        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor)
+        facts = facts_for(reader.path)
+        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor,
+                                      spikes=list(facts.loss_spike_steps) if facts is not None else None)
         if isinstance(rng, tuple):
             fig.update_xaxes(range=list(rng))
         return fig

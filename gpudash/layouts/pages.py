@@ -24,6 +24,7 @@ from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 __all__ = [
     "activations_at",
     "build_run_page",
+    "facts_for",
     "load_snapshots",
     "memory_row_at",
     "pick_snapshot",
@@ -132,50 +133,36 @@ def activations_at(reader: RunReader, step: int, rank: int = 0) -> pd.DataFrame:
     return df
 
 
-_VERDICTS: dict[str, tuple[tuple[Any, ...], list[Any] | None]] = {}
-
-
 def verdicts_for(path: Any) -> list[Any] | None:
-    """``gpudash.analysis.summarize(run)`` if the analysis package provides it; None otherwise.
-    Cached per run until one of its files changes (the analysis reads every row)."""
-    from gpudash.layouts.runs import run_stamp
+    """``gpudash.analysis.summarize`` of the run, through the one run cache (computed once per change)."""
+    from gpudash.analysis.runcache import shared_cache
 
-    key = str(path)
-    stamp = run_stamp(Path(path))
-    hit = _VERDICTS.get(key)
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
-    out = _verdicts(path)
-    if len(_VERDICTS) > 64:
-        _VERDICTS.clear()
-    _VERDICTS[key] = (stamp, out)
-    return out
-
-
-def _verdicts(path: Any) -> list[Any] | None:
     try:
-        analysis = importlib.import_module("gpudash.analysis")
-        summarize = analysis.summarize
-    except (ImportError, AttributeError):
+        return list(shared_cache().get(path).verdicts())
+    except Exception:  # noqa: BLE001 - analysis bugs or a damaged run must not take the page down
         return None
-    from gpudash.store.run import load_run
 
-    run = load_run(path)
+
+def facts_for(path: Any) -> Any | None:
+    """The run's :class:`gpudash.analysis.facts.Facts` from the one run cache; None if it cannot be read."""
+    from gpudash.analysis.runcache import shared_cache
+
     try:
-        return list(summarize(run))
-    except Exception:  # noqa: BLE001 - analysis bugs must not take the page down
+        return shared_cache().get(path).facts
+    except Exception:  # noqa: BLE001 - a damaged run must not take the page down
         return None
-    finally:
-        run.close()
 
 
 def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None) -> html.Div:
     view = view if view is not None else load_view(reader)
     if rank not in view.ranks:
         rank = view.ranks[0]
+    facts = facts_for(reader.path)
+    spikes = list(facts.loss_spike_steps) if facts is not None else None
     figs, specs = {}, {}
     for g in LIVE_GRAPHS:
-        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step)
+        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step,
+                                        spikes=spikes)
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
@@ -188,6 +175,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
         "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory")),
+        "facts": facts,
     }
     state = initial_state(run_id, view, specs, rank)
     state["downsampled"] = any(view.levels.values()) or any(

@@ -3,6 +3,7 @@ hot-spot views, for live and saved runs alike."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dash import dcc, html
@@ -32,8 +33,9 @@ def _ranks(frames: dict[str, Any]) -> list[int]:
     return sorted(ranks) or [0]
 
 
-def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0) -> list[Series]:
-    """The series ``graph`` shows for these frames (the same function decides rebuilds while live)."""
+def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[str, Any] | None = None) -> list[Series]:
+    """The series ``graph`` shows for these frames (the same function decides rebuilds while live);
+    ``meta["phases"]`` is the run's phase set."""
     import pandas as pd
 
     empty = pd.DataFrame()
@@ -46,7 +48,7 @@ def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0) -> list[Serie
     if graph == "rates-graph":
         return throughput.rate_series(steps, ranks)
     if graph == "phases-graph":
-        return throughput.phase_series(steps, rank)
+        return throughput.phase_series(steps, rank, meta)
     if graph == "loss-graph":
         return stability.loss_series(steps, ranks)
     if graph == "signals-graph":
@@ -63,11 +65,26 @@ def _cursor_shape(step: int | None) -> dict[str, Any]:
             "line": {"color": "#111", "width": 1.5, "dash": "dot"}, "visible": step is not None}
 
 
-def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None) -> tuple[Fig, list[Series]]:
-    """A whole figure for ``graph`` from the view's (downsampled) frames."""
+def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int]) -> None:
+    """Put the run's loss spikes (its facts, judged on every row) on the lowest rank's spike trace: on a
+    downsampled or zoomed view the trailing windows of the rows shown are not the run's."""
+    spec = min((s for s in specs if s.fn == "spike"), key=lambda s: s.rank, default=None)
+    trace = next((t for t in fig.data if spec is not None and t.get("uid") == spec.key), None)
+    if spec is None or trace is None or "loss" not in steps or "step" not in steps:
+        return
+    rows = steps[steps["rank"] == spec.rank] if "rank" in steps else steps
+    loss = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")["loss"]
+    shown = [int(s) for s in spikes if s in loss.index]
+    trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
+
+
+def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None,
+                spikes: Sequence[int] | None = None) -> tuple[Fig, list[Series]]:
+    """A whole figure for ``graph`` from the view's (downsampled) frames; ``spikes`` (the run's facts)
+    are the loss chart's markers when given."""
     live = view.status == "live"
     f = view.frames
-    specs = graph_specs(graph, f, rank)
+    specs = graph_specs(graph, f, rank, view.meta)
     if graph == "memory-graph":
         fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
     elif graph == "step-time-graph":
@@ -78,6 +95,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig = throughput.phase_figure(view.frame("steps"), specs, live)
     elif graph == "loss-graph":
         fig = stability.loss_figure(view.frame("steps"), specs, live)
+        if spikes is not None:
+            _mark_spikes(fig, specs, view.frame("steps"), spikes)
     elif graph == "signals-graph":
         _, titles = stability.signal_series(view.frame("steps"), view.frame("memory"), rank)
         fig = device.panels_figure("Stability signals", f, specs, view.t0, live, axis_titles=titles, xaxis_title="step")
@@ -135,12 +154,13 @@ def _section(title: str, children: list[Any], sid: str) -> html.Section:
 def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
              state: dict[str, Any], extra: dict[str, Any]) -> html.Div:
     """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
-    rows, hot-spot rows, the summary verdicts (or None), the snapshot options and the ranks box's children."""
+    rows, hot-spot rows, the summary verdicts (or None), the snapshot options, the ranks box's children and the
+    run's :class:`gpudash.analysis.facts.Facts` (the lights render them)."""
     meta = view.meta
     last = view.last_step
     first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
     stats = throughput.throughput_stats(view.frame("steps"), meta)
-    lights = stability.stability_lights(view.frame("steps"), view.frame("memory"), view.frame("events"))
+    lights = stability.stability_lights(extra.get("facts"))
     device_name = device_label(meta)
     cap = meta.get("device_capacity_bytes")
     header = html.Div([

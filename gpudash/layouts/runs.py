@@ -4,28 +4,18 @@ tokens/s, newest first; tick two or more to compare them."""
 from __future__ import annotations
 
 import math
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
+from gpudash.analysis.runcache import run_stamp as _run_stamp
+from gpudash.analysis.runcache import shared_cache
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
-from gpudash.layouts.data import run_meta
 from gpudash.layouts.runid import list_run_dirs
-from gpudash.store.reader import RunReader
 
 __all__ = ["cached_summary", "device_label", "list_runs", "run_stamp", "run_summary", "runs_page"]
-
-_CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
-
-
-def _agg(conn: sqlite3.Connection, sql: str) -> Any:
-    try:
-        return conn.execute(sql).fetchone()
-    except sqlite3.DatabaseError:
-        return None
 
 
 def _num(v: Any) -> float | None:
@@ -45,75 +35,39 @@ def device_label(meta: dict[str, Any]) -> str:
 
 
 def run_summary(run_id: str, path: Path) -> dict[str, Any]:
-    """Headline numbers of one run from SQL aggregates (fast on a million steps)."""
+    """One row of the runs page (and the head of ``/api/runs/<id>/summary``): the run as the one run cache
+    loaded it, its headline numbers from :class:`gpudash.analysis.facts.Facts` (``"facts"`` holds them all)."""
     out: dict[str, Any] = {"id": run_id, "name": run_id, "status": "unreadable", "device": "?", "started": None,
                            "duration_s": None, "steps": 0, "peak_bytes": None, "tokens_per_s": None,
-                           "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": []}
+                           "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None}
     try:
-        reader = RunReader(path)
+        loaded = shared_cache().get(path)
     except RunError as exc:
         out["problems"] = [str(exc)]
         return out
-    try:
-        meta = run_meta(reader)
-        out.update(name=str(meta.get("name") or run_id), status=reader.status(), ranks=len(reader.ranks),
-                   device=device_label(meta),
-                   started=_num(meta.get("created_at") or meta.get("started_at")),
-                   end_reason=meta.get("end_reason") if isinstance(meta.get("end_reason"), str) else None)
-        steps = 0
-        t_lo, t_hi, tokens, samples, peak = math.inf, -math.inf, 0.0, 0.0, None
-        for r in reader.ranks.values():
-            row = _agg(r.conn, "SELECT max(step), min(time), max(time) FROM steps")
-            if row and row[0] is not None:
-                steps = max(steps, int(row[0]) + 1)
-                t_lo, t_hi = min(t_lo, row[1]), max(t_hi, row[2])
-            cols = set(r.columns("steps"))
-            for col in ("tokens", "samples"):
-                if col in cols:
-                    v = _agg(r.conn, f'SELECT sum("{col}") FROM steps')
-                    if v and v[0] is not None:
-                        if col == "tokens":
-                            tokens += float(v[0])
-                        else:
-                            samples += float(v[0])
-            mcols = set(r.columns("memory"))
-            best = [c for c in ("reserved_bytes", "allocated_bytes") if c in mcols]
-            if best:
-                v = _agg(r.conn, f'SELECT max("{best[0]}") FROM memory')
-            else:
-                cats = [c for c in _CATS if c in mcols]
-                v = _agg(r.conn, "SELECT " + " + ".join(f'coalesce(max("{c}"), 0)' for c in cats) + " FROM memory") \
-                    if cats else None
-            if v and v[0] is not None:
-                peak = max(peak or 0.0, float(v[0]))
-        span = t_hi - t_lo if t_hi > t_lo else None
-        end = _num(meta.get("ended_at")) or _num(meta.get("heartbeat")) or (t_hi if t_hi > -math.inf else None)
-        out.update(steps=steps, peak_bytes=peak,
-                   duration_s=(end - out["started"]) if end and out["started"] else span,
-                   tokens_per_s=tokens / span if span and tokens else None,
-                   samples_per_s=samples / span if span and samples else None,
-                   problems=reader.all_problems())
-    finally:
-        reader.close()
+    run, facts = loaded.run, loaded.facts
+    meta = run.meta
+    head = facts.to_json()["headline"]
+    out.update(name=str(meta.get("name") or run_id), status=facts.status, ranks=facts.ranks,
+               device=device_label(meta), started=_num(meta.get("created_at") or meta.get("started_at")),
+               end_reason=meta.get("end_reason") if isinstance(meta.get("end_reason"), str) else None,
+               steps=facts.steps, peak_bytes=head["peak_memory_bytes"], duration_s=head["duration_s"],
+               tokens_per_s=head["tokens_per_s"], samples_per_s=head["samples_per_s"],
+               problems=list(run.problems), facts=facts.to_json())
     return out
+
+
+def run_stamp(path: Path) -> tuple[Any, ...]:
+    """Changes whenever any file of the run changes (see :func:`gpudash.analysis.runcache.run_stamp`)."""
+    return _run_stamp(path)
 
 
 _CACHE: dict[Path, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
 
-def run_stamp(path: Path) -> tuple[Any, ...]:
-    """Changes whenever any file of the run changes (a finished run's summary is computed once)."""
-    out = []
-    for p in sorted(path.iterdir()):
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        out.append((p.name, st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
 def cached_summary(run_id: str, path: Path) -> dict[str, Any]:
+    """:func:`run_summary`, kept per run until one of its files changes (a list of many finished runs
+    must not keep the run cache busy loading them again)."""
     stamp = run_stamp(path)
     hit = _CACHE.get(path)
     if hit is not None and hit[0] == stamp and hit[1]["status"] != "live":

@@ -14,13 +14,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from gpudash.analysis.stability import SPIKE_WINDOW, spike_mask
 from gpudash.layouts.common import plot_text
 from gpudash.layouts.fig import Fig
 
 __all__ = ["WINDOW", "Series", "add_series", "series_xy", "spike_mask"]
 
-#: Steps in the rolling window for median / p95 step time and spike detection.
-WINDOW = 50
+#: Steps in the rolling window for median / p95 step time; a live extend of spike markers also needs the
+#: trailing window of the one spike rule (:func:`gpudash.analysis.stability.spike_mask`).
+WINDOW = max(50, SPIKE_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -51,23 +53,6 @@ class Series:
     @property
     def windowed(self) -> bool:
         return self.fn in ("median", "p95", "spike")
-
-
-def spike_mask(values: np.ndarray, window: int = WINDOW, z: float = 6.0) -> np.ndarray:
-    """True where a value jumps far above the median of the ``window`` values before it.
-
-    Robust z-score against the trailing median absolute deviation, and at least
-    20 % above that median, so noise on a flat loss is not called a spike.
-    """
-    s = pd.Series(values, dtype=float)
-    prev = s.shift(1)
-    roll = prev.rolling(window, min_periods=min(10, window))
-    med = roll.median()
-    mad = roll.apply(lambda w: np.nanmedian(np.abs(w - np.nanmedian(w))), raw=True)
-    scale = 1.4826 * mad.clip(lower=1e-12)
-    mask = ((s - med) / scale > z) & (s > med * 1.2) | ~np.isfinite(s) & s.notna()
-    out: np.ndarray = mask.fillna(False).to_numpy(dtype=bool)
-    return out
 
 
 def _num(df: pd.DataFrame, col: str, mask: np.ndarray | None) -> np.ndarray | None:

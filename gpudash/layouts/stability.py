@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from dash import html
+from gpudash.analysis.facts import Facts
 from gpudash.layouts.common import base_figure, waiting_figure
 from gpudash.layouts.fig import Fig
-from gpudash.layouts.series import Series, add_series, series_xy, spike_mask
+from gpudash.layouts.series import Series, add_series, series_xy
 
 __all__ = ["Light", "lights_row", "loss_figure", "loss_series", "signal_series", "stability_lights"]
 
@@ -75,68 +75,17 @@ def signal_series(steps: pd.DataFrame, memory: pd.DataFrame, rank: int = 0) -> t
         specs.append(Series("memory", "fragmentation_pct", "fragmentation (inactive split / reserved)", rank=rank,
                             yaxis=axis("%")))
     elif _has(memory, "reserved_bytes") and _has(memory, "allocated_bytes"):
-        specs.append(Series("memory", "reserved_bytes", "fragmentation (cache / reserved)", rank=rank, fn="frag",
+        specs.append(Series("memory", "reserved_bytes", "allocator cache (reserved - allocated) / reserved", rank=rank, fn="frag",
                             yaxis=axis("%")))
     return specs, titles
 
 
-def _count(df: pd.DataFrame, cols: tuple[str, ...]) -> int | None:
-    found = [c for c in cols if _has(df, c)]
-    if not found:
-        return None
-    vals = sum(pd.to_numeric(df[c], errors="coerce").fillna(0).to_numpy() for c in found)
-    return int(np.count_nonzero(vals))
-
-
-def stability_lights(steps: pd.DataFrame, memory: pd.DataFrame, events: pd.DataFrame) -> list[Light]:
-    """Traffic lights: green = fine, amber = look at it, red = act, grey = not recorded."""
-    lights: list[Light] = []
-    n = len(steps)
-    if _has(steps, "loss"):
-        loss = pd.to_numeric(steps["loss"], errors="coerce").to_numpy()
-        spikes = int(spike_mask(loss[np.isfinite(loss)]).sum())
-        lights.append(("loss spikes", "green" if spikes == 0 else "amber" if spikes <= 2 else "red",
-                       f"{spikes} spike(s) in {n} steps"))
-    else:
-        lights.append(("loss spikes", "grey", "loss not logged"))
-    bad = _count(steps, _NONFINITE + _SKIPPED)
-    for col in _CUMULATIVE:
-        if _has(steps, col):
-            bad = (bad or 0) + int(pd.to_numeric(steps[col], errors="coerce").max())
-    if _has(steps, "loss"):
-        nonfinite_loss = int((~np.isfinite(pd.to_numeric(steps["loss"], errors="coerce").dropna())).sum())
-        bad = (bad or 0) + nonfinite_loss
-    if bad is None:
-        lights.append(("non-finite / skipped", "grey", "not recorded"))
-    else:
-        share = bad / max(n, 1)
-        lights.append(("non-finite / skipped", "green" if bad == 0 else "amber" if share < 0.05 else "red",
-                       f"{bad} step(s)"))
-    ooms = int((events["kind"] == "oom").sum()) if len(events) and "kind" in events else 0
-    for col in _OOMS:
-        if _has(memory, col):
-            ooms = max(ooms, int(pd.to_numeric(memory[col], errors="coerce").max()))
-    lights.append(("OOMs", "green" if ooms == 0 else "red", f"{ooms} OOM(s)"))
-    retry_col = next((c for c in _RETRIES if _has(memory, c)), None)
-    if retry_col:
-        retries = int(pd.to_numeric(memory[retry_col], errors="coerce").max())
-        lights.append(("allocator retries", "green" if retries == 0 else "amber" if retries < 10 else "red",
-                       f"{retries} cudaMalloc retries"))
-    else:
-        lights.append(("allocator retries", "grey", "no allocator data"))
-    if _has(memory, "fragmentation_pct"):
-        frag_pct = float(pd.to_numeric(memory["fragmentation_pct"], errors="coerce").dropna().iloc[-1])
-        lights.append(("fragmentation", "green" if frag_pct < 20 else "amber" if frag_pct < 40 else "red",
-                       f"{frag_pct:.0f} % of reserved memory is split free blocks"))
-    elif _has(memory, "reserved_bytes") and _has(memory, "allocated_bytes"):
-        last = memory.dropna(subset=["reserved_bytes", "allocated_bytes"]).iloc[-1]
-        res = float(last["reserved_bytes"])
-        frag = 0.0 if res <= 0 else max(0.0, res - float(last["allocated_bytes"])) / res
-        lights.append(("fragmentation", "green" if frag < 0.2 else "amber" if frag < 0.4 else "red",
-                       f"{100 * frag:.0f} % of reserved memory is cached, not allocated"))
-    else:
-        lights.append(("fragmentation", "grey", "no allocator data"))
-    return lights
+def stability_lights(facts: Facts | None) -> list[Light]:
+    """The run's traffic lights as :mod:`gpudash.analysis.facts` judged them (grey when the run is unreadable)."""
+    if facts is None:
+        return [(name, "grey", "run not readable") for name in
+                ("loss spikes", "non-finite / skipped", "OOMs", "allocator retries", "fragmentation")]
+    return [(li.signal, li.light, li.detail) for li in facts.lights]
 
 
 def lights_row(lights: list[Light]) -> list[Any]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from gpudash.analysis.phases import phase_columns as analysis_phase_columns
 from gpudash.layouts.common import base_figure, fmt_num, fmt_s, waiting_figure
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import WINDOW, Series, add_series, series_xy
@@ -27,16 +28,12 @@ __all__ = [
 
 PHASE_COLORS = {"data": "#8c564b", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
                 "offload": "#9467bd"}
-#: ``_s`` columns that are not wall-time phases (the trainer's CPU time, CUDA-event timings of phases).
-_NOT_PHASES = {"duration_s", "thread_cpu_s", "process_cpu_s", "step_cpu_s"}
 
 
-def phase_columns(steps: pd.DataFrame) -> list[str]:
-    """``<phase>_s`` columns (data_s, forward_s, ...), known phases first."""
-    cols = [c for c in steps.columns if c.endswith("_s") and c not in _NOT_PHASES and not c.endswith("_gpu_s")
-            and not c.endswith("_cpu_s") and steps[c].notna().any()]
-    known = [f"{p}_s" for p in PHASE_COLORS]
-    return [c for c in known if c in cols] + sorted(c for c in cols if c not in known)
+def phase_columns(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> list[str]:
+    """``<phase>_s`` columns of the run's phase set (:func:`gpudash.analysis.phases.phase_columns`: what
+    ``monitor.phase()`` opened, recorded in ``meta["phases"]``; known phase names for older runs)."""
+    return analysis_phase_columns(steps, meta)
 
 
 def step_time_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
@@ -87,11 +84,11 @@ def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -
 MAX_BARS = 300
 
 
-def phase_series(steps: pd.DataFrame, rank: int = 0) -> list[Series]:
+def phase_series(steps: pd.DataFrame, rank: int = 0, meta: dict[str, Any] | None = None) -> list[Series]:
     n = int((steps["rank"] == rank).sum()) if "rank" in steps and len(steps) else len(steps)
     style = "bar" if n <= MAX_BARS else "area"
     return [Series("steps", c, c.removesuffix("_s"), rank=rank, style=style, stack="phases",
-                   color=PHASE_COLORS.get(c.removesuffix("_s"))) for c in phase_columns(steps)]
+                   color=PHASE_COLORS.get(c.removesuffix("_s"))) for c in phase_columns(steps, meta)]
 
 
 def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
@@ -172,7 +169,7 @@ def throughput_stats(steps: pd.DataFrame, meta: dict[str, Any], window: int = WI
         fpt = _meta_num(meta, "flops_per_token")
         if peak and fpt and out.get("tokens_per_s"):
             out["mfu"] = out["tokens_per_s"] * fpt / peak
-    phases = phase_columns(s)
+    phases = phase_columns(s, meta)
     if phases and total > 0:
         out["phases"] = {c.removesuffix("_s"): float(s[c].sum()) / total for c in phases}
     return out

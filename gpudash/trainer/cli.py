@@ -106,41 +106,38 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def summary_lines(run_dir: Path) -> list[str]:
-    """Peak memory by category, tokens/s, events: what a user wants after a run."""
+    """What a user wants after a run: the run's facts (as ``gpudash info`` states them), the speed the
+    trainer measured, the estimator's prediction per category, and the notable events."""
+    from gpudash.analysis.facts import headline_rows, run_facts
     from gpudash.store import load_run
     from gpudash.units import human_bytes
 
     r = load_run(run_dir)
     try:
+        facts = run_facts(r)
         lines = [f"run      {run_dir}  ({r.status})"]
         summ = r.meta.get("train_summary") or {}
         if summ.get("seconds"):
-            lines.append(f"speed    {summ['tokens'] / summ['seconds']:,.0f} tokens/s over {summ['seconds']:.1f} s"
-                         f"   final micro-batch {summ.get('final_micro_batch')}, precision "
+            lines.append(f"trainer  final micro-batch {summ.get('final_micro_batch')}, precision "
                          f"{summ.get('final_precision')}")
-        if len(r.steps) and "loss" in r.steps:
-            lines.append(f"loss     {r.steps['loss'].iloc[0]:.3f} -> {r.steps['loss'].iloc[-1]:.3f}")
+        lines += [f"  {label:<13} {text}" for label, text in headline_rows(facts, r.meta)
+                  if label not in ("status", "device", "ranks")]
+        if len(r.steps) and "loss" in r.steps and r.steps["loss"].notna().any():
+            loss = r.steps["loss"].dropna()
+            lines.append(f"  {'loss':<13} {loss.iloc[0]:.3f} -> {loss.iloc[-1]:.3f}")
         est = r.meta.get("estimate") or {}
-        m = r.memory
-        rows = []
-        for col in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-                    "allocated_bytes", "offload_host_bytes", "budget_peak_bytes"):
-            if col in m and m[col].notna().any():
-                pred = est.get(col)
-                rows.append(f"  {col.removesuffix('_bytes'):<14} {human_bytes(m[col].max()):>11}"
-                            + (f"   predicted {human_bytes(pred)}" if pred is not None else ""))
-        if rows:
-            lines.append("peak memory by category (measured max):")
-            lines.extend(rows)
-            if est.get("peak_bytes"):
-                lines.append(f"  {'peak':<14} {'':>11}   predicted {human_bytes(est['peak_bytes'])}")
+        pred = [f"{k} {human_bytes(est[f'{k}_bytes'])}" for k in facts.peak_bytes
+                if k != "measured" and est.get(f"{k}_bytes") is not None]
+        if est.get("peak_bytes"):
+            pred.append(f"peak {human_bytes(est['peak_bytes'])}")
+        if pred:
+            lines.append(f"  {'predicted':<13} " + ", ".join(pred))
         if len(r.events):
-            counts = r.events["kind"].value_counts()
-            lines.append("events   " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
             for _, ev in r.events.iterrows():
                 if ev["kind"] in ("oom", "precision_fallback", "batch_size_change", "loss_spike", "nan",
                                   "config_warning"):
-                    lines.append(f"  step {int(ev['step']):>4}  {ev['kind']}: {ev['message']}")
+                    step = "" if ev["step"] != ev["step"] else f"step {int(ev['step']):>4}  "
+                    lines.append(f"  {step}{ev['kind']}: {ev['message']}")
         lines.append(f"look at it: gpudash serve {run_dir.parent}   |   gpudash info {run_dir}")
         return lines
     finally:

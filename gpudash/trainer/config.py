@@ -56,8 +56,6 @@ class TrainConfig:
     """Switch 16-bit runs to fp32 after this many non-finite steps in a row."""
     min_loss_scale: float = 1.0
     """...or when the fp16 loss scale falls below this."""
-    spike_sigma: float = 4.0
-    """A loss this many standard deviations above its running mean is a spike (event)."""
     memory_cap_gb: float = 0.0
     """CUDA: cap this process's share of the card (torch.cuda.set_per_process_memory_fraction)."""
     memory_budget_gb: float = 0.0

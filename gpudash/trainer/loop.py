@@ -14,13 +14,16 @@ import contextlib
 import gc
 import math
 import os
+import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
 from gpudash.monitor import Monitor
 from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
@@ -46,29 +49,21 @@ def _pick_device(name: str, local_rank: int) -> torch.device:
 
 
 class _SpikeDetector:
-    """Running mean/variance of the loss (EMA); a loss far above it is a spike."""
+    """The live loss-spike check: :func:`gpudash.analysis.stability.trailing_spike` on the last
+    ``SPIKE_WINDOW + 1`` losses, so a live event and the post-run analysis flag the same steps."""
 
-    def __init__(self, sigma: float, warmup: int = 10, alpha: float = 0.1) -> None:
-        self.sigma, self.warmup, self.alpha = sigma, warmup, alpha
-        self.mean = 0.0
-        self.var = 0.0
-        self.n = 0
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=SPIKE_WINDOW + 1)
 
     def check(self, loss: float) -> float | None:
-        """Returns the z-score when ``loss`` is a spike (it is then left out of the average)."""
-        if not math.isfinite(loss):
-            return None
-        if self.n >= self.warmup:
-            std = math.sqrt(max(self.var, 1e-12))
-            z = (loss - self.mean) / std
-            if z > self.sigma and loss > 1.1 * self.mean:
-                return z
-        self.n += 1
-        d = loss - self.mean
-        a = 1.0 / self.n if self.n < self.warmup else self.alpha
-        self.mean += a * d
-        self.var = (1 - a) * (self.var + a * d * d)
-        return None
+        """Returns the robust z-score when ``loss`` is a spike."""
+        self.recent.append(loss if math.isfinite(loss) else math.nan)
+        return trailing_spike(self.recent)
+
+    @property
+    def median(self) -> float:
+        prev = [x for x in list(self.recent)[:-1] if math.isfinite(x)]
+        return statistics.median(prev) if prev else math.nan
 
 
 class Trainer:
@@ -187,7 +182,7 @@ class Trainer:
         samples = corpus_samples(cfg.samples, min_len=self.min_len, max_len=self.seq_len,
                                  seed=cfg.seed + 1000 * self.rank)
         self.data = LengthBuckets(samples, eff, seed=cfg.seed + self.rank)
-        self.spikes = _SpikeDetector(cfg.spike_sigma)
+        self.spikes = _SpikeDetector()
 
     def _static_bytes(self) -> int:
         """Measured bytes that live across steps: parameters, gradients, optimizer state."""
@@ -370,8 +365,8 @@ class Trainer:
                       old=prev, new="fp32", reason=reason, lr_scale=self.lr_scale)
         z = self.spikes.check(stats["loss"])
         if z is not None:
-            mon.event("loss_spike", f"loss {stats['loss']:.3f} is {z:.1f} sigma above its running mean "
-                      f"{self.spikes.mean:.3f}", loss=stats["loss"], z=z)
+            mon.event("loss_spike", f"loss {stats['loss']:.3f} is {z:.1f} robust sigma above the median "
+                      f"{self.spikes.median:.3f} of the previous {SPIKE_WINDOW} steps", loss=stats["loss"], z=z)
         peak = stats.get("peak_bytes")
         old = self.batch.micro
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from gpudash.analysis.stability import loss_spikes, nonfinite_steps, ranges, stability_verdicts
+from gpudash.analysis.stability import (
+    loss_spikes,
+    nonfinite_steps,
+    ranges,
+    spike_mask,
+    stability_verdicts,
+    trailing_spike,
+)
 
 
 def _by_kind(run: Any) -> dict[str, Any]:
@@ -44,3 +52,48 @@ def test_adaptive_batch_that_keeps_hitting_the_budget_oscillates(recorded: Any) 
 
 def test_ranges() -> None:
     assert ranges([5, 1, 2, 3, 9]) == [(1, 3), (5, 5), (9, 9)]
+
+
+def test_one_spike_rule_for_markers_summary_and_the_live_trainer() -> None:
+    """Issue 11: on a flat loss with +30 % at step 150 and x2 at step 220 the chart markers, the analysis
+    and the trainer's live detector flagged {150, 220}, {220} and {150, 220}. Now one rule: {150, 220}."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from gpudash.layouts.series import Series, series_xy
+    from gpudash.store.run import Run
+    from gpudash.trainer.loop import _SpikeDetector
+
+    loss = [2.0 + 0.004 * math.sin(1.3 * s) for s in range(300)]
+    loss[150] *= 1.3
+    loss[220] *= 2.0
+    steps = pd.DataFrame({"step": range(300), "loss": loss, "rank": 0})
+    run = Run(path=Path("."), meta={}, status="finished", steps=steps, memory=pd.DataFrame(), events=pd.DataFrame())
+    assert loss_spikes(run) == [150, 220]
+    x, _ = series_xy(Series("steps", "loss", "spike", fn="spike", style="markers"), steps)
+    assert x == [150, 220]
+    live = _SpikeDetector()
+    assert [s for s, v in enumerate(loss) if live.check(v) is not None] == [150, 220]
+    v = _by_kind(run)["loss-spike"]
+    assert v.numbers["count"] == 2 and v.title.startswith("2 loss spike")
+    # the live answer on a trailing window equals the whole-run answer at every step, NaNs included
+    rng = np.random.default_rng(3)
+    noisy = list(2.0 + 0.05 * rng.standard_normal(400))
+    for s in (50, 51, 200, 333):
+        noisy[s] *= 1.6
+    noisy[120] = float("nan")
+    live = _SpikeDetector()
+    assert [s for s, v in enumerate(noisy) if live.check(v) is not None] == list(np.flatnonzero(spike_mask(noisy)))
+
+
+def test_no_spike_before_the_window_has_history_or_on_a_falling_loss() -> None:
+    import numpy as np
+
+    assert not spike_mask([5.0, 50.0, 5.0]).any()
+    falling = np.linspace(6.0, 3.0, 200) + 0.01 * np.sin(np.arange(200))
+    assert not spike_mask(falling).any()
+    assert trailing_spike([2.0] * 5 + [9.0]) is None  # fewer than SPIKE_MIN_HISTORY losses before it
+    z = trailing_spike([2.0] * 20 + [9.0])
+    assert z is not None and z > 6

@@ -11,7 +11,7 @@ import pytest
 from gpudash.layouts import compare, events, hotspots, memory, run_page, runs, stability, throughput
 from gpudash.layouts.common import source_reason
 from gpudash.layouts.data import load_view
-from gpudash.layouts.pages import build_run_page, load_snapshots, pick_snapshot, range_view
+from gpudash.layouts.pages import build_run_page, facts_for, load_snapshots, pick_snapshot, range_view
 from gpudash.layouts.series import Series, series_xy, spike_mask
 from gpudash.store.reader import RunReader
 
@@ -86,12 +86,13 @@ def test_throughput_stats_and_phases(rich) -> None:  # type: ignore[no-untyped-d
 
 
 def test_stability_spike_and_lights(rich) -> None:  # type: ignore[no-untyped-def]
-    _, view = rich
+    reader, view = rich
     fig, specs = run_page.build_graph("loss-graph", view)
     spikes = next(t for t in fig.data if t.name == "spike")
     assert list(spikes.x) == [20]
-    lights = {name: color for name, color, _ in stability.stability_lights(
-        view.frame("steps"), view.frame("memory"), view.frame("events"))}
+    facts = facts_for(reader.path)
+    assert facts is not None and list(facts.loss_spike_steps) == list(spikes.x)  # markers and facts agree
+    lights = {name: color for name, color, _ in stability.stability_lights(facts)}
     assert lights["loss spikes"] == "amber" and lights["OOMs"] == "red"
     assert lights["allocator retries"] == "green" and lights["fragmentation"] == "green"
 

@@ -47,7 +47,7 @@ def test_train_returns_the_run_dir(tmp_path: Path) -> None:
 
 
 def test_spike_detector_flags_a_jump_and_not_noise() -> None:
-    d = _SpikeDetector(sigma=4.0)
+    d = _SpikeDetector()  # the one rule of gpudash.analysis.stability, on the trailing window
     for i in range(30):
         assert d.check(3.0 + 0.01 * (i % 3)) is None
     assert d.check(6.0) is not None
@@ -74,6 +74,9 @@ def test_injected_spike_is_detected(run_train) -> None:  # type: ignore[no-untyp
     r = run_train("spike", steps=16, batch=4, seq_len=32, inject_spike_at_steps=(14,))
     spikes = r.events[r.events["kind"] == "loss_spike"]
     assert 14 in set(spikes["step"].astype(int))
+    from gpudash.analysis.facts import run_facts
+
+    assert sorted(set(spikes["step"].astype(int))) == list(run_facts(r).loss_spike_steps)  # live == post-run
     assert r.steps.set_index("step").loc[14, "loss"] > 4 * r.steps.set_index("step").loc[13, "loss"]
 
 

@@ -1,0 +1,278 @@
+"""``run_facts(run)``: the facts about a run, derived once, rendered by every surface.
+
+The dashboard (lights, markers, summary panel), ``gpudash report --format
+json``, ``gpudash info --json``, ``/api/runs/<id>/summary``, ``/metrics`` and
+the trainer's end-of-run lines all show these numbers; none of them decides
+on its own what a phase, a spike, an OOM or a peak is.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
+from gpudash.analysis.memory import capacity_bytes
+from gpudash.analysis.phases import run_phases
+from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
+from gpudash.store.run import Run
+
+__all__ = ["CATEGORY_COLUMNS", "MEASURED_PEAK_COLUMNS", "SAME_OOM_S", "Facts", "estimator_error", "headline_rows",
+           "json_safe", "oom_count", "peak_memory", "run_facts"]
+
+#: ``peak_bytes`` keys and the memory columns they are the maximum of.
+CATEGORY_COLUMNS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
+                    "activations": "activations_bytes"}
+#: The measured per-step peak: the ``peak_bytes`` column when recorded, else the allocator's per-step peaks.
+MEASURED_PEAK_COLUMNS = ("peak_bytes", "allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes")
+#: An exception's ``oom`` event this close to the allocator observer's one (same rank and step) is the same OOM.
+SAME_OOM_S = 10.0
+_OOM_COUNTERS = ("num_ooms", "ooms")
+_RETRIES = ("alloc_retries", "num_alloc_retries")
+_NONFINITE_COLS = ("nonfinite", "non_finite", "skipped", "skipped_step", "skipped_steps", "found_inf")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What gpudash says about a run. ``to_json()`` is the ``"facts"`` object of every JSON surface."""
+
+    status: str
+    steps: int
+    """Steps recorded: the last step index + 1."""
+    ranks: int
+    phases: tuple[str, ...]
+    """What ``monitor.phase()`` opened (the run's ``phases`` record), known phases first."""
+    loss_spike_steps: tuple[int, ...]
+    nonfinite_steps: tuple[int, ...]
+    oom_count: int
+    """OOMs, each counted once (an observer event and an exception event of one OOM are one)."""
+    peak_bytes: dict[str, float | None]
+    """Largest params / grads / optimizer / activations bytes, and ``measured``: the largest measured step peak."""
+    capacity_bytes: float | None
+    fragmentation_pct: float | None
+    """Worst share (%) of reserved memory in inactive split blocks."""
+    alloc_retries: int | None
+    estimator_error: float | None
+    """Median over steps of predicted_peak_bytes / measured peak - 1."""
+    headline: dict[str, float | None]
+    """duration_s, step_time_median_s, step_time_p95_s, tokens_per_s, samples_per_s, peak_memory_bytes."""
+    lights: tuple[Light, ...]
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def light(self, signal: str) -> Light | None:
+        return next((li for li in self.lights if li.signal == signal), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe (no NaN or infinity: unknown is null)."""
+        d = asdict(self)
+        d["lights"] = [li.as_dict() for li in self.lights]
+        return json_safe(d)
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with NaN and infinities as None and numpy scalars as Python numbers."""
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(float(v)) else None
+    return v
+
+
+def _num(df: pd.DataFrame, col: str) -> pd.Series | None:
+    if col not in df:
+        return None
+    v = pd.to_numeric(df[col], errors="coerce")
+    return v if v.notna().any() else None
+
+
+def _max(df: pd.DataFrame, col: str) -> float | None:
+    v = _num(df, col)
+    return None if v is None else float(v.max())
+
+
+def oom_count(run: Run) -> int:
+    """OOMs of the run, each once: the allocator observer's event and the caught exception's event of one
+    OOM (same rank and step, within ``SAME_OOM_S``) count as one; so does the counter in the memory rows."""
+    ev = run.events
+    n = 0
+    if len(ev) and "kind" in ev:
+        ooms = ev[ev["kind"].astype(str) == "oom"].sort_values("time")
+        observed: list[tuple[Any, Any, float]] = []  # unmatched observer events: (rank, step, time)
+        for _, e in ooms.iterrows():
+            data = e.get("data") if isinstance(e.get("data"), dict) else {}
+            key = (e.get("rank"), e.get("step"), float(e.get("time") or 0.0))
+            if data.get("source") == "allocator_observer":
+                observed.append(key)
+                n += 1
+                continue
+            twin = next((o for o in observed if o[0] == key[0] and o[1] == key[1]
+                         and abs(key[2] - o[2]) <= SAME_OOM_S), None)
+            if twin is not None:
+                observed.remove(twin)
+            else:
+                n += 1
+    mem = run.memory
+    for col in _OOM_COUNTERS:
+        v = _num(mem, col)
+        if v is not None:
+            per_rank = v.groupby(mem["rank"]).max() if "rank" in mem else v.max()
+            n = max(n, int(np.nansum(np.asarray(per_rank, dtype=float))))
+    reason = str(run.meta.get("end_reason") or "").lower()
+    if n == 0 and run.status == "crashed" and "out of memory" in reason:
+        n = 1
+    return n
+
+
+def _peaks(mem: pd.DataFrame) -> dict[str, float | None]:
+    out: dict[str, float | None] = {k: _max(mem, c) for k, c in CATEGORY_COLUMNS.items()}
+    out["measured"] = next((m for m in (_max(mem, c) for c in MEASURED_PEAK_COLUMNS) if m is not None), None)
+    return out
+
+
+def peak_memory(mem: pd.DataFrame, peaks: dict[str, float | None]) -> float | None:
+    """The run's one peak-memory number: the measured peak, else the largest reserved / allocated bytes,
+    else the largest per-row sum of the categories."""
+    if peaks.get("measured") is not None:
+        return peaks["measured"]
+    for col in ("reserved_bytes", "allocated_bytes"):
+        m = _max(mem, col)
+        if m is not None:
+            return m
+    cats = [c for c in (*CATEGORY_COLUMNS.values(), "other_bytes") if _num(mem, c) is not None]
+    if not cats:
+        return None
+    return float(mem[cats].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1).max())
+
+
+def _measured_col(mem: pd.DataFrame) -> str | None:
+    return next((c for c in MEASURED_PEAK_COLUMNS if _num(mem, c) is not None), None)
+
+
+def estimator_error(mem: pd.DataFrame) -> float | None:
+    """Median over steps of ``predicted_peak_bytes / measured - 1`` (steps that have both)."""
+    pred, col = _num(mem, "predicted_peak_bytes"), _measured_col(mem)
+    if pred is None or col is None:
+        return None
+    meas = pd.to_numeric(mem[col], errors="coerce")
+    ok = pred.notna() & meas.notna() & (meas > 0)
+    if not ok.any():
+        return None
+    return float(np.median(pred[ok].to_numpy(dtype=float) / meas[ok].to_numpy(dtype=float) - 1.0))
+
+
+def _headline(run: Run, steps: pd.DataFrame) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"duration_s": None, "step_time_median_s": None, "step_time_p95_s": None,
+                                    "tokens_per_s": None, "samples_per_s": None}
+    if not len(steps):
+        return out
+    t = pd.to_numeric(steps["time"], errors="coerce") if "time" in steps else None
+    dur = _num(steps, "duration_s")
+    if dur is not None:
+        out["step_time_median_s"] = float(dur.median())
+        out["step_time_p95_s"] = float(dur.quantile(0.95))
+    span = None
+    if t is not None and t.notna().any():
+        start = float((t - (dur.fillna(0.0) if dur is not None else 0.0)).min())
+        span = float(t.max()) - start
+        created = run.meta.get("created_at") or run.meta.get("started_at")
+        ended = run.meta.get("ended_at") if run.status != "live" else None
+        try:
+            t0 = float(created) if created else start
+            t1 = max(float(ended), float(t.max())) if ended else float(t.max())
+        except (TypeError, ValueError):
+            t0, t1 = start, float(t.max())
+        out["duration_s"] = t1 - min(t0, start)
+    for col in ("tokens", "samples"):
+        v = _num(steps, col)
+        if v is not None and span and span > 0:
+            out[f"{col}_per_s"] = float(v.sum()) / span
+    return out
+
+
+def run_facts(run: Run) -> Facts:
+    """Every fact about ``run`` that more than one surface shows, derived once."""
+    steps, mem = run.steps, run.memory
+    n = int(pd.to_numeric(steps["step"], errors="coerce").max()) + 1 if len(steps) and "step" in steps else 0
+    spikes = loss_spikes(run)
+    nonfinite = nonfinite_steps(run)
+    ooms = oom_count(run)
+    retry_col = next((c for c in _RETRIES if _num(mem, c) is not None), None)
+    retries = int(_max(mem, retry_col) or 0) if retry_col else None
+    frag = fragmentation_pct(mem)
+    loss_logged = _num(steps, "loss") is not None
+    nonfinite_recorded = loss_logged or any(_num(steps, c) is not None for c in _NONFINITE_COLS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lights = stability_lights(steps=n, loss_logged=loss_logged, spikes=len(spikes), nonfinite=len(nonfinite),
+                                  nonfinite_recorded=nonfinite_recorded, ooms=ooms, retries=retries, frag_pct=frag)
+    capacity = capacity_bytes(run)
+    peaks = _peaks(mem)
+    headline = _headline(run, steps)
+    headline["peak_memory_bytes"] = peak_memory(mem, peaks)
+    return Facts(
+        status=run.status, steps=n, ranks=max(len(run.ranks), 1 if n else 0),
+        phases=tuple(run_phases(run.meta, steps)),
+        loss_spike_steps=tuple(spikes), nonfinite_steps=tuple(nonfinite), oom_count=ooms,
+        peak_bytes=peaks, capacity_bytes=capacity, fragmentation_pct=frag, alloc_retries=retries,
+        estimator_error=estimator_error(mem), headline=headline, lights=tuple(lights),
+        thresholds={"frag_warn_pct": FRAG_WARN_PCT, "frag_bad_pct": FRAG_BAD_PCT, "spike_z": SPIKE_Z,
+                    "spike_ratio": SPIKE_RATIO, "spike_window": float(SPIKE_WINDOW)})
+
+
+def _steps_text(steps: tuple[int, ...], limit: int = 8) -> str:
+    from gpudash.analysis.stability import ranges
+
+    rs = ranges(list(steps))
+    parts = [f"{a}" if a == b else f"{a}–{b}" for a, b in rs[:limit]]
+    return ", ".join(parts) + (f" and {len(rs) - limit} more" if len(rs) > limit else "")
+
+
+def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """The facts as (label, text) rows: the report's table, ``gpudash info`` and the trainer's last lines."""
+    from gpudash.analysis.verdict import fmt_bytes, fmt_s
+
+    meta = meta or {}
+    h = facts.headline
+    rows = [("status", facts.status)]
+    if meta.get("end_reason") and facts.status != "finished":
+        rows.append(("ended", str(meta["end_reason"])))
+    rows += [("device", str(meta.get("device_name") or meta.get("device") or "?")), ("ranks", str(facts.ranks))]
+    if facts.steps:
+        rows.append(("steps", f"{facts.steps}, step time median {fmt_s(h.get('step_time_median_s'))}, "
+                              f"p95 {fmt_s(h.get('step_time_p95_s'))}"))
+    if h.get("duration_s") is not None:
+        rows.append(("duration", fmt_s(h["duration_s"])))
+    rates = [f"{h[k]:,.0f} {k.removesuffix('_per_s')}/s" for k in ("tokens_per_s", "samples_per_s")
+             if h.get(k) is not None]
+    if rates:
+        rows.append(("throughput", ", ".join(rates)))
+    if facts.phases:
+        rows.append(("phases", ", ".join(facts.phases)))
+    peaks = [f"{k} {fmt_bytes(v)}" for k, v in facts.peak_bytes.items() if k != "measured" and v is not None]
+    if peaks:
+        rows.append(("peak memory", ", ".join(peaks)))
+    if facts.peak_bytes.get("measured") is not None:
+        cap = f" of {fmt_bytes(facts.capacity_bytes)}" if facts.capacity_bytes else ""
+        rows.append(("measured peak", fmt_bytes(facts.peak_bytes["measured"]) + cap))
+    if facts.estimator_error is not None:
+        rows.append(("estimator", f"predicted peak {100 * facts.estimator_error:+.0f} % against the measured "
+                                  "peak (median over steps)"))
+    rows.append(("loss spikes", f"{len(facts.loss_spike_steps)}" +
+                 (f" (steps {_steps_text(facts.loss_spike_steps)})" if facts.loss_spike_steps else "")))
+    rows.append(("non-finite", f"{len(facts.nonfinite_steps)} step(s)" +
+                 (f" (steps {_steps_text(facts.nonfinite_steps)})" if facts.nonfinite_steps else "")))
+    rows.append(("OOMs", str(facts.oom_count)))
+    if facts.fragmentation_pct is not None:
+        rows.append(("fragmentation", f"up to {facts.fragmentation_pct:.0f} % of reserved memory in split blocks"))
+    return rows

@@ -1,0 +1,105 @@
+"""One place where a server process opens runs: the loaded run, its facts and verdicts, per run.
+
+The dashboard pages, ``/api/...``, the runs list and ``/metrics`` all ask
+:func:`shared_cache` for a run; it is loaded with :func:`gpudash.load_run` and
+its facts derived once per change of the run's files (a live run at most
+every ``live_every_s``, so its lights keep moving without a reload per tick).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpudash.analysis.facts import Facts, run_facts
+from gpudash.analysis.verdict import Verdict
+from gpudash.store.run import Run, load_run
+
+__all__ = ["Loaded", "RunCache", "run_stamp", "shared_cache"]
+
+
+def run_stamp(path: Path) -> tuple[Any, ...]:
+    """Changes whenever any file of the run changes."""
+    out = []
+    try:
+        entries = sorted(Path(path).iterdir())
+    except OSError:
+        return ()
+    for p in entries:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((p.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@dataclass
+class Loaded:
+    """A loaded run and what analysis says about it (verdicts computed on first use)."""
+
+    run: Run
+    facts: Facts
+    stamp: tuple[Any, ...]
+    loaded_at: float
+    _verdicts: list[Verdict] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def verdicts(self) -> list[Verdict]:
+        from gpudash.analysis.summary import summarize
+
+        with self._lock:
+            if self._verdicts is None:
+                self._verdicts = summarize(self.run)
+            return self._verdicts
+
+
+class RunCache:
+    """Loaded runs by path (bounded, least recently used dropped)."""
+
+    def __init__(self, size: int = 16, live_every_s: float = 2.0) -> None:
+        self.size = size
+        self.live_every_s = live_every_s
+        self._items: OrderedDict[Path, Loaded] = OrderedDict()
+        self._locks: dict[Path, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str | Path) -> Loaded:
+        """The run at ``path`` (raises :class:`gpudash.RunError` when it is not a run)."""
+        key = Path(path).resolve()
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            stamp = run_stamp(key)
+            hit = self._items.get(key)
+            if hit is not None and (hit.stamp == stamp or (
+                    hit.run.status == "live" and time.monotonic() - hit.loaded_at < self.live_every_s)):
+                with self._lock:
+                    self._items.move_to_end(key)
+                return hit
+            run = load_run(key)
+            item = Loaded(run=run, facts=run_facts(run), stamp=stamp, loaded_at=time.monotonic())
+            with self._lock:  # a replaced run is not closed: another thread may still read it (GC closes it)
+                self._items.pop(key, None)
+                self._items[key] = item
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+            return item
+
+    def clear(self) -> None:
+        with self._lock:
+            items, self._items = list(self._items.values()), OrderedDict()
+        for it in items:
+            it.run.close()
+
+
+_SHARED = RunCache()
+
+
+def shared_cache() -> RunCache:
+    """The process-wide cache every server surface reads runs through."""
+    return _SHARED

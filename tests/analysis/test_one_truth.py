@@ -1,0 +1,279 @@
+"""One truth: every surface states the same facts about a run (issue 11).
+
+Every sample run and a few hand-made runs (spikes of different sizes, NaN
+steps, fragmentation at 25 % and 35 %, sparse activation sampling, one OOM
+recorded twice) go through ``gpudash report --format json``, ``gpudash info
+--json``, ``/api/runs/<id>/summary``, ``/metrics``, the dashboard's run page
+(lights and loss-spike markers) and the trainer's end-of-run lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudash.analysis.facts import run_facts
+from gpudash.analysis.runcache import shared_cache
+from gpudash.store import load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = sorted(p.name for p in (ROOT / "sample_runs").iterdir() if (p / "run.json").exists())
+HAND_MADE = ["spikes", "nan-steps", "frag-25", "frag-35", "sparse-activations", "oom-twice-recorded"]
+
+
+def _loss(step: int) -> float:
+    """A flat loss with small deterministic noise."""
+    return 2.0 + 0.004 * math.sin(1.3 * step)
+
+
+def _hand_made(run_dir: Path, kind: str, steps: int = 260) -> None:
+    from gpudash.monitor import Monitor
+
+    with Monitor(run_dir, name=kind, host_hz=0.0, device_hz=0.0, allocator=False, cuda_timing=False,
+                 flush_interval=0.05, handle_signals=False) as mon:
+        for step in range(steps):
+            with mon.step(samples=4, tokens=64):
+                with mon.phase("data"):
+                    pass
+                with mon.phase("forward"):
+                    pass
+                if step % 50 == 0:
+                    with mon.phase("eval"):  # a phase of the user's own: opened, so it is a phase
+                        pass
+                loss = _loss(step)
+                if kind == "spikes":
+                    loss *= {100: 1.1, 150: 1.3, 220: 2.0}.get(step, 1.0)  # +10 % is noise-sized, not a spike
+                if kind == "nan-steps" and step in (20, 21):
+                    loss = math.nan
+                if kind == "nan-steps" and step == 30:
+                    loss = math.inf
+                # scalars that end in _s but are no phases
+                mon.log(loss=loss, eval_time_s=0.5, ckpt_total_s=1.0)
+                mem: dict[str, Any] = {"params_bytes": 1000, "grads_bytes": 1000, "optimizer_bytes": 2000}
+                if kind != "sparse-activations" or step % 7 == 3:
+                    mem["activations_bytes"] = 5000 + step
+                if kind.startswith("frag-"):
+                    mem.update(reserved_bytes=100_000, allocated_bytes=60_000,
+                               inactive_split_bytes=int(kind.removeprefix("frag-")) * 1000 if step > 10 else 0)
+                mon.log_memory(**mem)
+                if kind == "oom-twice-recorded" and step in (40, 90):
+                    if step == 40:  # the allocator observer and the caught exception record the same OOM
+                        mon.event("oom", "CUDA out of memory (observer)", source="allocator_observer")
+                    mon.event("oom", "CUDA out of memory. Tried to allocate 2.00 MiB", source="exception")
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("one-truth")
+    for name in SAMPLES:
+        shutil.copytree(ROOT / "sample_runs" / name, root / name)
+    for kind in HAND_MADE:
+        _hand_made(root / kind, kind)
+    yield root
+    shared_cache().clear()
+
+
+@pytest.fixture(scope="module")
+def client(runs_dir: Path) -> Any:
+    from gpudash.app import create_app
+
+    return create_app(runs_dir, metrics=True).server.test_client()
+
+
+@pytest.fixture(scope="module")
+def metrics_text(client: Any) -> str:
+    resp = client.get("/metrics")
+    assert resp.status_code == 200
+    return str(resp.get_data(as_text=True))
+
+
+def _cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    from gpudash.cli import main
+
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _metric(text: str, name: str, run: str, **labels: str) -> float | None:
+    want = {"run": run, **labels}
+    for line in text.splitlines():
+        m = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
+        if m is None:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(got.get(k) == v for k, v in want.items()):
+            return float(m.group(2))
+    return None
+
+
+def _find(component: Any, cid: str) -> Any:
+    if getattr(component, "id", None) == cid:
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list) else [children] if children is not None else []:
+        hit = _find(child, cid)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _text(component: Any) -> str:
+    if isinstance(component, str):
+        return component
+    children = getattr(component, "children", None)
+    if isinstance(children, list):
+        return "".join(_text(c) for c in children)
+    return "" if children is None else _text(children)
+
+
+@pytest.mark.parametrize("name", SAMPLES + HAND_MADE)
+def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: Any, metrics_text: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = runs_dir / name
+    from gpudash.analysis.report import render_html
+
+    run = load_run(path)
+    try:
+        facts = run_facts(run)
+        html = render_html(run)
+    finally:
+        run.close()
+    truth = facts.to_json()
+    json.dumps(truth, allow_nan=False)  # JSON-safe
+
+    report = _cli_json(capsys, "report", str(path), "--format", "json")
+    info = _cli_json(capsys, "info", str(path), "--json")
+    api = client.get(f"/api/runs/{name}/summary").get_json()
+    assert report["facts"] == truth
+    assert info["facts"] == truth
+    assert api["facts"] == truth
+    assert api["stability"] == truth["lights"]
+    assert api["steps"] == truth["steps"]
+    verdict_kinds = {v["kind"] for v in report["verdicts"]}
+    assert ("loss-spike" in verdict_kinds) == bool(facts.loss_spike_steps)
+    assert ("non-finite" in verdict_kinds) == bool(facts.nonfinite_steps)
+    spike_verdict = next((v for v in report["verdicts"] if v["kind"] == "loss-spike"), None)
+    if spike_verdict is not None:
+        assert spike_verdict["numbers"]["count"] == len(facts.loss_spike_steps)
+
+    if facts.steps:  # the HTML report's chart marks the same spikes
+        assert sorted({int(m) for m in re.findall(r"step (\d+): loss spike", html)}) == list(facts.loss_spike_steps)
+
+    # /metrics
+    assert _metric(metrics_text, "gpudash_steps", name) == facts.steps
+    assert _metric(metrics_text, "gpudash_ooms_total", name) == facts.oom_count
+    assert _metric(metrics_text, "gpudash_loss_spikes_total", name) == len(facts.loss_spike_steps)
+    assert _metric(metrics_text, "gpudash_nonfinite_steps_total", name) == len(facts.nonfinite_steps)
+    labels = [dict(re.findall(r'(\w+)="([^"]*)"', m))
+              for m in re.findall(r"^gpudash_phase_duration_seconds\{(.*)\} ", metrics_text, re.M)]
+    exported = {lab["phase"] for lab in labels if lab.get("run") == name}
+    assert exported == set(facts.phases)
+    for key, value in facts.peak_bytes.items():
+        if key != "measured" and value is not None:
+            assert _metric(metrics_text, "gpudash_memory_category_bytes", name, category=key) is not None, key
+
+    # the dashboard's run page: lights and the loss chart's spike markers
+    from gpudash.layouts.pages import build_run_page
+    from gpudash.store.reader import RunReader
+
+    reader = RunReader(path)
+    try:
+        page = build_run_page(name, reader)
+    finally:
+        reader.close()
+    lights = _find(page, "stability-lights")
+    shown = [_text(item) for item in lights.children]
+    assert shown == [f"{li.signal} {li.detail}" for li in facts.lights]
+    colors = [item.children[0].className.split("light-")[-1] for item in lights.children]
+    assert colors == [li.light for li in facts.lights]
+    loss_graph = _find(page, "loss-graph")
+    if loss_graph is not None and facts.steps:
+        markers = [t for t in loss_graph.figure["data"] if str(t.get("name", "")).startswith("spike")]
+        assert sorted(x for t in markers for x in t["x"]) == list(facts.loss_spike_steps)
+
+    # the trainer's end-of-run lines
+    from gpudash.trainer.cli import summary_lines
+
+    lines = "\n".join(summary_lines(path))
+    assert re.search(rf"loss spikes\s+{len(facts.loss_spike_steps)}\b", lines)
+    assert re.search(rf"OOMs\s+{facts.oom_count}\b", lines)
+    assert re.search(rf"non-finite\s+{len(facts.nonfinite_steps)} step", lines)
+    if facts.steps:
+        assert re.search(rf"steps\s+{facts.steps},", lines)
+    if facts.phases:
+        assert f"phases        {', '.join(facts.phases)}" in lines
+
+
+def test_the_hand_made_runs_say_what_happened(runs_dir: Path) -> None:
+    def facts(name: str) -> Any:
+        return shared_cache().get(runs_dir / name).facts
+
+    f = facts("spikes")
+    assert f.loss_spike_steps == (150, 220)  # +30 % and x2 are spikes, +10 % is not
+    assert f.phases == ("data", "forward", "eval")  # eval was opened; eval_time_s / ckpt_total_s were logged
+    assert f.light("loss spikes") is not None and f.light("loss spikes").light == "amber"  # type: ignore[union-attr]
+    f = facts("nan-steps")
+    assert f.nonfinite_steps == (20, 21, 30) and f.loss_spike_steps == ()
+    assert [facts(n).light("fragmentation").light for n in ("frag-25", "frag-35")] == ["green", "amber"]  # type: ignore[union-attr]
+    assert facts("frag-35").fragmentation_pct == pytest.approx(35.0)
+    assert facts("sparse-activations").peak_bytes["activations"] == 5000 + 255
+    assert facts("oom-twice-recorded").oom_count == 2  # step 40 recorded twice (one OOM), step 90 once
+
+
+def test_fragmentation_verdict_follows_the_light(runs_dir: Path) -> None:
+    kinds = {n: {v.kind for v in shared_cache().get(runs_dir / n).verdicts()} for n in ("frag-25", "frag-35")}
+    assert "fragmentation" not in kinds["frag-25"] and "fragmentation" in kinds["frag-35"]
+
+
+def test_sparse_activations_never_vanish_from_metrics(runs_dir: Path, metrics_text: str) -> None:
+    # the last rows of the run carry no activations_bytes: the gauge is the last value, carried forward
+    assert _metric(metrics_text, "gpudash_memory_category_bytes", "sparse-activations", category="activations") \
+        == 5000 + 255
+
+
+def test_finished_runs_stay_in_metrics(metrics_text: str) -> None:
+    for name in SAMPLES:  # finished long ago: still scraped (no --metrics-max-age)
+        assert _metric(metrics_text, "gpudash_steps", name) is not None, name
+
+
+def test_metrics_max_age_drops_runs_that_ended_long_ago(runs_dir: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from gpudash.metrics import main, metrics_registry
+
+    text = generate_latest(metrics_registry(runs_dir / "healthy", max_age_s=60.0)).decode()
+    assert "gpudash_step{" not in text  # the sample run ended long before this test
+    assert main([str(runs_dir), "--metrics-max-age", "-1"]) == 2  # a user mistake: one line, no traceback
+
+
+def test_spike_markers_of_a_downsampled_view_are_the_facts() -> None:
+    """A long run's chart is drawn from a downsampled frame, where the trailing window of a row spans many
+    more steps: judged there, the spikes vanished. The markers are the run's facts, judged on every row."""
+    import numpy as np
+    import pandas as pd
+
+    from gpudash.layouts.data import RunView, downsample_frame
+    from gpudash.layouts.run_page import build_graph
+    from gpudash.store.run import Run
+
+    n = 3000
+    rng = np.random.default_rng(0)
+    loss = np.linspace(6.0, 2.0, n) + 0.01 * rng.standard_normal(n)
+    loss[2000] *= 1.25
+    loss[2500] *= 1.5
+    steps = pd.DataFrame({"step": np.arange(n), "rank": 0, "loss": loss, "duration_s": 0.1, "time": np.arange(n) * 0.1})
+    facts = run_facts(Run(path=Path("."), meta={}, status="finished", steps=steps, memory=pd.DataFrame(),
+                          events=pd.DataFrame()))
+    assert facts.loss_spike_steps == (2000, 2500)
+    view = RunView(path=Path("."), meta={}, status="finished", frames={"steps": downsample_frame(steps, "steps", 300)})
+    assert len(view.frame("steps")) < n
+    fig, _ = build_graph("loss-graph", view, spikes=list(facts.loss_spike_steps))
+    assert next(t for t in fig.data if t.name == "spike").x == [2000, 2500]
