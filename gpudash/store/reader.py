@@ -23,11 +23,13 @@ import numpy as np
 import pandas as pd
 
 from gpudash.store.chunks import read_chunks
+from gpudash.store.meta import clean_meta
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
     RUN_META_FILE,
     TABLE_BASE_COLUMNS,
+    quote_ident,
     rank_from_db_name,
     rollup_table,
 )
@@ -144,13 +146,15 @@ class RankReader:
         out: dict[str, Any] = {}
         try:
             for key, value in self.conn.execute("SELECT key, value FROM meta"):
+                if not isinstance(key, str):
+                    continue
                 try:
                     out[key] = json.loads(value)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RecursionError):
                     out[key] = value
         except sqlite3.DatabaseError as exc:
             self._note(f"{self.path.name}: meta table unreadable ({exc})")
-        return out
+        return clean_meta(out, f"{self.path.name} meta", self.problems)
 
     def status(self, meta: dict[str, Any] | None = None, now: float | None = None) -> str:
         meta = self.meta() if meta is None else meta
@@ -158,8 +162,8 @@ class RankReader:
         if status != "live":
             return status
         now = time.time() if now is None else now
-        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval", 0.5)))
-        if now - float(meta.get("heartbeat", 0)) > stale:
+        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval") or 0.5))
+        if now - float(meta.get("heartbeat") or 0) > stale:
             return "crashed"
         pid = meta.get("pid")
         if meta.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
@@ -171,7 +175,7 @@ class RankReader:
         cols = self._columns.get(table)
         if cols is None:
             try:
-                cols = [r[1] for r in self.conn.execute(f'PRAGMA table_info("{table}")')]
+                cols = [r[1] for r in self.conn.execute(f"PRAGMA table_info({quote_ident(table)})")]
             except sqlite3.DatabaseError as exc:
                 self._note(f"{self.path.name}: table {table} unreadable ({exc})")
                 cols = []
@@ -192,7 +196,7 @@ class RankReader:
     def max_rowid(self, table: str) -> int:
         """Largest rowid, or 0 when unknown (empty or damaged)."""
         try:
-            return int(self.conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0)
+            return int(self.conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0)
         except sqlite3.DatabaseError:
             return 0
 
@@ -203,8 +207,8 @@ class RankReader:
         if not cols:
             return pd.DataFrame()
         cond = ["rowid > ?"] + ([where] if where else [])
-        sql_cols = ", ".join(["rowid", *(f'"{c}"' for c in cols)])
-        sql = f'SELECT {sql_cols} FROM "{table}" WHERE {" AND ".join(cond)} ORDER BY rowid'
+        sql_cols = ", ".join(["rowid", *map(quote_ident, cols)])
+        sql = f'SELECT {sql_cols} FROM {quote_ident(table)} WHERE {" AND ".join(cond)} ORDER BY rowid'
         if limit:
             sql += f" LIMIT {int(limit)}"
         try:
@@ -219,7 +223,7 @@ class RankReader:
         single rows, so only the damaged rows are lost. Scanning stops after a run
         of empty blocks past the last row found (a truncated file ends there)."""
         extra = f" AND {where}" if where else ""
-        sql = f'SELECT {sql_cols} FROM "{table}" WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid'
+        sql = f"SELECT {sql_cols} FROM {quote_ident(table)} WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid"
         lost = 0
 
         def block(lo: int, hi: int) -> list[tuple[Any, ...]]:
@@ -262,7 +266,7 @@ class RankReader:
         if text_cols and covered:
             try:
                 rows = self.conn.execute(
-                    f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in text_cols)} FROM "{table}"'
+                    f"SELECT {', '.join(map(quote_ident, text_cols))} FROM {quote_ident(table)}"
                     " WHERE rowid <= ? ORDER BY rowid", (covered,)
                 ).fetchall()
                 if len(rows) == n:
@@ -289,7 +293,7 @@ class RankReader:
     def count(self, table: str, t0: float | None, t1: float | None) -> int:
         where, params = _time_where(t0, t1, "time")
         try:
-            sql = f'SELECT count(*) FROM "{table}"' + (f" WHERE {where}" if where else "")
+            sql = f"SELECT count(*) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
             return int(self.conn.execute(sql, params).fetchone()[0])
         except sqlite3.DatabaseError:
             return 0
@@ -350,14 +354,19 @@ class RunReader:
         path = self.path / RUN_META_FILE
         try:
             data = json.loads(path.read_text())
-            return data if isinstance(data, dict) else {}
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            msg = f"{RUN_META_FILE}: unreadable ({exc}); using the per-rank meta"
+        except (OSError, ValueError, RecursionError) as exc:
+            msg = f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {str(exc)[:200]}); using the per-rank meta"
             if msg not in self.problems:
                 self.problems.append(msg)
             return {}
+        if not isinstance(data, dict):
+            msg = f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta"
+            if msg not in self.problems:
+                self.problems.append(msg)
+            return {}
+        return clean_meta(data, RUN_META_FILE, self.problems)
 
     def rank_meta(self) -> dict[int, dict[str, Any]]:
         return {rank: r.meta() for rank, r in sorted(self.ranks.items())}
@@ -416,8 +425,8 @@ class RunReader:
         lo, hi = np.inf, -np.inf
         for r in self.ranks.values():
             try:  # two queries: each is one index probe, together they would scan the table
-                a = r.conn.execute(f'SELECT min(time) FROM "{table}"').fetchone()[0]
-                b = r.conn.execute(f'SELECT max(time) FROM "{table}"').fetchone()[0]
+                a = r.conn.execute(f"SELECT min(time) FROM {quote_ident(table)}").fetchone()[0]
+                b = r.conn.execute(f"SELECT max(time) FROM {quote_ident(table)}").fetchone()[0]
             except sqlite3.DatabaseError:
                 continue
             if a is not None:

@@ -1,0 +1,203 @@
+"""What the outside world puts in a run folder never breaks a surface (issue 12, items 5-7).
+
+Wrong-typed facts in ``run.json`` or a rank's ``meta`` table, column names with
+quotes, a killed run on read-only storage and a write-ahead log without its
+database: each is read, or its damage named, and every other run still lists.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpudash.analysis.report import render_html, render_markdown
+from gpudash.export import export_run
+from gpudash.info import summarize as info_lines
+from gpudash.store import load_run
+from gpudash.store.meta import META_KEYS
+from gpudash.store.reader import RunReader
+from gpudash.store.rollup import Rollups
+from gpudash.store.writer import Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(path: Path, n: int = 5, **meta: Any) -> Path:
+    rec = Recorder(path, flush_interval=60, meta={"name": path.name, **meta})
+    for i in range(n):
+        rec.put("steps", {"step": i, "time": 1e9 + i, "duration_s": 0.1, "tokens": 10.0})
+        rec.put("memory", {"step": i, "time": 1e9 + i, "allocated_bytes": 1e6})
+    rec.put("events", {"time": 1e9, "step": 0, "kind": "k", "message": "m", "data": None})
+    rec.close()
+    return path
+
+
+def _set_rank_meta(run_dir: Path, **raw: str) -> None:
+    """Write meta values as raw text (what a hand edit or another tool leaves)."""
+    conn = sqlite3.connect(run_dir / "rank0.db")
+    with conn:
+        conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", list(raw.items()))
+    conn.close()
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "gpudash", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=120)
+
+
+# ---- 5. wrong-typed run.json / meta values ------------------------------------------------
+BAD_RUN_JSON = {
+    "ws_text": '{"world_size": "two"}',
+    "nan_inf": '{"created_at": NaN, "world_size": 1e400}',
+}
+
+
+@pytest.fixture
+def bad_runs(tmp_path: Path) -> Path:
+    runs = tmp_path / "runs"
+    _run(runs / "good")
+    for name, text in BAD_RUN_JSON.items():
+        (_run(runs / name) / "run.json").write_text(text)
+    _set_rank_meta(_run(runs / "flush_text"), flush_interval='"x"', status='"live"', heartbeat="1e9")
+    return runs
+
+
+def test_wrong_typed_meta_is_named_and_falls_back(bad_runs: Path) -> None:
+    ws = load_run(bad_runs / "ws_text")
+    assert ws.meta["world_size"] == 1
+    assert any("run.json: world_size is 'two'" in p and "ignored" in p for p in ws.problems)
+    nan = load_run(bad_runs / "nan_inf")
+    assert "created_at" not in nan.meta and nan.meta["world_size"] == 1
+    assert any("created_at is nan" in p for p in nan.problems)
+    assert any("world_size is inf" in p for p in nan.problems)
+    fi = load_run(bad_runs / "flush_text")
+    assert fi.status == "crashed"  # live, but no heartbeat for ages: the default interval applies
+    assert any("rank0.db meta: flush_interval is 'x'" in p for p in fi.problems)
+    assert all("\n" not in p for r in (ws, nan, fi) for p in r.problems)
+
+
+@pytest.mark.parametrize("name", [*BAD_RUN_JSON, "flush_text"])
+def test_cli_surfaces_survive_wrong_typed_meta(bad_runs: Path, name: str, tmp_path: Path) -> None:
+    run_dir = str(bad_runs / name)
+    for args in (["info", run_dir], ["report", run_dir, "--format", "md"],
+                 ["export", run_dir, "--format", "csv", "-o", str(tmp_path / "out")]):
+        out = _cli(*args, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert "Traceback" not in out.stderr + out.stdout
+    assert "ignored" in _cli("info", run_dir, cwd=tmp_path).stdout
+
+
+def test_runs_list_shows_the_others_and_names_the_bad_one(bad_runs: Path) -> None:
+    from gpudash.app import create_app
+
+    client = create_app(bad_runs).server.test_client()
+    r = client.get("/api/runs")
+    assert r.status_code == 200
+    runs = {row["id"]: row for row in r.get_json()["runs"]}
+    assert set(runs) == {"good", *BAD_RUN_JSON, "flush_text"}
+    assert runs["good"]["problems"] == [] and runs["good"]["steps"] == 5
+    assert any("world_size" in p for p in runs["ws_text"]["problems"])
+    assert any("flush_interval" in p for p in runs["flush_text"]["problems"])
+    index = client.get("/_dash-layout")
+    assert index.status_code == 200
+
+
+def _json_values() -> st.SearchStrategy[Any]:
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) \
+        | st.sampled_from([2**63, -(2**63) - 1, 10**30, 1e400, -1e400])
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+_KEYS = sorted(META_KEYS) + ["unavailable_allocator"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory.mktemp("prop") / "base")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(_KEYS), value=_json_values(), where=st.sampled_from(["run.json", "meta"]))
+def test_any_json_value_for_any_known_key(base_run: Path, key: str, value: Any, where: str) -> None:
+    from gpudash.analysis.summary import summarize as verdicts
+    from gpudash.layouts.runs import list_runs, runs_page
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        run_dir = runs / "r"
+        shutil.copytree(base_run, run_dir)
+        text = json.dumps(value)  # NaN and Infinity as Python writes them
+        if where == "run.json":
+            (run_dir / "run.json").write_text(json.dumps({"name": "r"})[:-1] + f", {json.dumps(key)}: {text}}}")
+        else:
+            _set_rank_meta(run_dir, **{key: text})
+        run = load_run(run_dir)
+        clean = run.meta.get(key)
+        if clean is not None and key in META_KEYS:
+            # every known key reaching a surface has its declared type
+            assert META_KEYS[key](clean) == clean
+        if isinstance(clean, float):
+            assert math.isfinite(clean)
+        info_lines(run)
+        render_markdown(run, verdicts(run))
+        render_html(run)
+        export_run(run_dir, Path(tmp) / "out", "csv")
+        run.close()
+        rows = list_runs(runs)
+        assert [r["id"] for r in rows] == ["r"] and rows[0]["status"] != "unreadable"
+        runs_page(runs, rows)
+
+
+def test_run_json_that_is_not_an_object_is_named(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path / "r")
+    (run_dir / "run.json").write_text("[1, 2]")
+    run = load_run(run_dir)
+    assert len(run.steps) == 5
+    assert any("run.json: holds a list" in p for p in run.problems)
+
+
+# ---- 6. column names with a double quote --------------------------------------------------
+def test_quoted_column_names_read_intact(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path / "q", n=10)
+    conn = sqlite3.connect(run_dir / "rank0.db")
+    with conn:
+        conn.execute('ALTER TABLE steps ADD COLUMN "a""b" REAL')
+        conn.execute('UPDATE steps SET "a""b" = step * 2')
+        conn.execute('ALTER TABLE events ADD COLUMN "x""y" TEXT')
+        conn.execute("UPDATE events SET \"x\"\"y\" = 't'")
+    conn.close()
+    run = load_run(run_dir)
+    assert run.problems == []
+    assert len(run.steps) == 10 and run.steps['a"b'].tolist() == [2.0 * i for i in range(10)]
+    assert run.events['x"y'].tolist() == ["t"]
+    reader = RunReader(run_dir)
+    frame, level = reader.read_range("steps", 0, 2e9)
+    assert level == 0 and len(frame) == 10
+    tail, _ = reader.read_since()
+    assert len(tail["steps"]) == 10 and reader.all_problems() == []
+    reader.close()
+
+
+def test_rollup_of_a_quoted_column(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "x.db")
+    conn.execute('CREATE TABLE steps (time REAL, "a""b" REAL)')
+    roll = Rollups(conn)
+    arr = np.array([[1.0, 2.0], [1.5, 4.0]])
+    roll.update("steps", ["time", 'a"b'], arr)
+    row = conn.execute('SELECT n, "a""b", "a""b__max" FROM steps_r1').fetchone()
+    assert row == (2, 3.0, 4.0)
