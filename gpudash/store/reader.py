@@ -52,10 +52,14 @@ class RunError(Exception):
 def is_run_dir(path: Path) -> bool:
     try:
         return (path / RUN_META_FILE).is_file() or any(
-            rank_from_db_name(p.name) is not None for p in path.iterdir()
+            rank_from_db_name(p.name.removesuffix("-wal")) is not None for p in path.iterdir()
         )
     except OSError:
         return False
+
+
+def _wal(db: Path) -> Path:
+    return db.with_name(db.name + "-wal")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -81,6 +85,8 @@ class RankReader:
         self.conn = self._open(path)
 
     def _open(self, path: Path) -> sqlite3.Connection:
+        if not path.exists() and _wal(path).exists():
+            return self._open_orphan_wal(path)
         try:
             return self._connect(path)
         except sqlite3.DatabaseError as exc:
@@ -90,12 +96,10 @@ class RankReader:
             self._note(f"{path.name}: file is truncated ({exc}); reading the intact part")
             return self._connect(padded)
 
-    @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
+    def _connect(self, path: Path) -> sqlite3.Connection:
         # no -wal file: no writer is attached and every record is in the main file, so open it
         # immutable (reads only; creates no -wal/-shm beside someone else's run)
-        wal = path.with_name(path.name + "-wal")
-        flags = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+        flags = "mode=ro" if _wal(path).exists() else "mode=ro&immutable=1"
         try:
             conn = sqlite3.connect(f"file:{path}?{flags}", uri=True, check_same_thread=False, timeout=5)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -104,10 +108,57 @@ class RankReader:
         except sqlite3.OperationalError as exc:
             if "malformed" in str(exc) or "not a database" in str(exc):
                 raise
+        try:
             # a WAL database in a folder we may write to: let SQLite create the -shm file
             conn = sqlite3.connect(path, check_same_thread=False, timeout=5)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return conn
+        except sqlite3.OperationalError as exc:
+            if "malformed" in str(exc) or "not a database" in str(exc):
+                raise
+        # read-only storage, log present, no -shm (a killed run on a read-only mount): SQLite cannot
+        # attach to the log in place, so read a private copy of the database and its log
+        scratch = self._scratch()
+        for src in (path, _wal(path)):
+            shutil.copyfile(src, scratch / src.name)
+        conn = sqlite3.connect(scratch / path.name, check_same_thread=False, timeout=5)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+
+    def _open_orphan_wal(self, path: Path) -> sqlite3.Connection:
+        """``rankN.db`` is gone but its log is left. The log holds every page written since the
+        last checkpoint: replay it onto an empty one-page database (a zero-length file would
+        make SQLite discard the log) in a private folder, and say what is lost."""
+        wal = _wal(path)
+        missing = f"{path.name} is missing, only its write-ahead log {wal.name} is left"
+        try:
+            with open(wal, "rb") as f:
+                header = f.read(32)
+        except OSError as exc:
+            raise sqlite3.DatabaseError(f"{missing} and unreadable ({exc.strerror or exc})") from None
+        page = int.from_bytes(header[8:12], "big") if len(header) == 32 else 0
+        if header[:4] not in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83") or page < 512 or page & (page - 1):
+            raise sqlite3.DatabaseError(f"{missing}, and that is not a SQLite log; copy {path.name} beside it")
+        scratch = self._scratch()
+        shutil.copyfile(wal, scratch / wal.name)
+        (scratch / path.name).write_bytes(bytes(page))
+        conn = sqlite3.connect(scratch / path.name, check_same_thread=False, timeout=5)
+        try:
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.DatabaseError:
+            tables = 0
+        if not tables:
+            conn.close()
+            raise sqlite3.DatabaseError(f"{missing}, and the log holds no table; copy {path.name} beside it "
+                                        "if you still have it")
+        self._note(f"{missing}: read the records the log still holds (those already moved into "
+                   f"{path.name} are lost; copy it beside the log if you still have it)")
+        return conn
+
+    def _scratch(self) -> Path:
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="gpudash-salvage-")
+        return Path(self._tmpdir.name)
 
     def _pad_truncated(self, path: Path) -> Path | None:
         """SQLite refuses a file shorter than its header says. Copy it (never touch
@@ -125,8 +176,7 @@ class RankReader:
         declared = int.from_bytes(header[28:32], "big") * page
         if declared <= size:
             return None
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="gpudash-salvage-")
-        copy = Path(self._tmpdir.name) / path.name
+        copy = self._scratch() / path.name
         shutil.copyfile(path, copy)
         with open(copy, "r+b") as f:
             f.truncate(declared)
@@ -327,7 +377,9 @@ class RunReader:
 
     def refresh(self) -> None:
         """Pick up ranks that started writing since the reader opened."""
-        for db in sorted(self.path.glob("rank*.db")):
+        found = {p.name.removesuffix("-wal") for p in self.path.glob("rank*.db-wal")}
+        found.update(p.name for p in self.path.glob("rank*.db"))
+        for db in sorted(self.path / n for n in found):
             rank = rank_from_db_name(db.name)
             if rank is None or rank in self.ranks:
                 continue

@@ -201,3 +201,121 @@ def test_rollup_of_a_quoted_column(tmp_path: Path) -> None:
     roll.update("steps", ["time", 'a"b'], arr)
     row = conn.execute('SELECT n, "a""b", "a""b__max" FROM steps_r1').fetchone()
     assert row == (2, 3.0, 4.0)
+
+
+# ---- 7. killed runs on read-only storage, and a log without its database ------------------
+_KILLED = """
+import sys, time
+from gpudash.store.writer import Recorder
+rec = Recorder(sys.argv[1], flush_interval=60)
+for i in range(500):
+    rec.put("steps", {"step": i, "time": 1e9 + i, "duration_s": 0.1})
+rec.flush()
+print("flushed", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose writer was SIGKILLed: every record is in ``rank0.db-wal``, the ``-shm`` is gone
+    (as after a copy that skips it, or a reboot of the node that held it)."""
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", _KILLED, str(run_dir)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "flushed"
+    finally:
+        p.kill()
+        p.wait()
+    (run_dir / "rank0.db-shm").unlink()
+    assert (run_dir / "rank0.db-wal").stat().st_size > (run_dir / "rank0.db").stat().st_size
+    return run_dir
+
+
+def _mount(target: Path, *args: str) -> None:
+    out = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount here ({out.stderr.strip() or 'mount failed'}); needs root outside a sandbox")
+
+
+def test_killed_run_on_read_only_mount_reads_every_record(killed_run: Path, tmp_path: Path) -> None:
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("a real read-only mount needs root and mount(8)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    _mount(mnt, "-t", "tmpfs", "tmpfs")
+    try:
+        shutil.copytree(killed_run, mnt / "run")
+        _mount(mnt, "-o", "remount,ro")
+        files = sorted(os.listdir(mnt / "run"))
+        run = load_run(mnt / "run")
+        assert len(run.steps) == 500 and run.steps["step"].tolist() == list(range(500))
+        assert run.problems == [] and run.status == "crashed"
+        run.close()
+        assert sorted(os.listdir(mnt / "run")) == files  # nothing written (it could not be)
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+_READ_AS_NOBODY = """
+import os, sys
+from gpudash.store import load_run  # imported first: the interpreter's own files may be root-only
+os.setgid(65534); os.setuid(65534)
+run = load_run(sys.argv[1])
+print(len(run.steps), run.problems)
+"""
+
+
+def test_killed_run_in_read_only_folder_reads_every_record(killed_run: Path) -> None:
+    # permission bits do not stop root: when root, read as nobody in a child process
+    top = Path(tempfile.mkdtemp(prefix="gpudash-ro-"))
+    try:
+        os.chmod(top, 0o755)
+        run_dir = top / "run"
+        shutil.copytree(killed_run, run_dir)
+        for f in run_dir.iterdir():
+            os.chmod(f, 0o444)
+        os.chmod(run_dir, 0o555)
+        if os.geteuid() == 0:
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            out = subprocess.run([sys.executable, "-c", _READ_AS_NOBODY, str(run_dir)], capture_output=True,
+                                 text=True, env=env, cwd="/", timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.strip() == "500 []"
+        else:
+            run = load_run(run_dir)
+            assert len(run.steps) == 500 and run.problems == []
+            run.close()
+        assert not (run_dir / "rank0.db-shm").exists()
+    finally:
+        os.chmod(top / "run", 0o755)
+        shutil.rmtree(top)
+
+
+def test_orphan_log_is_read_and_named(killed_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "orphan"
+    shutil.copytree(killed_run, run_dir)
+    (run_dir / "rank0.db").unlink()
+    (run_dir / "run.json").write_text('{"name": "orphan"}')
+    run = load_run(run_dir)
+    assert len(run.steps) == 500
+    assert any("rank0.db is missing, only its write-ahead log rank0.db-wal is left" in p for p in run.problems)
+    run.close()
+    assert sorted(os.listdir(run_dir)) == ["rank0.db-wal", "run.json"]  # the original is left alone
+
+
+def test_orphan_log_that_holds_nothing_is_named(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _run(runs / "good")
+    bad = runs / "bad"
+    bad.mkdir()
+    (bad / "rank0.db-wal").write_bytes(b"\x00" * 4096)
+    run = load_run(bad)
+    assert run.steps.empty
+    assert any("rank0.db is missing" in p and "not a SQLite log" in p for p in run.problems)
+    from gpudash.layouts.runs import list_runs
+
+    rows = {r["id"]: r for r in list_runs(runs)}
+    assert rows["good"]["steps"] == 5
+    assert any("rank0.db is missing" in p for p in rows["bad"]["problems"])
