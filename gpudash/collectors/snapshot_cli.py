@@ -16,7 +16,7 @@ from pathlib import Path
 from gpudash.errors import UserError
 from gpudash.store.reader import RunError
 from gpudash.store.schema import TABLE_BASE_COLUMNS, rank_db_name
-from gpudash.store.snapshot import read_snapshot_pickle, snapshot_row, summarize
+from gpudash.store.snapshot import MAX_NODES, read_snapshot_pickle, snapshot_row, summarize
 from gpudash.store.writer import Recorder, write_run_meta
 
 __all__ = ["add_arguments", "import_snapshot", "run"]
@@ -28,10 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", type=int, default=None, help="training step the snapshot belongs to")
     p.add_argument("--rank", type=int, default=0, help="rank whose database receives it (default 0)")
     p.add_argument("--reason", default=None, help="label shown in the dashboard (default: imported FILE)")
+    p.add_argument("--max-nodes", type=int, default=MAX_NODES, metavar="N",
+                   help=f"read at most N segments, blocks, frames and trace entries (default {MAX_NODES:,})")
 
 
 def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None = None, rank: int = 0,
-                    reason: str | None = None) -> dict[str, int]:
+                    reason: str | None = None, max_nodes: int = MAX_NODES) -> dict[str, int]:
     """Store ``file`` in ``run_dir``; returns segment/block counts and bytes."""
     src = Path(file)
     run = Path(run_dir)
@@ -44,7 +46,7 @@ def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None =
     except OSError as exc:
         raise UserError(f"{src}: unreadable ({exc.strerror or exc})") from None
     snap = read_snapshot_pickle(data, where=str(src))
-    summary = summarize(snap, where=str(src))
+    summary = summarize(snap, max_nodes=max_nodes, where=str(src))
     try:
         t = src.stat().st_mtime
     except OSError:
@@ -84,7 +86,8 @@ def _append(db: Path, row: dict[str, object]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = import_snapshot(args.file, args.run_dir, step=args.step, rank=args.rank, reason=args.reason)
+    info = import_snapshot(args.file, args.run_dir, step=args.step, rank=args.rank, reason=args.reason,
+                           max_nodes=args.max_nodes)
     print(f"stored {args.file} in {args.run_dir}: {info['segments']} segments, {info['blocks']} blocks, "
           f"{info['reserved_bytes'] / 2**20:.1f} MiB reserved, {info['allocated_bytes'] / 2**20:.1f} MiB allocated")
     return 0
