@@ -242,8 +242,11 @@ def _count(snapshot: dict[str, Any], budget: _Budget) -> None:
     segments = snapshot.get("segments")
     segments = segments if isinstance(segments, (list, tuple)) else []
     budget.take(len(segments))
-    block_lists = [s.get("blocks") for s in segments if isinstance(s, dict)]
-    block_lists = [b for b in block_lists if isinstance(b, (list, tuple))]
+    block_lists: list[list[Any] | tuple[Any, ...]] = []
+    for s in segments:
+        blocks = s.get("blocks") if isinstance(s, dict) else None
+        if isinstance(blocks, (list, tuple)):
+            block_lists.append(blocks)
     for blocks in block_lists:
         budget.take(len(blocks))
     traces = snapshot.get("device_traces")
