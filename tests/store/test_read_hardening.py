@@ -93,12 +93,15 @@ def test_wrong_typed_meta_is_named_and_falls_back(bad_runs: Path) -> None:
 @pytest.mark.parametrize("name", [*BAD_RUN_JSON, "flush_text"])
 def test_cli_surfaces_survive_wrong_typed_meta(bad_runs: Path, name: str, tmp_path: Path) -> None:
     run_dir = str(bad_runs / name)
-    for args in (["info", run_dir], ["report", run_dir, "--format", "md"],
-                 ["export", run_dir, "--format", "csv", "-o", str(tmp_path / "out")]):
+    info = _cli("info", run_dir, cwd=tmp_path)
+    assert info.returncode == 0 and "Traceback" not in info.stderr, info.stderr
+    assert "ignored" in info.stdout  # the damage is named
+    if name != "ws_text":
+        return  # report and export go through the same load_run: once is enough
+    for args in (["report", run_dir, "--format", "md"], ["export", run_dir, "--format", "csv", "-o", str(tmp_path)]):
         out = _cli(*args, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
         assert "Traceback" not in out.stderr + out.stdout
-    assert "ignored" in _cli("info", run_dir, cwd=tmp_path).stdout
 
 
 def test_runs_list_shows_the_others_and_names_the_bad_one(bad_runs: Path) -> None:
@@ -131,9 +134,13 @@ def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _run(tmp_path_factory.mktemp("prop") / "base")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(_KEYS), value=_json_values(), where=st.sampled_from(["run.json", "meta"]))
-def test_any_json_value_for_any_known_key(base_run: Path, key: str, value: Any, where: str) -> None:
+_ALL = st.fixed_dictionaries({}, optional={k: _json_values() for k in _KEYS})
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(run_json=_ALL, rank_meta=_ALL)
+def test_any_json_value_for_any_known_key(base_run: Path, run_json: dict[str, Any],
+                                          rank_meta: dict[str, Any]) -> None:
     from gpudash.analysis.summary import summarize as verdicts
     from gpudash.layouts.runs import list_runs, runs_page
 
@@ -141,18 +148,15 @@ def test_any_json_value_for_any_known_key(base_run: Path, key: str, value: Any, 
         runs = Path(tmp) / "runs"
         run_dir = runs / "r"
         shutil.copytree(base_run, run_dir)
-        text = json.dumps(value)  # NaN and Infinity as Python writes them
-        if where == "run.json":
-            (run_dir / "run.json").write_text(json.dumps({"name": "r"})[:-1] + f", {json.dumps(key)}: {text}}}")
-        else:
-            _set_rank_meta(run_dir, **{key: text})
+        (run_dir / "run.json").write_text(json.dumps(run_json))  # NaN and Infinity as Python writes them
+        _set_rank_meta(run_dir, **{k: json.dumps(v) for k, v in rank_meta.items()})
         run = load_run(run_dir)
-        clean = run.meta.get(key)
-        if clean is not None and key in META_KEYS:
-            # every known key reaching a surface has its declared type
-            assert META_KEYS[key](clean) == clean
-        if isinstance(clean, float):
-            assert math.isfinite(clean)
+        for key in _KEYS:
+            clean = run.meta.get(key)
+            if clean is not None and key in META_KEYS:
+                assert META_KEYS[key](clean) == clean  # every known key reaching a surface has its type
+            if isinstance(clean, float):
+                assert math.isfinite(clean)
         info_lines(run)
         render_markdown(run, verdicts(run))
         render_html(run)
