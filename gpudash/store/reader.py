@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ import pandas as pd
 
 from gpudash.store.chunks import read_chunks
 from gpudash.store.meta import clean_meta
+from gpudash.store.rankfile import Scratch, open_rank_db
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
@@ -40,7 +39,6 @@ __all__ = ["RankReader", "RunReader", "RunError", "Cursor", "is_run_dir"]
 #: flush intervals) is treated as dead: its run reads ``crashed``.
 STALE_AFTER_S = 3.0
 _SALVAGE_BLOCK = 2048
-_MMAP_BYTES = 1 << 32
 
 Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 
@@ -56,10 +54,6 @@ def is_run_dir(path: Path) -> bool:
         )
     except OSError:
         return False
-
-
-def _wal(db: Path) -> Path:
-    return db.with_name(db.name + "-wal")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -81,111 +75,16 @@ class RankReader:
         self.problems: list[str] = []
         self._columns: dict[str, list[str]] = {}
         self._schema_version: int | None = None
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        self.conn = self._open(path)
-
-    def _open(self, path: Path) -> sqlite3.Connection:
-        if not path.exists() and _wal(path).exists():
-            return self._open_orphan_wal(path)
+        self._scratch = Scratch()
         try:
-            return self._connect(path)
-        except sqlite3.DatabaseError as exc:
-            padded = self._pad_truncated(path)
-            if padded is None:
-                raise
-            self._note(f"{path.name}: file is truncated ({exc}); reading the intact part")
-            return self._connect(padded)
-
-    def _connect(self, path: Path) -> sqlite3.Connection:
-        # no -wal file: no writer is attached and every record is in the main file, so open it
-        # immutable (reads only; creates no -wal/-shm beside someone else's run)
-        flags = "mode=ro" if _wal(path).exists() else "mode=ro&immutable=1"
-        try:
-            conn = sqlite3.connect(f"file:{path}?{flags}", uri=True, check_same_thread=False, timeout=5)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")  # big chunk blobs read without copies
-            return conn
-        except sqlite3.OperationalError as exc:
-            if "malformed" in str(exc) or "not a database" in str(exc):
-                raise
-        try:
-            # a WAL database in a folder we may write to: let SQLite create the -shm file
-            conn = sqlite3.connect(path, check_same_thread=False, timeout=5)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return conn
-        except sqlite3.OperationalError as exc:
-            if "malformed" in str(exc) or "not a database" in str(exc):
-                raise
-        # read-only storage, log present, no -shm (a killed run on a read-only mount): SQLite cannot
-        # attach to the log in place, so read a private copy of the database and its log
-        scratch = self._scratch()
-        for src in (path, _wal(path)):
-            shutil.copyfile(src, scratch / src.name)
-        conn = sqlite3.connect(scratch / path.name, check_same_thread=False, timeout=5)
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return conn
-
-    def _open_orphan_wal(self, path: Path) -> sqlite3.Connection:
-        """``rankN.db`` is gone but its log is left. The log holds every page written since the
-        last checkpoint: replay it onto an empty one-page database (a zero-length file would
-        make SQLite discard the log) in a private folder, and say what is lost."""
-        wal = _wal(path)
-        missing = f"{path.name} is missing, only its write-ahead log {wal.name} is left"
-        try:
-            with open(wal, "rb") as f:
-                header = f.read(32)
-        except OSError as exc:
-            raise sqlite3.DatabaseError(f"{missing} and unreadable ({exc.strerror or exc})") from None
-        page = int.from_bytes(header[8:12], "big") if len(header) == 32 else 0
-        if header[:4] not in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83") or page < 512 or page & (page - 1):
-            raise sqlite3.DatabaseError(f"{missing}, and that is not a SQLite log; copy {path.name} beside it")
-        scratch = self._scratch()
-        shutil.copyfile(wal, scratch / wal.name)
-        (scratch / path.name).write_bytes(bytes(page))
-        conn = sqlite3.connect(scratch / path.name, check_same_thread=False, timeout=5)
-        try:
-            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        except sqlite3.DatabaseError:
-            tables = 0
-        if not tables:
-            conn.close()
-            raise sqlite3.DatabaseError(f"{missing}, and the log holds no table; copy {path.name} beside it "
-                                        "if you still have it")
-        self._note(f"{missing}: read the records the log still holds (those already moved into "
-                   f"{path.name} are lost; copy it beside the log if you still have it)")
-        return conn
-
-    def _scratch(self) -> Path:
-        if self._tmpdir is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="gpudash-salvage-")
-        return Path(self._tmpdir.name)
-
-    def _pad_truncated(self, path: Path) -> Path | None:
-        """SQLite refuses a file shorter than its header says. Copy it (never touch
-        the original), pad the copy with empty pages and read that instead."""
-        try:
-            with open(path, "rb") as f:
-                header = f.read(100)
-            size = path.stat().st_size
-        except OSError:
-            return None
-        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
-            return None
-        page = int.from_bytes(header[16:18], "big")
-        page = 65536 if page == 1 else page
-        declared = int.from_bytes(header[28:32], "big") * page
-        if declared <= size:
-            return None
-        copy = self._scratch() / path.name
-        shutil.copyfile(path, copy)
-        with open(copy, "r+b") as f:
-            f.truncate(declared)
-        return copy
+            self.conn = open_rank_db(path, self._scratch, self._note)
+        except BaseException:
+            self._scratch.cleanup()
+            raise
 
     def close(self) -> None:
         self.conn.close()
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
+        self._scratch.cleanup()
 
     def _note(self, msg: str) -> None:
         if msg not in self.problems:
