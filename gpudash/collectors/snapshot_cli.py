@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpudash.errors import UserError
 from gpudash.store.reader import RunError
-from gpudash.store.schema import TABLE_BASE_COLUMNS, rank_db_name
+from gpudash.store.schema import TABLE_BASE_COLUMNS, quote_ident, rank_db_name
 from gpudash.store.snapshot import MAX_NODES, read_snapshot_pickle, snapshot_row, summarize
 from gpudash.store.writer import Recorder, write_run_meta
 
@@ -71,13 +71,14 @@ def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None =
 
 def _append(db: Path, row: dict[str, object]) -> None:
     cols = [c for c, _ in TABLE_BASE_COLUMNS["snapshots"]]
-    body = ", ".join(f'"{c}" {t}' for c, t in TABLE_BASE_COLUMNS["snapshots"])
+    body = ", ".join(f"{quote_ident(c)} {t}" for c, t in TABLE_BASE_COLUMNS["snapshots"])
     try:
         conn = sqlite3.connect(db, timeout=30)
         try:
             with conn:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS snapshots ({body})")
-                conn.execute(f"INSERT INTO snapshots ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                conn.execute(f"INSERT INTO snapshots ({', '.join(map(quote_ident, cols))}) "
+                             f"VALUES ({', '.join('?' * len(cols))})",
                              [row[c] for c in cols])
         finally:
             conn.close()
