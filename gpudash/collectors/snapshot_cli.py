@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from gpudash.errors import RunError, UserError
-from gpudash.store.schema import TABLE_BASE_COLUMNS, rank_db_name
-from gpudash.store.snapshot import read_snapshot_pickle, snapshot_row, summarize
+from gpudash.store.schema import TABLE_BASE_COLUMNS, quote_ident, rank_db_name
+from gpudash.store.snapshot import MAX_NODES, read_snapshot_pickle, snapshot_row, summarize
 from gpudash.store.writer import Recorder, write_run_meta
 
 __all__ = ["add_arguments", "import_snapshot", "run"]
@@ -27,10 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", type=int, default=None, help="training step the snapshot belongs to")
     p.add_argument("--rank", type=int, default=0, help="rank whose database receives it (default 0)")
     p.add_argument("--reason", default=None, help="label shown in the dashboard (default: imported FILE)")
+    p.add_argument("--max-nodes", type=int, default=MAX_NODES, metavar="N",
+                   help=f"read at most N segments, blocks, frames and trace entries (default {MAX_NODES:,})")
 
 
 def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None = None, rank: int = 0,
-                    reason: str | None = None) -> dict[str, int]:
+                    reason: str | None = None, max_nodes: int = MAX_NODES) -> dict[str, int]:
     """Store ``file`` in ``run_dir``; returns segment/block counts and bytes."""
     src = Path(file)
     run = Path(run_dir)
@@ -43,7 +45,7 @@ def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None =
     except OSError as exc:
         raise UserError(f"{src}: unreadable ({exc.strerror or exc})") from None
     snap = read_snapshot_pickle(data, where=str(src))
-    summary = summarize(snap, where=str(src))
+    summary = summarize(snap, max_nodes=max_nodes, where=str(src))
     try:
         t = src.stat().st_mtime
     except OSError:
@@ -68,13 +70,14 @@ def import_snapshot(file: str | Path, run_dir: str | Path, *, step: int | None =
 
 def _append(db: Path, row: dict[str, object]) -> None:
     cols = [c for c, _ in TABLE_BASE_COLUMNS["snapshots"]]
-    body = ", ".join(f'"{c}" {t}' for c, t in TABLE_BASE_COLUMNS["snapshots"])
+    body = ", ".join(f"{quote_ident(c)} {t}" for c, t in TABLE_BASE_COLUMNS["snapshots"])
     try:
         conn = sqlite3.connect(db, timeout=30)
         try:
             with conn:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS snapshots ({body})")
-                conn.execute(f"INSERT INTO snapshots ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                conn.execute(f"INSERT INTO snapshots ({', '.join(map(quote_ident, cols))}) "
+                             f"VALUES ({', '.join('?' * len(cols))})",
                              [row[c] for c in cols])
         finally:
             conn.close()
@@ -83,7 +86,8 @@ def _append(db: Path, row: dict[str, object]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = import_snapshot(args.file, args.run_dir, step=args.step, rank=args.rank, reason=args.reason)
+    info = import_snapshot(args.file, args.run_dir, step=args.step, rank=args.rank, reason=args.reason,
+                           max_nodes=args.max_nodes)
     print(f"stored {args.file} in {args.run_dir}: {info['segments']} segments, {info['blocks']} blocks, "
           f"{info['reserved_bytes'] / 2**20:.1f} MiB reserved, {info['allocated_bytes'] / 2**20:.1f} MiB allocated")
     return 0

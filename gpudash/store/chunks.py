@@ -20,9 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpudash.store.schema import quote_ident
+
 __all__ = ["Chunk", "ChunkWriter", "decode", "encode", "read_chunks"]
 
 CHUNK_TABLE = "colchunks"
+_CT = quote_ident(CHUNK_TABLE)
 MERGE_FANOUT = 64
 
 
@@ -61,10 +64,10 @@ class ChunkWriter:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {CHUNK_TABLE} (id INTEGER PRIMARY KEY, tbl TEXT, level INTEGER,"
+            f"CREATE TABLE IF NOT EXISTS {_CT} (id INTEGER PRIMARY KEY, tbl TEXT, level INTEGER,"
             " first_rowid INTEGER, last_rowid INTEGER, columns TEXT, data BLOB, crc INTEGER)"
         )
-        conn.execute(f"CREATE INDEX IF NOT EXISTS {CHUNK_TABLE}_tbl ON {CHUNK_TABLE}(tbl, level, first_rowid)")
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(CHUNK_TABLE + '_tbl')} ON {_CT}(tbl, level, first_rowid)")
 
     def append(self, table: str, first_rowid: int, columns: list[str], arr: np.ndarray) -> None:
         last = first_rowid + len(arr) - 1
@@ -76,14 +79,14 @@ class ChunkWriter:
     def _put(self, table: str, level: int, first: int, last: int, columns: list[str], arr: np.ndarray) -> None:
         data = encode(columns, arr)
         self._conn.execute(
-            f"INSERT INTO {CHUNK_TABLE} (tbl, level, first_rowid, last_rowid, columns, data, crc)"
+            f"INSERT INTO {_CT} (tbl, level, first_rowid, last_rowid, columns, data, crc)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (table, level, first, last, json.dumps(columns), data, zlib.crc32(data)),
         )
 
     def _compact(self, table: str, level: int) -> bool:
         rows = self._conn.execute(
-            f"SELECT id, first_rowid, last_rowid, columns, data FROM {CHUNK_TABLE}"
+            f"SELECT id, first_rowid, last_rowid, columns, data FROM {_CT}"
             " WHERE tbl = ? AND level = ? ORDER BY first_rowid",
             (table, level),
         ).fetchall()
@@ -91,7 +94,7 @@ class ChunkWriter:
             return False
         chunks = [Chunk(f, la, decode(json.loads(c), la - f + 1, d)) for _, f, la, c, d in rows]
         cols, arr = _merge(chunks)
-        self._conn.executemany(f"DELETE FROM {CHUNK_TABLE} WHERE id = ?", [(r[0],) for r in rows])
+        self._conn.executemany(f"DELETE FROM {_CT} WHERE id = ?", [(r[0],) for r in rows])
         self._put(table, level + 1, chunks[0].first_rowid, chunks[-1].last_rowid, cols, arr)
         return True
 
@@ -103,7 +106,7 @@ def read_chunks(conn: sqlite3.Connection, table: str) -> tuple[list[str], np.nda
     damaged chunk (the caller reads the remaining rows through SQL)."""
     try:
         rows = conn.execute(
-            f"SELECT first_rowid, last_rowid, columns, data, crc FROM {CHUNK_TABLE} WHERE tbl = ?"
+            f"SELECT first_rowid, last_rowid, columns, data, crc FROM {_CT} WHERE tbl = ?"
             " ORDER BY first_rowid",
             (table,),
         ).fetchall()

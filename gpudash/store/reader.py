@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +22,14 @@ import pandas as pd
 
 from gpudash.errors import RunError
 from gpudash.store.chunks import read_chunks
+from gpudash.store.meta import clean_meta
+from gpudash.store.rankfile import Scratch, open_rank_db
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
     RUN_META_FILE,
     TABLE_BASE_COLUMNS,
+    quote_ident,
     rank_from_db_name,
     rollup_table,
 )
@@ -39,7 +40,6 @@ __all__ = ["RankReader", "RunReader", "Cursor", "is_run_dir"]
 #: flush intervals) is treated as dead: its run reads ``crashed``.
 STALE_AFTER_S = 3.0
 _SALVAGE_BLOCK = 2048
-_MMAP_BYTES = 1 << 32
 
 Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 
@@ -47,7 +47,7 @@ Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 def is_run_dir(path: Path) -> bool:
     try:
         return (path / RUN_META_FILE).is_file() or any(
-            rank_from_db_name(p.name) is not None for p in path.iterdir()
+            rank_from_db_name(p.name.removesuffix("-wal")) is not None for p in path.iterdir()
         )
     except OSError:
         return False
@@ -72,65 +72,16 @@ class RankReader:
         self.problems: list[str] = []
         self._columns: dict[str, list[str]] = {}
         self._schema_version: int | None = None
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        self.conn = self._open(path)
-
-    def _open(self, path: Path) -> sqlite3.Connection:
+        self._scratch = Scratch()
         try:
-            return self._connect(path)
-        except sqlite3.DatabaseError as exc:
-            padded = self._pad_truncated(path)
-            if padded is None:
-                raise
-            self._note(f"{path.name}: file is truncated ({exc}); reading the intact part")
-            return self._connect(padded)
-
-    @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
-        # no -wal file: no writer is attached and every record is in the main file, so open it
-        # immutable (reads only; creates no -wal/-shm beside someone else's run)
-        wal = path.with_name(path.name + "-wal")
-        flags = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
-        try:
-            conn = sqlite3.connect(f"file:{path}?{flags}", uri=True, check_same_thread=False, timeout=5)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")  # big chunk blobs read without copies
-            return conn
-        except sqlite3.OperationalError as exc:
-            if "malformed" in str(exc) or "not a database" in str(exc):
-                raise
-            # a WAL database in a folder we may write to: let SQLite create the -shm file
-            conn = sqlite3.connect(path, check_same_thread=False, timeout=5)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return conn
-
-    def _pad_truncated(self, path: Path) -> Path | None:
-        """SQLite refuses a file shorter than its header says. Copy it (never touch
-        the original), pad the copy with empty pages and read that instead."""
-        try:
-            with open(path, "rb") as f:
-                header = f.read(100)
-            size = path.stat().st_size
-        except OSError:
-            return None
-        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
-            return None
-        page = int.from_bytes(header[16:18], "big")
-        page = 65536 if page == 1 else page
-        declared = int.from_bytes(header[28:32], "big") * page
-        if declared <= size:
-            return None
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="gpudash-salvage-")
-        copy = Path(self._tmpdir.name) / path.name
-        shutil.copyfile(path, copy)
-        with open(copy, "r+b") as f:
-            f.truncate(declared)
-        return copy
+            self.conn = open_rank_db(path, self._scratch, self._note)
+        except BaseException:
+            self._scratch.cleanup()
+            raise
 
     def close(self) -> None:
         self.conn.close()
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
+        self._scratch.cleanup()
 
     def _note(self, msg: str) -> None:
         if msg not in self.problems:
@@ -141,13 +92,15 @@ class RankReader:
         out: dict[str, Any] = {}
         try:
             for key, value in self.conn.execute("SELECT key, value FROM meta"):
+                if not isinstance(key, str):
+                    continue
                 try:
                     out[key] = json.loads(value)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RecursionError):
                     out[key] = value
         except sqlite3.DatabaseError as exc:
             self._note(f"{self.path.name}: meta table unreadable ({exc})")
-        return out
+        return clean_meta(out, f"{self.path.name} meta", self.problems)
 
     def status(self, meta: dict[str, Any] | None = None, now: float | None = None) -> str:
         meta = self.meta() if meta is None else meta
@@ -155,8 +108,8 @@ class RankReader:
         if status != "live":
             return status
         now = time.time() if now is None else now
-        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval", 0.5)))
-        if now - float(meta.get("heartbeat", 0)) > stale:
+        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval") or 0.5))
+        if now - float(meta.get("heartbeat") or 0) > stale:
             return "crashed"
         pid = meta.get("pid")
         if meta.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
@@ -168,7 +121,7 @@ class RankReader:
         cols = self._columns.get(table)
         if cols is None:
             try:
-                cols = [r[1] for r in self.conn.execute(f'PRAGMA table_info("{table}")')]
+                cols = [r[1] for r in self.conn.execute(f"PRAGMA table_info({quote_ident(table)})")]
             except sqlite3.DatabaseError as exc:
                 self._note(f"{self.path.name}: table {table} unreadable ({exc})")
                 cols = []
@@ -189,7 +142,7 @@ class RankReader:
     def max_rowid(self, table: str) -> int:
         """Largest rowid, or 0 when unknown (empty or damaged)."""
         try:
-            return int(self.conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0)
+            return int(self.conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0)
         except sqlite3.DatabaseError:
             return 0
 
@@ -200,8 +153,8 @@ class RankReader:
         if not cols:
             return pd.DataFrame()
         cond = ["rowid > ?"] + ([where] if where else [])
-        sql_cols = ", ".join(["rowid", *(f'"{c}"' for c in cols)])
-        sql = f'SELECT {sql_cols} FROM "{table}" WHERE {" AND ".join(cond)} ORDER BY rowid'
+        sql_cols = ", ".join(["rowid", *map(quote_ident, cols)])
+        sql = f'SELECT {sql_cols} FROM {quote_ident(table)} WHERE {" AND ".join(cond)} ORDER BY rowid'
         if limit:
             sql += f" LIMIT {int(limit)}"
         try:
@@ -216,7 +169,7 @@ class RankReader:
         single rows, so only the damaged rows are lost. Scanning stops after a run
         of empty blocks past the last row found (a truncated file ends there)."""
         extra = f" AND {where}" if where else ""
-        sql = f'SELECT {sql_cols} FROM "{table}" WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid'
+        sql = f"SELECT {sql_cols} FROM {quote_ident(table)} WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid"
         lost = 0
 
         def block(lo: int, hi: int) -> list[tuple[Any, ...]]:
@@ -259,7 +212,7 @@ class RankReader:
         if text_cols and covered:
             try:
                 rows = self.conn.execute(
-                    f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in text_cols)} FROM "{table}"'
+                    f"SELECT {', '.join(map(quote_ident, text_cols))} FROM {quote_ident(table)}"
                     " WHERE rowid <= ? ORDER BY rowid", (covered,)
                 ).fetchall()
                 if len(rows) == n:
@@ -286,7 +239,7 @@ class RankReader:
     def count(self, table: str, t0: float | None, t1: float | None) -> int:
         where, params = _time_where(t0, t1, "time")
         try:
-            sql = f'SELECT count(*) FROM "{table}"' + (f" WHERE {where}" if where else "")
+            sql = f"SELECT count(*) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
             return int(self.conn.execute(sql, params).fetchone()[0])
         except sqlite3.DatabaseError:
             return 0
@@ -320,7 +273,9 @@ class RunReader:
 
     def refresh(self) -> None:
         """Pick up ranks that started writing since the reader opened."""
-        for db in sorted(self.path.glob("rank*.db")):
+        found = {p.name.removesuffix("-wal") for p in self.path.glob("rank*.db-wal")}
+        found.update(p.name for p in self.path.glob("rank*.db"))
+        for db in sorted(self.path / n for n in found):
             rank = rank_from_db_name(db.name)
             if rank is None or rank in self.ranks:
                 continue
@@ -347,14 +302,19 @@ class RunReader:
         path = self.path / RUN_META_FILE
         try:
             data = json.loads(path.read_text())
-            return data if isinstance(data, dict) else {}
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            msg = f"{RUN_META_FILE}: unreadable ({exc}); using the per-rank meta"
+        except (OSError, ValueError, RecursionError) as exc:
+            msg = f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {str(exc)[:200]}); using the per-rank meta"
             if msg not in self.problems:
                 self.problems.append(msg)
             return {}
+        if not isinstance(data, dict):
+            msg = f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta"
+            if msg not in self.problems:
+                self.problems.append(msg)
+            return {}
+        return clean_meta(data, RUN_META_FILE, self.problems)
 
     def rank_meta(self) -> dict[int, dict[str, Any]]:
         return {rank: r.meta() for rank, r in sorted(self.ranks.items())}
@@ -413,8 +373,8 @@ class RunReader:
         lo, hi = np.inf, -np.inf
         for r in self.ranks.values():
             try:  # two queries: each is one index probe, together they would scan the table
-                a = r.conn.execute(f'SELECT min(time) FROM "{table}"').fetchone()[0]
-                b = r.conn.execute(f'SELECT max(time) FROM "{table}"').fetchone()[0]
+                a = r.conn.execute(f"SELECT min(time) FROM {quote_ident(table)}").fetchone()[0]
+                b = r.conn.execute(f"SELECT max(time) FROM {quote_ident(table)}").fetchone()[0]
             except sqlite3.DatabaseError:
                 continue
             if a is not None:

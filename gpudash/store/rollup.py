@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpudash.store.schema import ROLLUP_KEYS, ROLLUP_LEVELS, rollup_table
+from gpudash.store.schema import ROLLUP_KEYS, ROLLUP_LEVELS, quote_ident, rollup_table
 
 __all__ = ["Rollups"]
 
@@ -39,20 +39,20 @@ class Rollups:
         known = self._cols.get(name)
         keys = ROLLUP_KEYS.get(table, ())
         if known is None:
-            key_cols = "".join(f', "{k}" INTEGER' for k in keys)
+            key_cols = "".join(f", {quote_ident(k)} INTEGER" for k in keys)
+            self._conn.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(name)} (bucket REAL{key_cols}, n INTEGER)")
+            uniq = ", ".join(("bucket", *map(quote_ident, keys)))
             self._conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{name}" (bucket REAL{key_cols}, n INTEGER)'
+                f"CREATE UNIQUE INDEX IF NOT EXISTS {quote_ident(name + '_key')} ON {quote_ident(name)}({uniq})"
             )
-            uniq = ", ".join(("bucket", *(f'"{k}"' for k in keys)))
-            self._conn.execute(f'CREATE UNIQUE INDEX IF NOT EXISTS "{name}_key" ON "{name}"({uniq})')
-            known = {row[1] for row in self._conn.execute(f'PRAGMA table_info("{name}")')}
+            known = {row[1] for row in self._conn.execute(f"PRAGMA table_info({quote_ident(name)})")}
             self._cols[name] = known
         for c in cols:
             if c in keys or c == "time":
                 continue
             for suffix in ("", "__min", "__max"):
                 if c + suffix not in known:
-                    self._conn.execute(f'ALTER TABLE "{name}" ADD COLUMN "{c}{suffix}" REAL')
+                    self._conn.execute(f"ALTER TABLE {quote_ident(name)} ADD COLUMN {quote_ident(c + suffix)} REAL")
                     known.add(c + suffix)
         return name
 
@@ -136,20 +136,20 @@ class Rollups:
         names = ["bucket", *keys, "n"]
         for c in cols:
             names += [c, f"{c}__min", f"{c}__max"]
-        quoted = ", ".join(f'"{c}"' for c in names)
+        quoted = ", ".join(map(quote_ident, names))
         marks = ", ".join("?" * len(names))
-        self._conn.executemany(f'INSERT OR REPLACE INTO "{name}" ({quoted}) VALUES ({marks})', rows)
+        self._conn.executemany(f"INSERT OR REPLACE INTO {quote_ident(name)} ({quoted}) VALUES ({marks})", rows)
 
     def _reaggregate(self, table: str, level: int, key: tuple[float, ...]) -> None:
         name = rollup_table(table, level)
         keys = ROLLUP_KEYS.get(table, ())
         cols = [c for c in self._cols[name] if c not in ("bucket", "n", *keys)
                 and not c.endswith(("__min", "__max"))]
-        where = "time >= ? AND time < ?" + "".join(f' AND "{k}" = ?' for k in keys)
+        where = "time >= ? AND time < ?" + "".join(f" AND {quote_ident(k)} = ?" for k in keys)
         params = [key[0], key[0] + level, *key[1:]]
-        aggs = ", ".join(f'avg("{c}"), min("{c}"), max("{c}")' for c in cols)
+        aggs = ", ".join(f"avg({q}), min({q}), max({q})" for q in map(quote_ident, cols))
         row = self._conn.execute(
-            f'SELECT count(*){", " + aggs if aggs else ""} FROM "{table}" WHERE {where}', params
+            f'SELECT count(*){", " + aggs if aggs else ""} FROM {quote_ident(table)} WHERE {where}', params
         ).fetchone()
         if not row or not row[0]:
             return
@@ -157,9 +157,9 @@ class Rollups:
         for c in cols:
             names += [c, f"{c}__min", f"{c}__max"]
         values = [key[0], *key[1:], *row]
-        quoted = ", ".join(f'"{c}"' for c in names)
+        quoted = ", ".join(map(quote_ident, names))
         self._conn.execute(
-            f'INSERT OR REPLACE INTO "{name}" ({quoted}) VALUES ({", ".join("?" * len(names))})', values
+            f'INSERT OR REPLACE INTO {quote_ident(name)} ({quoted}) VALUES ({", ".join("?" * len(names))})', values
         )
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "STATIC_TABLES",
     "TABLE_BASE_COLUMNS",
     "column_name",
+    "quote_ident",
     "rank_db_name",
     "rank_from_db_name",
     "rollup_table",
@@ -95,6 +96,11 @@ def column_name(key: str) -> str:
     if not name or name[0].isdigit():
         name = "_" + name
     return name.lower()
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as an SQL identifier: in double quotes, inner quotes doubled (``a"b`` -> ``"a""b"``)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def rank_db_name(rank: int) -> str:

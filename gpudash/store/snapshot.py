@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import pickle
 import zlib
@@ -45,6 +46,7 @@ from gpudash.errors import RunError
 
 __all__ = [
     "MAX_BLOCKS",
+    "MAX_NODES",
     "MAX_TRACE",
     "SUMMARY_FORMAT",
     "MemoryMap",
@@ -63,6 +65,11 @@ SUMMARY_FORMAT = "gpudash-memmap-v1"
 #: Blocks and trace entries kept per stored snapshot (bounded DB growth).
 MAX_BLOCKS = 200_000
 MAX_TRACE = 100_000
+#: Work budget of one summary: segments, blocks, trace entries, frames and settings entries
+#: visited. A pickle can reference one list from many places (4,000 segments sharing one list of
+#: 4,000 blocks is 16 KB on disk and 16 million visits), so the work is bounded, not the file size.
+MAX_NODES = 5_000_000
+_INT64 = 2**63
 
 SEGMENT_COLUMNS = ("device", "address", "total_size", "allocated_size", "active_size", "requested_size",
                    "stream", "segment_type", "is_expandable", "blocks")
@@ -148,16 +155,54 @@ def read_snapshot_pickle(data: bytes, where: str = "snapshot") -> dict[str, Any]
 
 
 # ---- summarising ----------------------------------------------------------------------------
+class _Budget:
+    """Counts visited nodes; past the limit the summary stops (shared references count each use)."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise _OverBudget
+
+
+class _OverBudget(Exception):
+    pass
+
+
 def _int(value: Any, default: int = 0) -> int:
+    """A byte count, address or id: a whole number that fits in 64 bits (``default`` when missing)."""
     if value is None:
-        return default
+        value = default
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, int):
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"expected a number, got {value}")
+        value = int(value)
+    if not isinstance(value, int):
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    if not -_INT64 <= value < _INT64:
+        raise ValueError("a number does not fit in 64 bits (no allocator writes one)")
+    return value
+
+
+def _label(value: Any, default: str = "") -> str:
+    """Text for a name, state or file: strings as they are, small numbers printed, anything else
+    by its type (``str()`` of a nested or shared structure can take unbounded time)."""
+    if value is None:
+        return default
+    if isinstance(value, str):
         return value
-    if isinstance(value, float) and value == value:
-        return int(value)
-    raise ValueError(f"expected a number, got {type(value).__name__}")
+    if isinstance(value, bool) or isinstance(value, float):
+        return str(value)
+    if isinstance(value, int):
+        return str(value) if -_INT64 <= value < _INT64 else "<huge number>"
+    return f"<{type(value).__name__}>"
 
 
 def _list(value: Any, what: str) -> list[Any]:
@@ -182,13 +227,37 @@ def top_frame(frames: Any) -> str:
     for fr in frames:
         if not isinstance(fr, dict):
             continue
-        filename = str(fr.get("filename", "?"))
-        text = f"{filename}:{fr.get('line', '?')} {fr.get('name', '?')}"
+        filename = _label(fr.get("filename"), "?")
+        text = f"{filename}:{_label(fr.get('line'), '?')} {_label(fr.get('name'), '?')}"
         if not first:
             first = text
         if filename.endswith(".py") and not any(s in filename for s in _INTERNAL):
             return text
     return first
+
+
+def _count(snapshot: dict[str, Any], budget: _Budget) -> None:
+    """Charge the budget before any work: list lengths first (one step per segment or device),
+    so a list shared by thousands of places is refused at once; then the frames of each item."""
+    segments = snapshot.get("segments")
+    segments = segments if isinstance(segments, (list, tuple)) else []
+    budget.take(len(segments))
+    block_lists: list[list[Any] | tuple[Any, ...]] = []
+    for s in segments:
+        blocks = s.get("blocks") if isinstance(s, dict) else None
+        if isinstance(blocks, (list, tuple)):
+            block_lists.append(blocks)
+    for blocks in block_lists:
+        budget.take(len(blocks))
+    traces = snapshot.get("device_traces")
+    traces = [t for t in traces if isinstance(t, (list, tuple))] if isinstance(traces, (list, tuple)) else []
+    for entries in traces:
+        budget.take(len(entries))
+    for items in (*block_lists, *traces):
+        for item in items:
+            frames = item.get("frames") if isinstance(item, dict) else None
+            if isinstance(frames, (list, tuple)):
+                budget.take(1 + len(frames))
 
 
 class _Strings:
@@ -205,15 +274,23 @@ class _Strings:
 
 
 def summarize(snapshot: dict[str, Any], *, max_blocks: int = MAX_BLOCKS, max_trace: int = MAX_TRACE,
-              where: str = "snapshot") -> dict[str, Any]:
-    """Compact, JSON-able summary of a snapshot dict (columnar, frames in a string table)."""
+              max_nodes: int = MAX_NODES, where: str = "snapshot") -> dict[str, Any]:
+    """Compact, JSON-able summary of a snapshot dict (columnar, frames in a string table).
+
+    Reads at most ``max_nodes`` segments, blocks, trace entries, frames and settings entries
+    (a reference shared by many places counts at each); RunError past that."""
     try:
-        return _summarize(snapshot, max_blocks, max_trace)
+        return _summarize(snapshot, max_blocks, max_trace, _Budget(max_nodes))
+    except _OverBudget:
+        raise RunError(f"{where}: too much to read: over {max_nodes:,} segments, blocks, frames and trace "
+                       "entries (shared references count at each use); if you trust the file, raise the "
+                       "budget (load_snapshot(..., max_nodes=N), gpudash import-snapshot --max-nodes N)") from None
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
         raise RunError(f"{where}: malformed torch memory snapshot ({exc})") from None
 
 
-def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int) -> dict[str, Any]:
+def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int, budget: _Budget) -> dict[str, Any]:
+    _count(snapshot, budget)
     frames = _Strings()
     seg: dict[str, list[Any]] = {c: [] for c in SEGMENT_COLUMNS}
     blk: dict[str, list[Any]] = {c: [] for c in BLOCK_COLUMNS}
@@ -224,7 +301,7 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int) -> dic
         address = _int(s.get("address"))
         sizes = [_int(b.get("size")) for b in blocks]
         alloc = sum(sz for sz, b in zip(sizes, blocks, strict=True) if b.get("state") == "active_allocated")
-        active = sum(sz for sz, b in zip(sizes, blocks, strict=True) if str(b.get("state", "")).startswith("active"))
+        active = sum(sz for sz, b in zip(sizes, blocks, strict=True) if _label(b.get("state")).startswith("active"))
         req = sum(_int(b.get("requested_size"), sz) for sz, b in zip(sizes, blocks, strict=True)
                   if b.get("state") == "active_allocated")
         seg["device"].append(_int(s.get("device")))
@@ -234,7 +311,7 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int) -> dic
         seg["active_size"].append(_int(s.get("active_size"), active))
         seg["requested_size"].append(_int(s.get("requested_size"), req))
         seg["stream"].append(_int(s.get("stream")))
-        seg["segment_type"].append(str(s.get("segment_type", "")))
+        seg["segment_type"].append(_label(s.get("segment_type")))
         seg["is_expandable"].append(bool(s.get("is_expandable", False)))
         seg["blocks"].append(len(blocks))
         offset = address
@@ -248,7 +325,7 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int) -> dic
             blk["address"].append(baddr)
             blk["size"].append(sz)
             blk["requested_size"].append(_int(b.get("requested_size"), sz))
-            blk["state"].append(str(b.get("state", "")))
+            blk["state"].append(_label(b.get("state")))
             blk["frame"].append(frames(top_frame(b.get("frames"))))
     trace: dict[str, list[Any]] | None = None
     dropped_trace = 0
@@ -266,7 +343,7 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int) -> dic
             t = e.get("time_us")
             free = e.get("device_free")
             trace["device"].append(dev)
-            trace["action"].append(str(e.get("action", "")))
+            trace["action"].append(_label(e.get("action")))
             trace["address"].append(_int(e.get("addr")))
             trace["size"].append(_int(e.get("size")))
             trace["stream"].append(_int(e.get("stream")))
@@ -282,21 +359,26 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int) -> dic
         "trace": trace,
         "truncated_blocks": dropped_blocks,
         "truncated_trace": dropped_trace,
-        "allocator_settings": _plain(settings) if isinstance(settings, dict) else {},
+        "allocator_settings": _plain(settings, budget) if isinstance(settings, dict) else {},
     }
 
 
-def _plain(value: Any, depth: int = 0) -> Any:
-    """JSON-safe copy of small nested settings (tuples to lists, keys to str)."""
+def _plain(value: Any, budget: _Budget, depth: int = 0) -> Any:
+    """JSON-safe copy of small nested settings (tuples to lists, keys to str, huge numbers to text)."""
+    budget.take(1)
     if depth > 8:
         return None
     if isinstance(value, dict):
-        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+        return {_label(k): _plain(v, budget, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, (int, float, str, bool)) or value is None:
+        return [_plain(v, budget, depth + 1) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        return _label(value)
+    if isinstance(value, (str, bool, int)) or value is None:
         return value
-    return str(value)
+    return _label(value)
 
 
 def encode_summary(summary: dict[str, Any]) -> bytes:
@@ -364,11 +446,12 @@ def memory_map_from_summary(summary: dict[str, Any], *, time: float | None = Non
     )
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> MemoryMap:
+def load_snapshot(path: str | os.PathLike[str], *, max_nodes: int = MAX_NODES) -> MemoryMap:
     """Read a ``torch.cuda.memory._dump_snapshot`` pickle (any torch >= 2.1) as a :class:`MemoryMap`.
 
     Raises :class:`RunError` with a one-line message for a missing, malformed or
-    hostile file; a pickle that asks to import or call anything is refused unrun.
+    hostile file; a pickle that asks to import or call anything is refused unrun. At most
+    ``max_nodes`` segments, blocks, frames and trace entries are visited (see :func:`summarize`).
     """
     p = Path(path)
     try:
@@ -380,7 +463,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> MemoryMap:
     except OSError as exc:
         raise RunError(f"{p}: unreadable ({exc.strerror or exc})") from None
     snap = read_snapshot_pickle(data, where=str(p))
-    summary = summarize(snap, max_blocks=10**12, max_trace=10**12, where=str(p))
+    summary = summarize(snap, max_blocks=10**12, max_trace=10**12, max_nodes=max_nodes, where=str(p))
     try:
         mtime: float | None = p.stat().st_mtime
     except OSError:
@@ -395,9 +478,9 @@ def snapshots_from_frame(df: pd.DataFrame, problems: list[str]) -> list[MemoryMa
         return out
     for row in df.to_dict("records"):
         step = row.get("step")
-        step_i = int(step) if isinstance(step, (int, float)) and step == step else None
+        step_i = int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None
         t = row.get("time")
-        t_f = float(t) if isinstance(t, (int, float)) and t == t else None
+        t_f = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else None
         rank = row.get("rank")
         what = f"snapshot (step {step_i}, {row.get('reason') or 'no reason'})"
         if row.get("format") != SUMMARY_FORMAT:
@@ -410,8 +493,8 @@ def snapshots_from_frame(df: pd.DataFrame, problems: list[str]) -> list[MemoryMa
             summary = decode_summary(bytes(data))
             mm = memory_map_from_summary(summary, time=t_f, step=step_i, reason=str(row.get("reason") or ""),
                                          rank=int(rank) if isinstance(rank, (int, float)) else None)
-        except (ValueError, TypeError, KeyError, AttributeError, zlib.error) as exc:
-            problems.append(f"{what}: unreadable ({type(exc).__name__}: {exc}); skipped")
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError, zlib.error) as exc:
+            problems.append(f"{what}: unreadable ({type(exc).__name__}: {str(exc)[:200]}); skipped")
             continue
         out.append(mm)
     out.sort(key=lambda m: (m.time or 0.0))

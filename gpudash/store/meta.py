@@ -1,0 +1,118 @@
+"""Run facts (``run.json`` and each rank's ``meta`` table) checked on read.
+
+Both are written by gpudash but live in files anyone can edit, copy half-way
+or produce with another tool. :func:`clean_meta` gives every known key its
+declared type before any surface sees it: a value of the wrong type (``"two"``
+ranks, a NaN or ``1e400`` timestamp, a text flush interval) is dropped, so the
+reader's default applies, and named in one line for ``Run.problems``.
+Unknown keys pass through untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["META_KEYS", "clean_meta"]
+
+_MAX_INT = 2**63 - 1
+#: Timestamps after this (year 5138) are not times gpudash wrote; ``time.localtime`` chokes on them.
+_MAX_TIME = 1e11
+
+
+def _int_in(lo: int, hi: int) -> Callable[[Any], int | None]:
+    def check(v: Any) -> int | None:
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
+        return v if isinstance(v, int) and lo <= v <= hi else None
+
+    check.__doc__ = f"a whole number from {lo} to {hi}"
+    return check
+
+
+def _num_in(lo: float, hi: float, *, positive: bool = False) -> Callable[[Any], float | None]:
+    def check(v: Any) -> float | None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        if isinstance(v, int) and not -_MAX_INT <= v <= _MAX_INT:
+            return None
+        f = float(v)
+        ok = math.isfinite(f) and lo <= f <= hi and (f > 0 or not positive)
+        return f if ok else None
+
+    check.__doc__ = f"a {'positive ' if positive else ''}number up to {hi:g}"
+    return check
+
+
+def _text(v: Any) -> str | None:
+    """text"""
+    return v if isinstance(v, str) else None
+
+
+def _bool(v: Any) -> bool | None:
+    """true or false"""
+    return v if isinstance(v, bool) else None
+
+
+def _obj(v: Any) -> dict[str, Any] | None:
+    """a JSON object"""
+    return v if isinstance(v, dict) else None
+
+
+def _list(v: Any) -> list[Any] | None:
+    """a list"""
+    return v if isinstance(v, list) else None
+
+
+_TIME = _num_in(0.0, _MAX_TIME)
+_BYTES = _num_in(0.0, float(2**63))
+
+#: Known keys and their checks (the check returns the clean value, or None when wrong).
+META_KEYS: dict[str, Callable[[Any], Any]] = {
+    "name": _text, "run_id": _text, "status": _text, "end_reason": _text, "host": _text, "hostname": _text,
+    "device": _text, "device_name": _text, "gpudash_version": _text, "python": _text, "platform": _text,
+    "torch": _text, "cuda_error": _text, "imported_from": _text,
+    "cuda": _text, "cuda_visible_devices": _text,
+    "created_at": _TIME, "started_at": _TIME, "ended_at": _TIME, "heartbeat": _TIME,
+    "flush_interval": _num_in(0.0, 86_400.0, positive=True),
+    "world_size": _int_in(1, 1 << 24), "rank": _int_in(0, 1 << 24), "pid": _int_in(0, 2**31 - 1),
+    "cpu_count": _int_in(1, 1 << 24), "dropped_records": _int_in(0, _MAX_INT),
+    "device_capacity_bytes": _BYTES, "memory_budget_bytes": _BYTES,
+    "cuda_available": _bool,
+    "argv": _list,
+    "config": _obj, "estimate": _obj, "preflight": _obj, "train_summary": _obj, "trainer": _obj,
+    "hf_config": _obj, "lightning_config": _obj,
+}
+_NULLABLE = frozenset({"cuda", "cuda_visible_devices"})
+
+
+def _show(v: Any) -> str:
+    """A short, always printable rendering of a bad value (huge ints and long texts cut)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > _MAX_INT:
+        return "a number too large to use"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def clean_meta(meta: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+    """A copy of ``meta`` whose known keys hold their declared types; each dropped
+    value is named in ``problems`` as ``WHERE: KEY is VALUE (expected ...); ignored``."""
+    out: dict[str, Any] = {}
+    for key, value in meta.items():
+        check = META_KEYS.get(key)
+        if key.startswith("unavailable_"):
+            check = _text
+        if check is None or (value is None and key in _NULLABLE):
+            out[key] = value
+            continue
+        clean = check(value)
+        if clean is None:
+            msg = f"{where}: {key} is {_show(value)} (expected {check.__doc__}); ignored"
+            if msg not in problems:
+                problems.append(msg)
+            continue
+        out[key] = clean
+    return out
