@@ -8,6 +8,7 @@ import torch
 
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.estimator import Estimate
+from gpudash.units import distinct_bytes
 
 __all__ = ["preflight"]
 
@@ -34,8 +35,8 @@ def preflight(cfg: TrainConfig, est: Estimate, device: torch.device, capacity: f
         if cfg.precision == "fp16":
             warnings.append("fp16 on a CPU is slow and gains nothing; it is here to exercise loss scaling")
     if capacity is not None and est.peak_bytes > capacity:
-        warnings.append(f"predicted peak {est.peak_bytes / 2**30:.2f} GiB exceeds capacity "
-                        f"{capacity / 2**30:.2f} GiB: expect OOMs and a smaller micro-batch")
+        pred, cap = distinct_bytes(est.peak_bytes, capacity)
+        warnings.append(f"predicted peak {pred} exceeds capacity {cap}: expect OOMs and a smaller micro-batch")
     if cfg.inject_oom_at_batch:
         warnings.append(f"testing aid on: injected OOM while micro-batch >= {cfg.inject_oom_at_batch}")
     if cfg.inject_nan_at_steps:

@@ -51,6 +51,7 @@ class StatsSource:
 def test_allocator_row() -> None:
     row = allocator_row(stats(2))
     assert row["allocated_bytes"] == 120 * MiB and row["allocated_peak_bytes"] == 170 * MiB
+    assert row["peak_bytes"] == 170 * MiB  # the step's measured peak, under the name every surface reads
     assert row["reserved_unallocated_bytes"] == 280 * MiB
     assert row["fragmentation_pct"] == 5.0
     assert row["alloc_retries"] == 0 and row["cuda_mallocs"] == 7
