@@ -22,11 +22,12 @@ def human_bytes(n: float | None, digits: int = 1) -> str:
     return f"{n:.{digits}f} TiB"
 
 
-def distinct_bytes(*values: float | None, max_digits: int = 4) -> list[str]:
-    """``values`` in binary units with the fewest decimals (at least one) that print
-    different values differently: ``3660000, 3662640`` -> ``3.490 MiB, 3.493 MiB``,
+def distinct_bytes(*values: float | None, min_digits: int = 1, max_digits: int = 4) -> list[str]:
+    """``values`` in binary units with the fewest decimals (at least ``min_digits``) that
+    print different values differently: ``3660000, 3662640`` -> ``3.490 MiB, 3.493 MiB``,
     never ``3.5 MiB of 3.5 MiB``. Values equal to the byte print alike."""
-    for digits in range(1, max_digits + 1):
+    out: list[str] = []
+    for digits in range(min_digits, max(min_digits, max_digits) + 1):
         out = [human_bytes(v, digits) for v in values]
         clash = any(out[i] == out[j] and values[i] != values[j]
                     for i in range(len(values)) for j in range(i + 1, len(values)))

@@ -124,7 +124,7 @@ def summary_lines(run_dir: Path) -> list[str]:
         m = r.memory
         rows = []
         for col in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-                    "allocated_bytes", "offload_host_bytes", "budget_peak_bytes"):
+                    "allocated_bytes", "offload_host_bytes", "peak_bytes"):
             if col in m and m[col].notna().any():
                 pred = est.get(col)
                 rows.append(f"  {col.removesuffix('_bytes'):<14} {human_bytes(m[col].max()):>11}"
@@ -132,7 +132,7 @@ def summary_lines(run_dir: Path) -> list[str]:
         if rows:
             lines.append("peak memory by category (measured max):")
             lines.extend(rows)
-            if est.get("peak_bytes"):
+            if est.get("peak_bytes") and "peak_bytes" not in m:
                 lines.append(f"  {'peak':<14} {'':>11}   predicted {human_bytes(est['peak_bytes'])}")
         if len(r.events):
             counts = r.events["kind"].value_counts()

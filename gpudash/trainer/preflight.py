@@ -35,7 +35,7 @@ def preflight(cfg: TrainConfig, est: Estimate, device: torch.device, capacity: f
         if cfg.precision == "fp16":
             warnings.append("fp16 on a CPU is slow and gains nothing; it is here to exercise loss scaling")
     if capacity is not None and est.peak_bytes > capacity:
-        pred, cap = distinct_bytes(est.peak_bytes, capacity)
+        pred, cap = distinct_bytes(est.peak_bytes, capacity, min_digits=2)
         warnings.append(f"predicted peak {pred} exceeds capacity {cap}: expect OOMs and a smaller micro-batch")
     if cfg.inject_oom_at_batch:
         warnings.append(f"testing aid on: injected OOM while micro-batch >= {cfg.inject_oom_at_batch}")
