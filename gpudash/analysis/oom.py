@@ -118,7 +118,8 @@ def _pick(d: dict[str, Any], *keys: str) -> float | None:
 
 
 def categories_before(run: Run, t: float | None, step: int | None, rank: int | None) -> tuple[int | None, dict[str, float]]:
-    """Memory by category at the last step recorded before time ``t`` (or before ``step``)."""
+    """Memory by category at the last step recorded before time ``t`` (or before ``step``) whose
+    categories were all measured (activations are sampled): one moment, under that step's peak."""
     mem = run.memory
     if mem.empty:
         return None, {}
@@ -131,13 +132,16 @@ def categories_before(run: Run, t: float | None, step: int | None, rank: int | N
     cats = [c for c in CATEGORIES if c in mem]
     if mem.empty or not cats:
         return None, {}
-    # activations are measured on sampled steps only: carry the last measurement forward
-    filled = mem[cats].ffill()
-    row = filled.iloc[-1]
+    # activations are measured on sampled steps only: another step's would not add up with this one's
+    measured = [c for c in cats if c != "other_bytes"]
+    whole = mem[mem[measured].notna().all(axis=1)] if "activations_bytes" in cats else mem
+    if whole.empty:
+        whole = mem
+    row = whole.iloc[-1]
     out = {c: float(row[c]) for c in cats if not pd.isna(row[c])}
-    if "allocated_bytes" in mem and not pd.isna(mem["allocated_bytes"].iloc[-1]):
+    if "allocated_bytes" in mem and not pd.isna(row.get("allocated_bytes")):
         out.setdefault("other_bytes", 0.0)
-    return int(mem["step"].iloc[-1]), out
+    return int(row["step"]), out
 
 
 def snapshot_largest_free(run: Run, t: float | None, rank: int | None) -> float | None:
@@ -209,8 +213,8 @@ def _judge(r: OomReport) -> None:
     total_s, peak_s, need_s, cap_s = distinct_bytes(total, r.peak_bytes, need, cap, min_digits=2)
     if cats:
         parts = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in cats.items() if v)
-        ev.append(f"memory at step {r.categories_step} (last before the OOM): {parts} = {total_s}"
-                  + (f" (measured peak {peak_s})" if r.peak_bytes is not None else ""))
+        ev.append(f"memory at step {r.categories_step} (last fully measured before the OOM): {parts} "
+                  f"= {total_s}" + (f" (measured peak {peak_s})" if r.peak_bytes is not None else ""))
     if req is not None:
         ev.append(f"requested {fmt_bytes(req)}" + (f" with {fmt_bytes(free)} free" if free is not None else ""))
     if r.reserved_unallocated_bytes is not None:

@@ -19,7 +19,9 @@ peak. ``activations_bytes`` is what that cycle saved (the largest cycle, not a
 sum over micro-batches: each backward frees its own); ``grads_bytes`` is the
 gradient memory held while it ran (0 in a one-micro-batch step whose
 gradients were freed by ``zero_grad(set_to_none=True)``; all of them from the
-second micro-batch of an accumulating step on). ``grads_total_bytes`` is the
+second micro-batch of an accumulating step on); ``optimizer_bytes`` is the
+state that existed when the step began (none in the first step: the optimizer
+creates it after that step's backward). ``grads_total_bytes`` is the
 gradient memory after the step's last backward, for reference. On steps
 without activation sampling, ``grads_bytes`` is the most gradient memory any
 cycle ran with.
@@ -137,6 +139,7 @@ class CategoryCollector:
         self._held = 0  # gradient bytes held when the current cycle began
         self._held_max = 0  # the most any completed cycle of this step began with
         self._peak_held = 0  # held by the sampled step's largest cycle
+        self._opt_at_start = 0
         self._cycles = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -167,6 +170,7 @@ class CategoryCollector:
         self._grads_total = 0
         self._held_max = -1
         self._held = self._grads_bytes() if self.step_due else 0
+        self._opt_at_start = self._optimizer_bytes()[0] if self.step_due else 0
 
     def on_phase_end(self, name: str) -> None:
         if name not in ("backward", "offload") or not self.step_due:
@@ -207,7 +211,7 @@ class CategoryCollector:
         mem["grads_bytes"] = self._held_max
         mem["grads_total_bytes"] = self._grads_total
         opt_dev, opt_host = self._optimizer_bytes()
-        mem["optimizer_bytes"] = opt_dev
+        mem["optimizer_bytes"] = min(opt_dev, self._opt_at_start)  # what the step's forward ran with
         if opt_host:
             mem["optimizer_host_bytes"] = opt_host
         if sampled:

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 import gpudash
-from gpudash.collectors.oom import (flush_observed_oom, note_observed_oom, parse_oom_message, parse_size,
-                                   record_oom)
+from gpudash.collectors.oom import flush_observed_oom, note_observed_oom, parse_oom_message, parse_size, record_oom
 from gpudash.monitor import Monitor
 
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
