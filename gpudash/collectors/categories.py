@@ -139,7 +139,7 @@ class CategoryCollector:
         self._held = 0  # gradient bytes held when the current cycle began
         self._held_max = 0  # the most any completed cycle of this step began with
         self._peak_held = 0  # held by the sampled step's largest cycle
-        self._opt_at_start = 0
+        self._opt_at_start: int | None = None  # state bytes when the step began (= the last step's end)
         self._cycles = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -170,7 +170,8 @@ class CategoryCollector:
         self._grads_total = 0
         self._held_max = -1
         self._held = self._grads_bytes() if self.step_due else 0
-        self._opt_at_start = self._optimizer_bytes()[0] if self.step_due else 0
+        if self._opt_at_start is None and self.step_due:
+            self._opt_at_start = self._optimizer_bytes()[0]
 
     def on_phase_end(self, name: str) -> None:
         if name not in ("backward", "offload") or not self.step_due:
@@ -211,7 +212,9 @@ class CategoryCollector:
         mem["grads_bytes"] = self._held_max
         mem["grads_total_bytes"] = self._grads_total
         opt_dev, opt_host = self._optimizer_bytes()
-        mem["optimizer_bytes"] = min(opt_dev, self._opt_at_start)  # what the step's forward ran with
+        # what the step's forward ran with: the state does not change between one step's end and the next
+        mem["optimizer_bytes"] = min(opt_dev, opt_dev if self._opt_at_start is None else self._opt_at_start)
+        self._opt_at_start = opt_dev
         if opt_host:
             mem["optimizer_host_bytes"] = opt_host
         if sampled:
