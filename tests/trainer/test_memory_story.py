@@ -42,3 +42,21 @@ def test_gradient_accumulation(run_train) -> None:  # type: ignore[no-untyped-de
     _story(r)
     # later micro-batches run on top of the accumulated gradients
     assert (r.memory["grads_bytes"] == r.memory["grads_total_bytes"]).all()
+
+
+def test_trainer_records_each_oom_once_through_record_oom(run_train) -> None:  # type: ignore[no-untyped-def]
+    from gpudash.analysis.oom import oom_reports
+
+    r = run_train("oom", steps=2, batch=4, effective_batch=4, inject_oom_at_batch=3)
+    ooms = r.events[r.events["kind"] == "oom"]
+    assert len(ooms) == 2 == r.meta["train_summary"]["ooms"]  # micro-batch 4, then 3, then 2 fits
+    for d in ooms["data"]:
+        assert d["source"] == "exception" and "leaked_bytes" in d and d["micro_batch"] in (4, 3)
+    assert len(oom_reports(r)) == 2
+
+
+def test_budget_oom_event_carries_the_exact_numbers(run_train) -> None:  # type: ignore[no-untyped-def]
+    r = run_train("budget", steps=1, batch=8, effective_batch=8, seq_len=64, min_len=64,
+                  memory_budget_gb=5e6 / 2**30)
+    d = r.events[r.events["kind"] == "oom"].iloc[0]["data"]
+    assert d["measured_bytes"] > d["budget_bytes"] == d["capacity_bytes"] == int(5e6)
