@@ -133,6 +133,9 @@ def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str
     # sampled columns (activations) are NaN on most rows: take each one's latest value
     tail = m.tail(200).ffill().iloc[-1]
     out: dict[str, float] = {"step": float(tail.get("step", np.nan))}
+    last = m.iloc[-1]
+    if pd.notna(last.get("peak_bytes")):
+        out["peak"] = float(last["peak_bytes"])  # that step's own measured peak (not carried forward)
     for col, label, _, fn in CATEGORIES:
         if fn == "cache":
             if pd.notna(tail.get("reserved_bytes")) and pd.notna(tail.get("allocated_bytes")):
@@ -144,10 +147,16 @@ def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str
 
 def memory_at_figure(values: dict[str, float]) -> Fig:
     step = values.get("step")
-    title = "Memory at the cursor" + (f" (step {int(step)})" if step is not None and np.isfinite(step) else "")
+    peak = values.get("peak")
+    where = []
+    if step is not None and np.isfinite(step):
+        where.append(f"step {int(step)}")
+    if peak is not None:
+        where.append(f"measured peak {human_bytes(peak, 2)}")
+    title = "Memory at the cursor" + (f" ({', '.join(where)})" if where else "")
     fig = base_figure(title, height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
     colors = {label: color for _, label, color, _ in CATEGORIES}
-    labels = [k for k in values if k != "step"]
+    labels = [k for k in values if k not in ("step", "peak")]
     fig.add_trace({"type": "bar", "x": labels, "y": [values[k] for k in labels],
                    "marker": {"color": [colors.get(k, "#888") for k in labels]},
                    "text": [fmt_bytes(values[k]) for k in labels], "textposition": "auto", "hoverinfo": "x+text"})

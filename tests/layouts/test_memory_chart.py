@@ -45,3 +45,11 @@ def test_capacity_lines_label_a_memory_cap_and_the_device() -> None:
     assert memory.capacity_lines(meta) == [("device capacity", 80 * 2**30, "solid"), ("memory cap", 8 * 2**30, "dot")]
     # older runs without a pre-flight record: the configured budget
     assert memory.capacity_lines({"config": {"memory_budget_gb": 1.0}}) == [("budget", 2**30, "dot")]
+
+
+def test_memory_at_the_cursor_quotes_that_steps_measured_peak() -> None:
+    at = memory.memory_at(_memory(), 3)
+    assert at["step"] == 3 and at["peak"] == 2_612_076 + 750_000 and at["activations"] == 750_000
+    fig = memory.memory_at_figure(at)
+    assert "measured peak 3.21 MiB" in fig.layout["title"]["text"]
+    assert "peak" not in fig.data[0]["x"]
