@@ -198,10 +198,12 @@ class CategoryCollector:
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
         self._next_step = step + 1
         sampled = self._hooks_ctx is not None
-        if not sampled:
-            self.act_sampler.observe_step(row.get("duration_s", 0.0))
         if sampled:
             self._uninstall()
+        if row.get("failed"):
+            return  # no row for a failed attempt (an OOM the loop retries): its retry is sampled instead
+        if not sampled:
+            self.act_sampler.observe_step(row.get("duration_s", 0.0))
         if step % self.memory_every and not sampled:
             return
         t0 = time.perf_counter()

@@ -148,6 +148,10 @@ def test_oom_evidence_the_chart_and_the_event_tell_one_story(recorded: Any) -> N
             # the category stack quoted is one moment: under that step's measured peak
             assert r.peak_bytes is not None and sum(r.categories.values()) <= r.peak_bytes
             assert r.need_bytes is not None and r.capacity_bytes is not None and r.need_bytes > r.capacity_bytes
+        # a retried step is measured like any other (sampling is not spent on the failed attempt)
+        retried = run.events.loc[run.events["kind"] == "oom", "step"].astype(int)
+        mem = run.memory.set_index("step")
+        assert mem.loc[[s for s in retried if s in mem.index], "activations_bytes"].notna().all()
         v = _kinds(run)["oom:did not fit"]
         need, cap = re.findall(r"needed (.+) of (.+) capacity", next(e for e in v.evidence if "needed" in e))[0]
         assert need != cap  # never "needed 3.5 MiB of 3.5 MiB"
