@@ -10,7 +10,7 @@ median step time relative to the plain fp32 cell.
 
 On CPU, "memory" is the sum of the Monitor's categories (parameters,
 gradients, optimizer state, saved activations): there is no allocator peak.
-On a GPU the allocator's per-step peak (``step_peak_bytes``) is shown too.
+On a GPU the allocator's per-step peak (``peak_bytes``) is shown too.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run_cell(runs: Path, preset: str, ckpt: str, precision: str, offload: str, a
             row[c] = float(mem[c].max()) if c in mem else 0.0
         row["total"] = sum(row[c] for c in CATS)
         row["host"] = float(mem["offload_host_bytes"].max()) if "offload_host_bytes" in mem else 0.0
-        row["step_peak"] = float(mem["step_peak_bytes"].max()) if "step_peak_bytes" in mem else None
+        row["step_peak"] = float(mem["peak_bytes"].max()) if "peak_bytes" in mem else None
         row["predicted_peak"] = r.meta["estimate"]["peak_bytes"]
         row["predicted_act"] = r.meta["estimate"]["activations_bytes"]
         est = r.meta["estimate"]

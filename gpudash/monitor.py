@@ -329,7 +329,10 @@ class Monitor:
         self._mem = None
         if "allocated_bytes" in mem and any(c in mem for c in _CATEGORIES):
             known = sum(int(mem.get(c) or 0) for c in _CATEGORIES)
-            mem["other_bytes"] = max(0, int(mem["allocated_bytes"]) - known)
+            if "peak_bytes" not in mem:
+                mem["other_bytes"] = max(0, int(mem["allocated_bytes"]) - known)
+            elif all(c in mem for c in _CATEGORIES):  # categories describe the peak: the rest of it
+                mem["other_bytes"] = max(0, int(mem["peak_bytes"]) - known)
         self.recorder.put("memory", mem)
 
     def watch(self, model: Any, optimizer: Any = None) -> None:

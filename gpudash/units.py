@@ -7,19 +7,34 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["fmt_duration", "human_bytes"]
+__all__ = ["distinct_bytes", "fmt_duration", "human_bytes"]
 
 
-def human_bytes(n: float | None) -> str:
-    """``1536`` -> ``1.5 KiB``; missing or non-finite -> ``-``."""
+def human_bytes(n: float | None, digits: int = 1) -> str:
+    """``1536`` -> ``1.5 KiB`` (``digits`` decimals); missing or non-finite -> ``-``."""
     if n is None or (isinstance(n, float) and not math.isfinite(n)):
         return "-"
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1024
-    return f"{n:.1f} TiB"
+    return f"{n:.{digits}f} TiB"
+
+
+def distinct_bytes(*values: float | None, min_digits: int = 1, max_digits: int = 4) -> list[str]:
+    """``values`` in binary units with the fewest decimals (at least ``min_digits``) that
+    print different values differently: ``3660000, 3662640`` -> ``3.490 MiB, 3.493 MiB``,
+    never ``3.5 MiB of 3.5 MiB``. Values equal to the byte print alike."""
+    out: list[str] = []
+    for digits in range(min_digits, max(min_digits, max_digits) + 1):
+        out = [human_bytes(v, digits) for v in values]
+        clash = any(out[i] == out[j] and values[i] != values[j]
+                    for i in range(len(values)) for j in range(i + 1, len(values)))
+        if not clash:
+            return out
+    return [human_bytes(v, max_digits) if v is None or out.count(human_bytes(v, max_digits)) == 1
+            else f"{float(v):,.0f} B" for v in values]
 
 
 def fmt_duration(seconds: float | None, missing: str = "-") -> str:

@@ -7,7 +7,9 @@ switches and testing aids (``--memory-budget-gb``, ``--slow-data-ms``,
 ``--inject-nan-at-step``...), so what the dashboard and ``gpudash report``
 show about them happened for real. ``SAMPLES`` also says what the analysis
 must conclude about each; ``tests/test_sample_runs.py`` checks it. Runs are
-short, sample the host once a second, and are compacted (4 KiB SQLite pages,
+short, sample the host once a second, measure activations on every step (so
+each step's memory-by-category stack is complete and sits under its measured
+peak), and are compacted (4 KiB SQLite pages,
 no WAL files) so the folder stays a few MB.
 """
 
@@ -73,7 +75,7 @@ def record(run_dir: str | Path, sample: Sample) -> Path:
         shutil.rmtree(run_dir)
     torch.set_num_threads(1)  # tiny matrices: one thread is as fast and shares a CI box
     cfg = TrainConfig(run_dir=run_dir, name=sample.name, device="cpu", seed=0,
-                      monitor_options={"host_hz": 1.0}, **sample.config)
+                      monitor_options={"host_hz": 1.0, "activations_every": 1}, **sample.config)
     try:
         train(cfg)
     except MemoryError:

@@ -24,7 +24,9 @@ def test_real_loop_records_steps_phases_scalars_memory(tmp_path: Path, train_tin
     m = run.memory
     n_params = (32 * 64 + 64) + (64 * 4 + 4)
     assert (m["params_bytes"] == n_params * 4).all()
-    assert (m["grads_bytes"] == n_params * 4).all()  # read after backward, before zero_grad
+    assert (m["grads_total_bytes"] == n_params * 4).all()  # read after backward, before zero_grad
+    # at the step's peak (its forward) zero_grad(set_to_none=True) had freed them: the stack leaves them out
+    assert (m["grads_bytes"] == 0).all()
     assert (m["optimizer_bytes"].iloc[1:] >= 2 * n_params * 4).all()  # Adam moments
     act = m["activations_bytes"].dropna()
     assert len(act) >= 1 and (act > 0).all()

@@ -2,8 +2,10 @@
 estimate against the measured peak, allocator fragmentation (cudaMalloc
 retries, inactive split blocks) and device memory held by other processes.
 
-Columns (all optional): ``allocated_peak_bytes``/``step_peak_bytes``/
-``budget_peak_bytes`` (measured peak), ``device_total_bytes``,
+Columns (all optional): ``peak_bytes`` (the step's measured peak: the CUDA
+allocator's, or the trainer's CPU budget meter; runs recorded before it existed
+have ``allocated_peak_bytes``/``step_peak_bytes``/``budget_peak_bytes``),
+``predicted_peak_bytes`` (the estimator's prediction of that same quantity), ``device_total_bytes``,
 ``reserved_bytes``, ``inactive_split_bytes``, ``alloc_retries`` (cumulative),
 ``non_pytorch_bytes`` — the GPU collectors' and the trainer's names.
 """
@@ -16,10 +18,12 @@ import pandas as pd
 from gpudash.analysis.lights import FRAG_WARN_PCT, fragmentation_pct
 from gpudash.analysis.verdict import Severity, Verdict, fmt_bytes, fmt_pct, num
 from gpudash.store.run import Run
+from gpudash.units import distinct_bytes
 
 __all__ = ["capacity_bytes", "measured_peak", "memory_verdicts"]
 
-_PEAK_COLUMNS = ("allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes", "allocated_bytes")
+_MEASURED_PEAK = ("peak_bytes", "allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes")
+_PEAK_COLUMNS = (*_MEASURED_PEAK, "allocated_bytes")
 _CONTEXT_ALLOWANCE = 768 * 2**20
 ESTIMATE_WARN = 0.25
 """An estimate off by more than this is worth a warning (the estimator's goal is ±10 %)."""
@@ -58,7 +62,7 @@ def _steps_at_micro_batch(run: Run, micro: object) -> set[int] | None:
 def _per_step_estimate(run: Run) -> Verdict | None:
     """The trainer's per-step prediction (``predicted_peak_bytes``) against the measured peak of each step."""
     mem = _one_rank(run.memory)
-    col = next((c for c in ("allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes") if c in mem), None)
+    col = next((c for c in _MEASURED_PEAK if c in mem and mem[c].notna().any()), None)
     if col is None or "predicted_peak_bytes" not in mem:
         return None
     both = mem[["step", "predicted_peak_bytes", col]].dropna()
@@ -96,7 +100,8 @@ def memory_verdicts(run: Run) -> list[Verdict]:
         p, col, step = peak
         share = p / cap
         sev: Severity = "warn" if share > 0.95 else "ok"
-        ev = [f"peak {fmt_bytes(p)} ({col}) at step {step} of {fmt_bytes(cap)} capacity: {fmt_pct(share)}"]
+        peak_s, cap_s = distinct_bytes(p, cap, min_digits=2)
+        ev = [f"peak {peak_s} ({col}) at step {step} of {cap_s} capacity: {fmt_pct(share)}"]
         rec = None
         if share < 0.5 and not has_oom:
             rec = (f"{fmt_pct(1 - share)} of the memory was never used: a larger micro-batch (fewer accumulation "

@@ -27,6 +27,7 @@ import pandas as pd
 
 from gpudash.analysis.verdict import Verdict, fmt_bytes, num
 from gpudash.store.run import Run
+from gpudash.units import distinct_bytes
 
 __all__ = ["CATEGORIES", "OomReport", "categories_before", "oom_reports", "oom_verdicts", "parse_oom_message",
            "snapshot_largest_free"]
@@ -59,6 +60,8 @@ class OomReport:
     outside_bytes: float | None = None
     categories: dict[str, float] = field(default_factory=dict)
     categories_step: int | None = None
+    peak_bytes: float | None = None
+    """Measured peak (``peak_bytes``) of the step the categories come from."""
     measured_bytes: float | None = None
     """What a budget meter counted when it refused (CPU budget runs)."""
     micro_batch: float | None = None
@@ -115,7 +118,8 @@ def _pick(d: dict[str, Any], *keys: str) -> float | None:
 
 
 def categories_before(run: Run, t: float | None, step: int | None, rank: int | None) -> tuple[int | None, dict[str, float]]:
-    """Memory by category at the last step recorded before time ``t`` (or before ``step``)."""
+    """Memory by category at the last step recorded before time ``t`` (or before ``step``) whose
+    categories were all measured (activations are sampled): one moment, under that step's peak."""
     mem = run.memory
     if mem.empty:
         return None, {}
@@ -128,13 +132,16 @@ def categories_before(run: Run, t: float | None, step: int | None, rank: int | N
     cats = [c for c in CATEGORIES if c in mem]
     if mem.empty or not cats:
         return None, {}
-    # activations are measured on sampled steps only: carry the last measurement forward
-    filled = mem[cats].ffill()
-    row = filled.iloc[-1]
+    # activations are measured on sampled steps only: another step's would not add up with this one's
+    measured = [c for c in cats if c != "other_bytes"]
+    whole = mem[mem[measured].notna().all(axis=1)] if "activations_bytes" in cats else mem
+    if whole.empty:
+        whole = mem
+    row = whole.iloc[-1]
     out = {c: float(row[c]) for c in cats if not pd.isna(row[c])}
-    if "allocated_bytes" in mem and not pd.isna(mem["allocated_bytes"].iloc[-1]):
+    if "allocated_bytes" in mem and not pd.isna(row.get("allocated_bytes")):
         out.setdefault("other_bytes", 0.0)
-    return int(mem["step"].iloc[-1]), out
+    return int(row["step"]), out
 
 
 def snapshot_largest_free(run: Run, t: float | None, rank: int | None) -> float | None:
@@ -171,6 +178,17 @@ def _last_memory_value(run: Run, col: str, t: float | None, rank: int | None) ->
     return float(vals.iloc[-1]) if len(vals) else None
 
 
+def _step_value(run: Run, col: str, step: int | None, rank: int | None) -> float | None:
+    """``col`` of the memory row of ``step``."""
+    mem = run.memory
+    if col not in mem or step is None:
+        return None
+    if rank is not None and "rank" in mem:
+        mem = mem[mem["rank"] == rank]
+    vals = mem.loc[mem["step"] == step, col].dropna()
+    return float(vals.iloc[-1]) if len(vals) else None
+
+
 def _capacity(run: Run, data: dict[str, Any]) -> float | None:
     """The limit the allocation ran into: the allocator's (capped) limit, else the
     run's recorded budget, else a budget parsed from the error message."""
@@ -190,10 +208,13 @@ def _judge(r: OomReport) -> None:
     need = r.need_bytes
     ev = r.evidence
     cats = r.categories
+    # the totals quoted side by side get enough digits to tell them apart (never "3.5 MiB of 3.5 MiB")
+    total = sum(cats.values()) if cats else None
+    total_s, peak_s, need_s, cap_s = distinct_bytes(total, r.peak_bytes, need, cap, min_digits=2)
     if cats:
         parts = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in cats.items() if v)
-        ev.append(f"memory at step {r.categories_step} (last before the OOM): {parts} "
-                  f"= {fmt_bytes(sum(cats.values()))}")
+        ev.append(f"memory at step {r.categories_step} (last fully measured before the OOM): {parts} "
+                  f"= {total_s}" + (f" (measured peak {peak_s})" if r.peak_bytes is not None else ""))
     if req is not None:
         ev.append(f"requested {fmt_bytes(req)}" + (f" with {fmt_bytes(free)} free" if free is not None else ""))
     if r.reserved_unallocated_bytes is not None:
@@ -205,7 +226,7 @@ def _judge(r: OomReport) -> None:
         ev.append(f"device memory held outside this process's allocator: {fmt_bytes(outside)} "
                   f"(device used {fmt_bytes(r.device_used_bytes)} − reserved {fmt_bytes(r.reserved_bytes)})")
     if cap is not None and need is not None:
-        ev.append(f"this process needed {fmt_bytes(need)} of {fmt_bytes(cap)} capacity")
+        ev.append(f"this process needed {need_s} of {cap_s} capacity")
 
     if r.measured_bytes is not None:
         ev.append("the memory budget meter refused the allocation: measured bytes exceeded the budget")
@@ -289,6 +310,7 @@ def _report(run: Run, data: dict[str, Any], message: str, step: int | None, t: f
                   allocated_bytes=allocated, reserved_bytes=reserved, reserved_unallocated_bytes=unalloc,
                   capacity_bytes=_capacity(run, data) or _last_memory_value(run, "device_total_bytes", t, rank), device_used_bytes=device_used, outside_bytes=outside,
                   categories=cats, categories_step=cat_step, measured_bytes=_pick(data, "measured_bytes"),
+                  peak_bytes=_step_value(run, "peak_bytes", cat_step, rank),
                   micro_batch=_pick(data, "micro_batch", "batch_size"))
     if re.search(r"\binject", message, re.I):
         r.verdict = "injected"
@@ -309,7 +331,7 @@ def oom_verdicts(run: Run) -> list[Verdict]:
             "requested_bytes": r.requested_bytes, "capacity_bytes": r.capacity_bytes, "need_bytes": r.need_bytes,
             "reserved_unallocated_bytes": r.reserved_unallocated_bytes, "outside_bytes": r.outside_bytes,
             "largest_free_bytes": r.largest_free_bytes, "free_bytes": r.free_bytes,
-            "micro_batch": r.micro_batch}.items() if v is not None}
+            "micro_batch": r.micro_batch, "peak_bytes": r.peak_bytes}.items() if v is not None}
         numbers.update({k: float(v) for k, v in r.categories.items()})
         numbers["fatal"] = 1.0 if fatal else 0.0
         verdicts.append(Verdict(kind=f"oom:{r.verdict}", title=title, severity="bad" if fatal else "warn",

@@ -14,7 +14,8 @@ Columns written to the step's memory row (bytes unless named otherwise):
 (reserved - allocated), ``fragmentation_pct`` (100 x inactive-split /
 reserved: cached memory stuck in split blocks), ``alloc_retries`` and ``ooms``
 (cumulative counters), ``cuda_mallocs`` and ``cuda_frees`` (cumulative
-cudaMalloc/cudaFree calls), and every ~1 s ``device_used_bytes``,
+cudaMalloc/cudaFree calls), ``peak_bytes`` (= ``allocated_peak_bytes``: the
+step's measured peak, the column every memory surface reads), and every ~1 s ``device_used_bytes``,
 ``device_free_bytes``, ``device_total_bytes`` and ``non_pytorch_bytes``
 (device used - reserved: context, other processes, NCCL).
 
@@ -85,6 +86,8 @@ def allocator_row(stats: dict[str, Any]) -> dict[str, Any]:
         v = stats.get(key)
         if v is not None:
             row[col] = int(v)
+    if "allocated_peak_bytes" in row:
+        row["peak_bytes"] = row["allocated_peak_bytes"]  # the step's measured peak (peaks reset each step)
     alloc = row.get("allocated_bytes")
     reserved = row.get("reserved_bytes")
     if alloc is not None and reserved is not None:

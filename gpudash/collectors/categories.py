@@ -11,6 +11,20 @@ is counted: this is how the dashboard shows what checkpointing saves.
 
 Hooks are installed only on sampled steps, and the sampling interval adapts so
 the measured cost stays below a share of the median step time.
+
+The categories of a row describe one moment, so their sum never exceeds the
+step's measured peak (``peak_bytes``): the end of the forward pass of the
+step's largest forward/backward cycle (micro-batch), where saved activations
+peak. ``activations_bytes`` is what that cycle saved (the largest cycle, not a
+sum over micro-batches: each backward frees its own); ``grads_bytes`` is the
+gradient memory held while it ran (0 in a one-micro-batch step whose
+gradients were freed by ``zero_grad(set_to_none=True)``; all of them from the
+second micro-batch of an accumulating step on); ``optimizer_bytes`` is the
+state that existed when the step began (none in the first step: the optimizer
+creates it after that step's backward). ``grads_total_bytes`` is the
+gradient memory after the step's last backward, for reference. On steps
+without activation sampling, ``grads_bytes`` is the most gradient memory any
+cycle ran with.
 """
 
 from __future__ import annotations
@@ -121,7 +135,12 @@ class CategoryCollector:
         self._pack_s = 0.0
         self._on_cuda = False
         self._next_step = 0
-        self._grads_after_backward = 0
+        self._grads_total = 0
+        self._held = 0  # gradient bytes held when the current cycle began
+        self._held_max = 0  # the most any completed cycle of this step began with
+        self._peak_held = 0  # held by the sampled step's largest cycle
+        self._opt_at_start: int | None = None  # state bytes when the step began (= the last step's end)
+        self._cycles = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self, monitor: Recording) -> None:
@@ -148,18 +167,29 @@ class CategoryCollector:
         self._next_step = step
         if self.act_sampler.due(step):
             self._install()
+        self._grads_total = 0
+        self._held_max = -1
+        self._held = self._grads_bytes() if self.step_due else 0
+        if self._opt_at_start is None and self.step_due:
+            self._opt_at_start = self._optimizer_bytes()[0]
 
     def on_phase_end(self, name: str) -> None:
-        if name != "backward":
+        if name not in ("backward", "offload") or not self.step_due:
             return
-        # gradients are often freed by zero_grad() before the step ends: read them
-        # when backward finishes, where they peak
-        if self.step_due:
-            self._grads_after_backward = self._grads_bytes()
+        # gradients are often freed by zero_grad() before the step ends: read them when
+        # backward finishes, where they peak; what is left after an offload copy (or
+        # after backward) is what the next micro-batch's forward runs with
+        grads = self._grads_bytes()
+        if name == "offload":
+            self._held = grads
+            return
+        self._grads_total = max(self._grads_total, grads)
+        self._held_max = max(self._held_max, self._held)
         # under gradient accumulation each micro-batch's activations are freed by its
         # backward: the step's activation memory is the largest micro-batch, not the sum
         if self._hooks_ctx is not None:
             self._close_cycle()
+        self._held = grads
 
     @property
     def step_due(self) -> bool:
@@ -168,23 +198,31 @@ class CategoryCollector:
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
         self._next_step = step + 1
         sampled = self._hooks_ctx is not None
-        if not sampled:
-            self.act_sampler.observe_step(row.get("duration_s", 0.0))
         if sampled:
             self._uninstall()
+        if row.get("failed"):
+            return  # no row for a failed attempt (an OOM the loop retries): its retry is sampled instead
+        if not sampled:
+            self.act_sampler.observe_step(row.get("duration_s", 0.0))
         if step % self.memory_every and not sampled:
             return
         t0 = time.perf_counter()
         mem: dict[str, Any] = {"step": step, "time": row["time"], "params_bytes": self._params_bytes}
-        mem["grads_bytes"] = self._grads_after_backward or self._grads_bytes()
-        self._grads_after_backward = 0
+        if self._held_max < 0:  # no backward phase recorded: one cycle, run with what the step began with
+            self._held_max = self._held
+            self._grads_total = max(self._held, self._grads_bytes())
+        mem["grads_bytes"] = self._held_max
+        mem["grads_total_bytes"] = self._grads_total
         opt_dev, opt_host = self._optimizer_bytes()
-        mem["optimizer_bytes"] = opt_dev
+        # what the step's forward ran with: the state does not change between one step's end and the next
+        mem["optimizer_bytes"] = min(opt_dev, opt_dev if self._opt_at_start is None else self._opt_at_start)
+        self._opt_at_start = opt_dev
         if opt_host:
             mem["optimizer_host_bytes"] = opt_host
         if sampled:
             act = self._flush_activations(step, row["time"])
             mem["activations_bytes"] = act
+            mem["grads_bytes"] = self._peak_held
             # what sampling cost: the hooks' own time, or (when larger) how much slower
             # this step ran than a plain one; autograd calling into Python adds to both
             own = self._pack_s + (time.perf_counter() - t0)
@@ -239,6 +277,8 @@ class CategoryCollector:
         self._seen.clear()
         self._counts.clear()
         self._peak_cycle, self._peak_counts = {}, {}
+        self._peak_held = 0
+        self._cycles = 0
         self._stack.clear()
         self._pack_s = 0.0
         stack = self._stack
@@ -290,18 +330,23 @@ class CategoryCollector:
             self._hooks_ctx = None
 
     def _close_cycle(self) -> None:
-        """End one forward/backward cycle: keep the largest cycle's per-module bytes."""
+        """End one forward/backward cycle: keep the per-module bytes of the cycle whose
+        forward ended highest (its saved activations plus the gradients it ran with)."""
         per: dict[str, int] = {}
         for owner, nbytes in self._seen.values():
             per[owner] = per.get(owner, 0) + nbytes
-        if sum(per.values()) >= sum(self._peak_cycle.values()):
+        if sum(per.values()) + self._held >= sum(self._peak_cycle.values()) + self._peak_held:
             self._peak_cycle = per
             self._peak_counts = dict(self._counts)
+            self._peak_held = self._held
+        self._cycles += 1
         self._seen.clear()
         self._counts.clear()
 
     def _flush_activations(self, step: int, t: float) -> int:
-        self._close_cycle()
+        if self._seen or not self._cycles:  # a forward without a recorded backward phase
+            self._close_cycle()
+        self._cycles = 0
         per = self._peak_cycle
         counts = self._peak_counts
         self._peak_cycle, self._peak_counts = {}, {}

@@ -17,25 +17,35 @@ Two message formats exist. torch >= 2.1::
 Sizes are printed with two decimals (``bytes``, ``KiB``, ``MiB``, ``GiB``), so
 parsed byte counts are exact only to that precision.
 
-The trainer calls :func:`record_oom` when it catches ``torch.OutOfMemoryError``;
-the snapshot collector records the allocator's OOM observer call (numbers
-straight from the allocator, and a memory map at that moment).
+One OOM is one ``oom`` event. On CUDA the allocator's OOM observer fires first
+(the snapshot collector hands its exact numbers to :func:`note_observed_oom`
+and stores a memory map at that moment); then whoever catches the
+``torch.OutOfMemoryError`` (the trainer, a user's loop) calls
+:func:`record_oom`, which records one event carrying both: the observer's
+numbers and the caller's (micro-batch, leaked bytes...). If nobody calls it,
+the observed OOM is recorded on its own at the next step or when the monitor
+closes (a run that dies of the OOM keeps it).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from gpudash.units import human_bytes
+
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["note_observed_oom", "oom_message_summary", "parse_oom_message", "parse_size", "record_oom"]
+__all__ = ["flush_observed_oom", "note_observed_oom", "oom_message_summary", "parse_oom_message", "parse_size",
+           "record_oom"]
 
-#: monitor -> monotonic time its OOM observer last recorded an ``oom`` event
-_OBSERVED: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+#: monitor -> (monotonic time, the observer's numbers) of an OOM observed but not yet recorded
+_OBSERVED: weakref.WeakKeyDictionary[Any, tuple[float, dict[str, Any]]] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
 _SAME_OOM_S = 10.0
 
 _UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -108,7 +118,7 @@ def oom_message_summary(data: dict[str, Any]) -> str:
     """One line for the event message: what was asked for and what was left."""
     def gib(key: str) -> str:
         v = data.get(key)
-        return "?" if v is None else f"{v / (1 << 30):.2f} GiB"
+        return "?" if v is None else human_bytes(v, 2)  # binary units, two decimals: as torch prints them
 
     dev = data.get("device")
     where = f"GPU {dev}" if dev is not None else "GPU"
@@ -117,26 +127,50 @@ def oom_message_summary(data: dict[str, Any]) -> str:
             f"{gib('reserved_unallocated_bytes')} reserved but unallocated")
 
 
-def note_observed_oom(monitor: Any) -> None:
-    """The allocator's OOM observer has just recorded this OOM for ``monitor``."""
-    _OBSERVED[monitor] = time.monotonic()
+def _take_observed(monitor: Any) -> tuple[float, dict[str, Any]] | None:
+    with _LOCK:
+        return _OBSERVED.pop(monitor, None)
 
 
-def record_oom(monitor: Recording, error: BaseException | str, **extra: Any) -> dict[str, Any]:
-    """Record an ``oom`` event from a caught ``torch.OutOfMemoryError`` (or its text).
+def note_observed_oom(monitor: Any, data: dict[str, Any]) -> None:
+    """The allocator's OOM observer saw an OOM for ``monitor`` (``data``: its numbers).
+    Recorded by the :func:`record_oom` call that follows, or by :func:`flush_observed_oom`."""
+    flush_observed_oom(monitor)  # an earlier one nobody claimed is an OOM of its own
+    with _LOCK:
+        _OBSERVED[monitor] = (time.monotonic(), dict(data))
 
-    Returns the parsed numbers. If the OOM observer (snapshot collector) already
-    recorded this OOM in the last few seconds, the event is not recorded twice.
-    Safe to call from an ``except`` block: it parses a string and queues one record.
+
+def flush_observed_oom(monitor: Any) -> None:
+    """Record an observed OOM that no :func:`record_oom` call claimed (the next step
+    started, or the monitor closes); nothing if there is none."""
+    seen = _take_observed(monitor)
+    if seen is not None:
+        monitor.event("oom", oom_message_summary(seen[1]), **seen[1])
+
+
+def record_oom(monitor: Recording, error: BaseException | str, *, message: str | None = None,
+               **extra: Any) -> dict[str, Any]:
+    """Record the ``oom`` event of a caught ``torch.OutOfMemoryError`` (or its text).
+
+    ``extra`` (e.g. ``micro_batch``, ``leaked_bytes``) goes into the event's data;
+    ``message`` replaces the event's message. If the allocator's OOM observer saw this
+    OOM (in the last few seconds), the one event carries its exact numbers too.
+    Returns the event's data. Safe to call from an ``except`` block: it parses a
+    string and queues one record.
     """
     text = str(error)
     data = parse_oom_message(text)
-    data["source"] = "exception"
+    source = "exception"
+    seen = _take_observed(monitor)
+    if seen is not None and time.monotonic() - seen[0] < _SAME_OOM_S:
+        data.update(seen[1])  # the allocator's own numbers beat the message's rounded ones
+        source = "allocator_observer+exception"
+    elif seen is not None:
+        monitor.event("oom", oom_message_summary(seen[1]), **seen[1])  # an older, unclaimed one
+    data["source"] = source
     data.update(extra)
-    seen = _OBSERVED.get(monitor)
-    if seen is not None and time.monotonic() - seen < _SAME_OOM_S:
-        _OBSERVED.pop(monitor, None)
-        return data
-    message = oom_message_summary(data) if len(data) > 2 else text.splitlines()[0][:300] if text else "CUDA OOM"
+    if message is None:
+        cuda = "requested_bytes" in data or "capacity_bytes" in data
+        message = oom_message_summary(data) if cuda else text.splitlines()[0][:300] if text else "out of memory"
     monitor.event("oom", message, **data)
     return data

@@ -6,8 +6,11 @@
   it), at the end of the next step. A background thread stats the file about
   once a second, so the training thread does no I/O;
 * at OOM: the allocator's OOM observer fires before ``OutOfMemoryError`` is
-  raised; the collector records an ``oom`` event with the allocator's numbers
-  and a snapshot of memory at that moment (a crashed run keeps both).
+  raised; the collector stores a snapshot of memory at that moment and hands
+  the allocator's numbers to :func:`gpudash.collectors.oom.note_observed_oom`:
+  the ``oom`` event is recorded once, by the ``record_oom`` call of whoever
+  catches the error (with their numbers too), else at the next step or at
+  close (a crashed run keeps both).
 
 ``torch.cuda.memory._snapshot()`` runs on the training thread (it must see a
 consistent allocator); summarising and compressing run on the collector's
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpudash.collectors.base import cuda_torch
-from gpudash.collectors.oom import note_observed_oom, oom_message_summary
+from gpudash.collectors.oom import flush_observed_oom, note_observed_oom
 from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
 from gpudash.store.snapshot import snapshot_row, summarize
 
@@ -85,12 +88,14 @@ class SnapshotCollector:
         self._last_oom_snapshot = -1e18
         self._history_on = False
         self._armed = False
+        self._oom_pending = False
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self, monitor: Recording) -> None:
         if self._take is not None:
             self._monitor = monitor
             self._begin(monitor)
+            _LIVE.add(self)  # a recorded trace can drive the OOM dispatcher (nothing attaches it to torch here)
             return
         torch = cuda_torch(monitor, self.name,
                            "no CUDA device: allocator snapshots and the OOM observer need CUDA")
@@ -127,7 +132,7 @@ class SnapshotCollector:
 
     def _begin(self, monitor: Recording) -> None:
         self._served_mtime = time.time() - 5.0  # a request left over from an earlier run is stale
-        monitor.add_step_hooks(end=self.on_step_end)
+        monitor.add_step_hooks(start=self._claim_oom, end=self.on_step_end)
         self._thread = threading.Thread(target=self._run, name="gpudash-snapshots", daemon=True)
         self._thread.start()
 
@@ -147,8 +152,16 @@ class SnapshotCollector:
                 _ATTACHED = True
         _LIVE.add(self)
 
+    def _claim_oom(self, step: int) -> None:
+        """A new step began and nobody recorded the observed OOM: record it on its own."""
+        if self._oom_pending:
+            self._oom_pending = False
+            if self._monitor is not None:
+                flush_observed_oom(self._monitor)
+
     def stop(self) -> None:
         _LIVE.discard(self)
+        self._claim_oom(-1)
         self._stop.set()
         if self._thread is not None:
             try:
@@ -218,8 +231,8 @@ class SnapshotCollector:
                 data.update(_free_blocks(snap))
             except Exception:  # noqa: BLE001 - the event matters more than the map
                 snap = None
-        monitor.event("oom", oom_message_summary(data), **data)
-        note_observed_oom(monitor)
+        note_observed_oom(monitor, data)
+        self._oom_pending = True
         if snap is not None:
             self._store(snap, time.time(), monitor.step_index, "oom")
 

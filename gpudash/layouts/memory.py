@@ -1,5 +1,11 @@
 """Memory views: by category over steps, the breakdown at the cursor, the allocator segment map,
-and activations per module."""
+and activations per module.
+
+The category stack of a step describes one moment (the end of its largest forward, see
+``gpudash/collectors/categories.py``), so it never rises above the step's measured peak
+(``peak_bytes``), drawn over it as a line with the estimator's per-step prediction of that same
+quantity. The horizontal lines are the limit the OOMs were judged against (the run's pre-flight
+capacity: the device, a memory cap or the CPU budget) and the device total when it differs."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import pandas as pd
 from gpudash.layouts.common import base_figure, fmt_bytes, plot_text, waiting_figure
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import Series, add_series, series_xy
+from gpudash.units import human_bytes
 
 __all__ = [
     "CATEGORIES",
@@ -32,6 +39,11 @@ CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
     ("reserved_bytes", "allocator cache", "#c7c7c7", "cache"),
     ("non_pytorch_bytes", "other processes / context", "#8c564b", "raw"),
 )
+#: (column, label, colour): lines over the stack, same quantity each step (measured, predicted).
+PEAK_LINES: tuple[tuple[str, str, str], ...] = (
+    ("peak_bytes", "measured peak", "#111111"),
+    ("predicted_peak_bytes", "estimate (peak)", "#7f7f7f"),
+)
 STATE_COLORS = {"active_allocated": "#d62728", "active_pending_free": "#ff9896", "inactive": "#c7c7c7"}
 
 
@@ -43,6 +55,9 @@ def memory_series(memory: pd.DataFrame, rank: int = 0) -> list[Series]:
             out.append(Series("memory", col, label, rank=rank, fn=fn, style="area", color=color))
     if not out and "allocated_bytes" in memory and memory["allocated_bytes"].notna().any():
         out.append(Series("memory", "allocated_bytes", "allocated", rank=rank, style="area", color="#1f77b4"))
+    for col, label, color in PEAK_LINES:
+        if col in memory and memory[col].notna().any():
+            out.append(Series("memory", col, label, rank=rank, style="line", color=color))
     return out
 
 
@@ -58,19 +73,27 @@ def _first_num(*values: Any) -> float | None:
 
 
 def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
-    """(label, bytes, dash) of the device capacity, the memory budget and the estimator's prediction."""
+    """(label, bytes, dash) of the limit the run's OOMs were judged against (the pre-flight
+    capacity: a CPU budget, a memory cap or the device), the device capacity when it differs,
+    and the estimator's pre-flight prediction (runs without a per-step one)."""
     config: dict[str, Any] = meta["config"] if isinstance(meta.get("config"), dict) else {}
     estimate: dict[str, Any] = meta["estimate"] if isinstance(meta.get("estimate"), dict) else {}
+    pre: dict[str, Any] = meta["preflight"] if isinstance(meta.get("preflight"), dict) else {}
     out = []
     cap = _first_num(meta.get("device_capacity_bytes"), meta.get("device_total_bytes"))
+    gib = 2**30
+    limit = _first_num(pre.get("capacity_bytes"))
+    source = str(pre.get("capacity_source") or "")
+    if limit is None:
+        limit = _first_num(meta.get("memory_budget_bytes"), config.get("memory_budget_bytes"),
+                           _first_num(config.get("memory_cap_gb")) and float(config["memory_cap_gb"]) * gib,
+                           _first_num(config.get("memory_budget_gb")) and float(config["memory_budget_gb"]) * gib)
+        source = "budget"
     if cap:
         out.append(("device capacity", cap, "solid"))
-    gib = 2**30
-    budget = _first_num(meta.get("memory_budget_bytes"), config.get("memory_budget_bytes"),
-                        _first_num(config.get("memory_cap_gb")) and float(config["memory_cap_gb"]) * gib,
-                        _first_num(config.get("memory_budget_gb")) and float(config["memory_budget_gb"]) * gib)
-    if budget and budget != cap:
-        out.append(("budget", budget, "dot"))
+    if limit and limit != cap:
+        label = "memory cap" if "cap" in source else "budget" if "budget" in source else "capacity"
+        out.append((label, limit, "dot"))
     pred = _first_num(estimate.get("peak_bytes"))
     if pred:
         out.append(("estimate (peak)", pred, "dash"))
@@ -84,8 +107,11 @@ def memory_figure(memory: pd.DataFrame, meta: dict[str, Any], events: pd.DataFra
     specs = memory_series(memory, rank) if specs is None else specs
     for s in specs:
         add_series(fig, s, *series_xy(s, memory))
+    per_step = {s.col for s in specs}
     for label, value, dash in capacity_lines(meta):
-        fig.add_hline(value, dash=dash, text=f"{label} {fmt_bytes(value)}")
+        if label == "estimate (peak)" and "predicted_peak_bytes" in per_step:
+            continue  # drawn per step, at each step's real shape
+        fig.add_hline(value, dash=dash, text=f"{label} {human_bytes(value, 2)}")
     if len(events) and "kind" in events:
         for _, ev in events[events["kind"] == "oom"].iterrows():
             if pd.notna(ev.get("step")):
@@ -107,6 +133,9 @@ def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str
     # sampled columns (activations) are NaN on most rows: take each one's latest value
     tail = m.tail(200).ffill().iloc[-1]
     out: dict[str, float] = {"step": float(tail.get("step", np.nan))}
+    last = m.iloc[-1]
+    if pd.notna(last.get("peak_bytes")):
+        out["peak"] = float(last["peak_bytes"])  # that step's own measured peak (not carried forward)
     for col, label, _, fn in CATEGORIES:
         if fn == "cache":
             if pd.notna(tail.get("reserved_bytes")) and pd.notna(tail.get("allocated_bytes")):
@@ -118,10 +147,16 @@ def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str
 
 def memory_at_figure(values: dict[str, float]) -> Fig:
     step = values.get("step")
-    title = "Memory at the cursor" + (f" (step {int(step)})" if step is not None and np.isfinite(step) else "")
+    peak = values.get("peak")
+    where = []
+    if step is not None and np.isfinite(step):
+        where.append(f"step {int(step)}")
+    if peak is not None:
+        where.append(f"measured peak {human_bytes(peak, 2)}")
+    title = "Memory at the cursor" + (f" ({', '.join(where)})" if where else "")
     fig = base_figure(title, height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
     colors = {label: color for _, label, color, _ in CATEGORIES}
-    labels = [k for k in values if k != "step"]
+    labels = [k for k in values if k not in ("step", "peak")]
     fig.add_trace({"type": "bar", "x": labels, "y": [values[k] for k in labels],
                    "marker": {"color": [colors.get(k, "#888") for k in labels]},
                    "text": [fmt_bytes(values[k]) for k in labels], "textposition": "auto", "hoverinfo": "x+text"})

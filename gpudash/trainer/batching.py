@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from gpudash.units import distinct_bytes
+
 __all__ = ["AdaptiveBatch", "BudgetMeter", "OOMInjector", "tensor_bytes"]
 
 GROW = 1.2
@@ -102,6 +104,8 @@ class BudgetMeter:
         self._static = 0
         self._outer: Any = None
         self._active = False
+        self.refused: int | None = None
+        """Bytes counted when the budget refused the last allocation (None: it did not)."""
 
     def set_params(self, params: Any) -> None:
         self._params = {p.untyped_storage().data_ptr() for p in params}
@@ -131,8 +135,10 @@ class BudgetMeter:
             used = self._static + self._saved
             self.peak = max(self.peak, used)
             if used > self.budget:
-                _raise_oom(f"memory budget exceeded: {used / 2**20:.1f} MiB measured "
-                           f"> budget {self.budget / 2**20:.1f} MiB (gpudash --memory-budget-gb)")
+                self.refused = used
+                need, budget = distinct_bytes(used, self.budget, min_digits=2)
+                _raise_oom(f"memory budget exceeded: {need} measured > budget {budget} "
+                           f"({used} > {int(self.budget)} bytes; gpudash --memory-budget-gb)")
         return self._outer[0](t) if self._outer is not None else t
 
     def _unpack(self, packed: Any) -> Any:
@@ -140,6 +146,7 @@ class BudgetMeter:
 
     def reset_peak(self) -> int:
         p, self.peak = self.peak, 0
+        self.refused = None
         return p
 
 

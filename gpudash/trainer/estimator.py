@@ -16,17 +16,28 @@ only its input (r*h per token) and recomputes the rest in backward, so the
 peak adds one region's activations while it recomputes.
 
 Peak (steady state, one optimizer step of ``accum`` micro-batches):
-``params + optimizer + max(grads, activations + logits grads)`` for one
-micro-batch; with accumulation the earlier micro-batches' gradients are
-already there, so they add.
+``params + optimizer + max(grads + tied, activations + logits grads)`` for
+one micro-batch; with accumulation the earlier micro-batches' gradients are
+already there, so they add. ``tied`` is the tied embedding's gradient
+accumulation at the end of backward: the head's and the embedding's
+contributions to the one shared weight exist side by side before they are
+summed (2 V h w bytes beyond the gradients; 3 V h w when a gradient from an
+earlier micro-batch is added to as well), checked against torch's memory
+profiler in the tests.
+
+:func:`estimate_step` predicts one step at the real shapes of its
+micro-batches (variable-length batches are shorter than ``seq_len``), and
+``forward_peak_bytes`` is the peak at the end of the largest forward, what a
+saved-tensor meter (the trainer's CPU ``--memory-budget-gb``) measures.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "safe_micro_batch", "what_fits"]
+__all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "estimate_step", "safe_micro_batch",
+           "what_fits"]
 
 CARD_USABLE = 0.92
 """Share of a card's memory the allocator can use (CUDA context, fragmentation)."""
@@ -46,11 +57,13 @@ class ModelShape:
     hidden: int
     gated: bool
     n_params: int
+    tied: bool = False
+    """The head shares the token embedding's weight (its gradient accumulates from both)."""
 
     @classmethod
     def of(cls, cfg: Any) -> ModelShape:
         return cls(cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.hidden,
-                   cfg.mlp == "swiglu", cfg.n_params())
+                   cfg.mlp == "swiglu", cfg.n_params(), bool(getattr(cfg, "tie_embeddings", False)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +73,9 @@ class Estimate:
     optimizer_bytes: int
     activations_bytes: int
     peak_bytes: int
+    forward_peak_bytes: int
+    """Peak at the end of the largest forward: params, optimizer state, the gradients held
+    then and the saved activations (no backward transients): what a saved-tensor meter sees."""
     host_bytes: int
     """Pinned host memory under offload (fp32 master weights, optimizer state, gradients)."""
     recompute_bytes: int
@@ -102,14 +118,50 @@ def activation_parts(shape: ModelShape, tokens: int, c: int, r: int) -> dict[str
 def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", precision: str = "fp32",
              offload: str = "none", weights: str = "fp32", accum: int = 1) -> Estimate:
     """Predict memory for one rank. ``cfg`` is a :class:`GPTConfig` or :class:`ModelShape`."""
+    if micro_batch < 1 or seq_len < 1 or accum < 1:
+        raise ValueError("micro_batch, seq_len and accum must be >= 1")
+    return estimate_step(cfg, [(micro_batch, seq_len)] * accum, ckpt=ckpt, precision=precision, offload=offload,
+                         weights=weights)
+
+
+def estimate_step(cfg: Any, shapes: list[tuple[int, int]], *, ckpt: str = "none", precision: str = "fp32",
+                  offload: str = "none", weights: str = "fp32") -> Estimate:
+    """Predict one optimizer step whose micro-batches have the given (rows, length) shapes, in
+    the order they run. The categories and ``micro_batch``/``seq_len`` are the largest micro-batch's."""
+    if not shapes:
+        raise ValueError("a step needs at least one micro-batch")
+    rows = [(int(b), int(t)) for b, t in shapes]
+    if any(b < 1 or t < 1 for b, t in rows):
+        raise ValueError("micro_batch, seq_len and accum must be >= 1")
+    shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
+    done: dict[tuple[int, int], dict[str, Any]] = {}
+    for b, t in rows:
+        if (b, t) not in done:
+            done[(b, t)] = _one_micro(shape, b, t, ckpt, precision, offload, weights)
+    parts = [done[r] for r in rows]
+    first = parts[0]
+    tied = first["tied"]
+    grads = first["grads"]
+    # first micro-batch: no gradients yet; later ones run on top of the accumulated gradients
+    backward = max(grads + 2 * tied, first["live"])
+    forward = first["act"]
+    for p in parts[1:]:
+        backward = max(backward, grads + max(p["live"], 3 * tied))
+        forward = max(forward, grads + p["act"])
+    big = max(parts, key=lambda p: p["live"])
+    est: Estimate = big["estimate"]
+    fixed = est.params_bytes + est.optimizer_bytes
+    return replace(est, peak_bytes=fixed + backward, forward_peak_bytes=fixed + forward)
+
+
+def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: str, offload: str,
+               weights: str) -> dict[str, Any]:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or fp16")
     if offload not in OFFLOADS:
         raise ValueError(f"unknown offload {offload!r}; use none, optimizer or optimizer+grads")
     if weights not in ("fp32", "bf16"):
         raise ValueError(f"unknown weights dtype {weights!r}; use fp32 or bf16")
-    if micro_batch < 1 or seq_len < 1 or accum < 1:
-        raise ValueError("micro_batch, seq_len and accum must be >= 1")
     shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
     mode, every = _parse_ckpt(ckpt)
     n = shape.n_params
@@ -156,12 +208,13 @@ def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", pr
         raise ValueError("bf16 weights need --offload optimizer (fp32 master weights live on the host)")
     logits_grads = tokens * shape.vocab_size * 8  # d(log-softmax) and d(logits), both fp32, side by side
     live = act + logits_grads + recompute
-    backward = max(grads, live) if accum == 1 else grads + live
-    peak = params + optimizer + backward
-    return Estimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=act,
-                    peak_bytes=peak, host_bytes=host, recompute_bytes=recompute, flops_per_token=flops,
-                    recompute_flops_per_token=refwd, micro_batch=micro_batch,
-                    seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights)
+    # tied head: one more V x h tensor per contribution to the shared weight's gradient
+    tied = w * shape.vocab_size * shape.n_embd if shape.tied else 0
+    est = Estimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=act,
+                   peak_bytes=0, forward_peak_bytes=0, host_bytes=host, recompute_bytes=recompute,
+                   flops_per_token=flops, recompute_flops_per_token=refwd, micro_batch=micro_batch,
+                   seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights)
+    return {"estimate": est, "act": act, "live": live, "grads": grads, "tied": tied}
 
 
 def safe_micro_batch(cfg: Any, *, capacity_bytes: float, seq_len: int, limit: int, fraction: float = 0.8,

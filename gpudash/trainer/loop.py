@@ -24,16 +24,18 @@ from typing import Any
 import torch
 
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
+from gpudash.collectors.oom import record_oom
 from gpudash.monitor import Monitor
 from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.data import LengthBuckets, MicroBatch, corpus_samples, micro_batches
-from gpudash.trainer.estimator import Estimate, estimate, fmt_gb, safe_micro_batch
+from gpudash.trainer.estimator import Estimate, estimate, estimate_step, fmt_gb, safe_micro_batch
 from gpudash.trainer.model import GPT, preset
 from gpudash.trainer.offload import OffloadOptimizer
 from gpudash.trainer.precision import Precision
 from gpudash.trainer.preflight import preflight
+from gpudash.units import human_bytes
 
 __all__ = ["Trainer", "train"]
 
@@ -86,7 +88,7 @@ class Trainer:
         self.ooms = 0
         self._owns_process_group = False
         self._built = False
-        self._predictions: dict[tuple[int, int, str], Estimate] = {}
+        self._predictions: dict[tuple[Any, ...], Estimate] = {}
 
     # ---- setup -------------------------------------------------------------------------------
     def _capacity(self) -> tuple[float | None, str]:
@@ -199,14 +201,17 @@ class Trainer:
             return int(torch.cuda.memory_allocated(self.device))  # allocator bookkeeping: no sync
         return self._static_bytes()
 
-    def _predicted(self, micro: int, accum: int) -> Estimate:
-        """The estimator's prediction for this micro-batch (cached: batches change rarely)."""
-        key = (micro, min(accum, 2), self.precision.mode)
+    def _predicted(self, mbs: list[MicroBatch]) -> Estimate:
+        """The estimator's prediction for this step at the real shapes of its micro-batches
+        (variable-length batches are shorter than --seq-len); cached, shapes repeat."""
+        shapes = tuple((int(mb.x.shape[0]), int(mb.x.shape[1])) for mb in mbs)
+        key = (shapes, self.precision.mode)
         est = self._predictions.get(key)
         if est is None:
+            if len(self._predictions) > 4096:
+                self._predictions.clear()
             tech = {**self._techniques(), "precision": self.precision.mode}
-            est = self._predictions[key] = estimate(self.model_cfg, micro_batch=micro, seq_len=self.seq_len,
-                                                    accum=accum, **tech)
+            est = self._predictions[key] = estimate_step(self.model_cfg, list(shapes), **tech)
         return est
 
     def lr_at(self, step: int) -> float:
@@ -247,23 +252,26 @@ class Trainer:
                         **{k: v for k, v in stats.items() if k != "finite"})
                 if self.offload is not None:
                     mon.log_memory(offload_host_bytes=self.offload.state_bytes())
-                if self.meter is not None:
-                    mon.log_memory(budget_peak_bytes=self.meter.peak)
-                pred = self._predicted(self.batch.micro, len(mbs))
-                mon.log_memory(predicted_peak_bytes=pred.peak_bytes,
-                               predicted_activations_bytes=pred.activations_bytes)
+                # the step's measured peak and the estimator's prediction of that same quantity: the
+                # allocator's peak on CUDA; under the CPU budget meter, what it counts (parameters,
+                # gradients and optimizer state plus saved activations: no backward transients)
+                pred = self._predicted(mbs)
+                predicted = pred.peak_bytes
                 if self.device.type == "cuda":
                     stats["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
-                    mon.log_memory(step_peak_bytes=stats["peak_bytes"])  # for estimate vs measured
                 elif self.meter is not None:
                     stats["peak_bytes"] = self.meter.peak
+                    predicted = pred.forward_peak_bytes
+                if "peak_bytes" in stats:
+                    mon.log_memory(peak_bytes=stats["peak_bytes"])
+                mon.log_memory(predicted_peak_bytes=predicted, predicted_activations_bytes=pred.activations_bytes)
                 stats["loss"] = loss_val
                 stats["tokens"] = tokens
                 stats["micro_steps"] = len(mbs)
                 self._after_step(mon, step, stats)  # inside the step, so its events carry this step
                 return stats
         except torch.OutOfMemoryError as exc:
-            return str(exc).splitlines()[0] if str(exc) else "out of memory"
+            return str(exc) or "out of memory"
 
     def _forward_backward(self, mon: Monitor, step: int, mbs: list[MicroBatch], tokens: int) -> torch.Tensor:
         """Accumulate gradients over the micro-batches; returns the step's mean token loss (on device)."""
@@ -332,11 +340,15 @@ class Trainer:
         out["finite"] = finite
         return out
 
-    def _recover(self, mon: Monitor, step: int, message: str, before: int) -> None:
+    def _recover(self, mon: Monitor, step: int, error: str, before: int) -> None:
         """Free what the failed step held, shrink the micro-batch, record it all."""
         self.optimizer.zero_grad(set_to_none=True)  # drop partial accumulation
+        refused: dict[str, Any] = {}
         if self.meter is not None:
             self.meter.end()
+            if self.meter.refused is not None:  # exact numbers: the message rounds them
+                refused = {"measured_bytes": self.meter.refused, "budget_bytes": int(self.meter.budget),
+                           "capacity_bytes": int(self.meter.budget)}
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -344,8 +356,10 @@ class Trainer:
         old = self.batch.micro
         new = self.batch.shrink()
         self.ooms += 1
-        mon.event("oom", f"out of memory at micro-batch {old}: {message}", micro_batch=old,
-                  bytes_before=before, bytes_after=after, leaked_bytes=after - before)
+        message = error.splitlines()[0] if error else "out of memory"
+        # one OOM, one event: record_oom merges what the allocator's OOM observer saw (CUDA)
+        record_oom(mon, error, message=f"out of memory at micro-batch {old}: {message}", micro_batch=old,
+                   bytes_before=before, bytes_after=after, leaked_bytes=after - before, **refused)
         if new is None:
             raise MemoryError(f"out of memory even at micro-batch 1 ({message}); "
                               "use more checkpointing, offload, or a shorter --seq-len")
@@ -376,7 +390,7 @@ class Trainer:
 
         new = self.batch.maybe_grow(peak, self.capacity, predict)
         if new is not None:
-            mon.event("batch_size_change", f"micro-batch {old} -> {new}: peak {(peak or 0) / 2**20:.0f} MiB "
+            mon.event("batch_size_change", f"micro-batch {old} -> {new}: peak {human_bytes(peak or 0)} "
                       f"is under {self.batch.target[0]:.0%} of capacity", old=old, new=new, reason="headroom",
                       effective=self.batch.effective, micro_steps=self.batch.plan())
 

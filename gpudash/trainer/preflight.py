@@ -8,6 +8,7 @@ import torch
 
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.estimator import Estimate
+from gpudash.units import distinct_bytes
 
 __all__ = ["preflight"]
 
@@ -33,9 +34,13 @@ def preflight(cfg: TrainConfig, est: Estimate, device: torch.device, capacity: f
             warnings.append("--memory-cap-gb applies to CUDA only; on a CPU use --memory-budget-gb")
         if cfg.precision == "fp16":
             warnings.append("fp16 on a CPU is slow and gains nothing; it is here to exercise loss scaling")
-    if capacity is not None and est.peak_bytes > capacity:
-        warnings.append(f"predicted peak {est.peak_bytes / 2**30:.2f} GiB exceeds capacity "
-                        f"{capacity / 2**30:.2f} GiB: expect OOMs and a smaller micro-batch")
+    # the prediction of what the capacity limits: under the CPU budget meter, the forward's peak
+    # (it counts saved tensors, not backward's transients); else the allocator's peak
+    meter = device.type == "cpu" and bool(cfg.memory_budget_gb)
+    predicted = est.forward_peak_bytes if meter else est.peak_bytes
+    if capacity is not None and predicted > capacity:
+        pred, cap = distinct_bytes(predicted, capacity, min_digits=2)
+        warnings.append(f"predicted peak {pred} exceeds capacity {cap}: expect OOMs and a smaller micro-batch")
     if cfg.inject_oom_at_batch:
         warnings.append(f"testing aid on: injected OOM while micro-batch >= {cfg.inject_oom_at_batch}")
     if cfg.inject_nan_at_steps:
@@ -54,8 +59,8 @@ def preflight(cfg: TrainConfig, est: Estimate, device: torch.device, capacity: f
         "device": str(device),
         "capacity_bytes": capacity,
         "capacity_source": capacity_source,
-        "predicted_peak_bytes": est.peak_bytes,
-        "fits": capacity is None or est.peak_bytes <= capacity,
+        "predicted_peak_bytes": predicted,
+        "fits": capacity is None or predicted <= capacity,
         "start_micro_batch": micro,
         "effective_batch": cfg.effective,
         "batch_mode": "auto" if cfg.micro_fixed is None else "fixed",

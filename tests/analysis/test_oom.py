@@ -132,3 +132,28 @@ def test_oom_without_capacity_or_request_is_undetermined(tmp_path: Path) -> None
     run = _loop_then_oom_event(tmp_path, "bare", batch_size=32)
     (r,) = oom_reports(run)
     assert r.verdict == "undetermined" and any("cannot be decided" in e for e in r.evidence)
+
+
+def test_oom_evidence_the_chart_and_the_event_tell_one_story(recorded: Any) -> None:
+    import re
+
+    from gpudash.layouts.memory import capacity_lines
+    from gpudash.units import human_bytes
+
+    for name in ("oom-crash", "oom-recovered"):
+        run = recorded(name)
+        reports = oom_reports(run)
+        assert len(reports) == int((run.events["kind"] == "oom").sum())  # one OOM, one event, one report
+        for r in reports:
+            # the category stack quoted is one moment: under that step's measured peak
+            assert r.peak_bytes is not None and sum(r.categories.values()) <= r.peak_bytes
+            assert r.need_bytes is not None and r.capacity_bytes is not None and r.need_bytes > r.capacity_bytes
+        # a retried step is measured like any other (sampling is not spent on the failed attempt)
+        retried = run.events.loc[run.events["kind"] == "oom", "step"].astype(int)
+        mem = run.memory.set_index("step")
+        assert mem.loc[[s for s in retried if s in mem.index], "activations_bytes"].notna().all()
+        v = _kinds(run)["oom:did not fit"]
+        need, cap = re.findall(r"needed (.+) of (.+) capacity", next(e for e in v.evidence if "needed" in e))[0]
+        assert need != cap  # never "needed 3.5 MiB of 3.5 MiB"
+        # the chart's limit line is the capacity the OOM was judged against, quoted alike
+        assert f"budget {cap}" in [f"{label} {human_bytes(b, 2)}" for label, b, _ in capacity_lines(run.meta)]

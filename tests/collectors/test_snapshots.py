@@ -110,3 +110,48 @@ def test_a_failing_snapshot_never_reaches_the_loop(tmp_path: Path) -> None:
     run = gpudash.load_run(tmp_path / "r")
     assert len(run.steps) == 3 and run.snapshots == []
     assert (run.events["kind"] == "snapshot_failed").sum() >= 1
+
+
+# A real torch >= 2.3 OOM message (quoted in pytorch/pytorch#16417) and the observer call that precedes it
+REAL_OOM = ("CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which "
+            "11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the "
+            "allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+REAL_SNAPSHOT = Path(__file__).parent.parent / "fixtures" / "real_snapshot" / "segments.pickle"
+
+
+def take_real() -> dict[str, Any]:
+    with open(REAL_SNAPSHOT, "rb") as f:
+        return pickle.load(f)  # a copy of a real snapshot kept in this repository: trusted
+
+
+def test_one_oom_is_one_event_when_observer_and_trainer_both_see_it(tmp_path: Path) -> None:
+    """The allocator calls the observer (what torch._C._cuda_attach_out_of_memory_observer was given:
+    device, bytes asked, device limit, device free), then raises; the loop's except-block calls
+    record_oom. One event, with the observer's exact numbers, the snapshot's largest free block
+    and the caller's leaked bytes."""
+    import gpudash.collectors.snapshots as snapshots
+
+    col = SnapshotCollector(take_snapshot=take_real, oom_snapshot_gap_s=3600)
+    m = Monitor(tmp_path / "r", host_hz=0)
+    m.add_collector(col)
+    loop(m, 2)
+    snapshots._dispatch_oom(0, 22 << 20, round(23.65 * (1 << 30)), round(11.06 * (1 << 20)))
+    record_oom(m, REAL_OOM, micro_batch=8, bytes_before=100, bytes_after=100, leaked_bytes=0)
+    loop(m, 1)  # the next step finds nothing left to record
+    snapshots._dispatch_oom(0, 22 << 20, round(23.65 * (1 << 30)), round(11.06 * (1 << 20)))
+    m.close("crashed", "exception: OutOfMemoryError")  # an OOM nobody caught: recorded at close
+    run = gpudash.load_run(tmp_path / "r")
+    ooms = run.events[run.events["kind"] == "oom"]
+    assert len(ooms) == 2
+    d = ooms.iloc[0]["data"]
+    assert d["source"] == "allocator_observer+exception" and ooms.iloc[0]["step"] == 2
+    assert d["requested_bytes"] == 22 << 20 and d["free_bytes"] == round(11.06 * (1 << 20))
+    assert d["leaked_bytes"] == 0 and d["micro_batch"] == 8
+    assert d["largest_free_bytes"] == 329_252_864  # the real snapshot's largest inactive block
+    assert d["allocated_bytes"] == round(22.90 * (1 << 30))  # from the message: the observer has no stats here
+    assert ooms.iloc[1]["data"]["source"] == "allocator_observer" and ooms.iloc[1]["step"] == 3
+    assert [mm.reason for mm in run.snapshots] == ["oom"]
+    assert run.snapshots[0].largest_free_bytes == 329_252_864

@@ -40,7 +40,7 @@ def test_memory_budget_raises_real_ooms_on_cpu_and_the_run_shrinks_to_fit(run_tr
     assert all(d["leaked_bytes"] == 0 for d in ooms["data"])
     assert (r.steps["batch_size"] == 16).all()
     assert r.steps["micro_batch"].iloc[-1] < 16
-    assert r.memory["budget_peak_bytes"].max() <= 0.015 * 2**30
+    assert r.memory["peak_bytes"].max() <= 0.015 * 2**30
 
 
 def test_auto_batch_starts_from_the_estimate_and_grows_with_headroom(run_train) -> None:  # type: ignore[no-untyped-def]

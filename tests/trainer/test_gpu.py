@@ -14,7 +14,7 @@ GPU = {"preset": "gpt2-124m", "seq_len": 512, "min_len": 512, "steps": 4, "devic
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_estimated_peak_within_10_percent_of_the_allocator_peak(run_train, ckpt: str, precision: str) -> None:  # type: ignore[no-untyped-def]
     r = run_train(f"{ckpt}-{precision}", batch=4, ckpt=ckpt, precision=precision, **GPU)
-    measured = r.memory["step_peak_bytes"].iloc[1:].max()  # steady state: optimizer state exists
+    measured = r.memory["peak_bytes"].iloc[1:].max()  # steady state: optimizer state exists
     predicted = r.meta["estimate"]["peak_bytes"]
     assert abs(predicted - measured) / measured <= 0.10, (predicted, measured)
 
@@ -37,5 +37,5 @@ def test_memory_cap_makes_real_ooms_that_the_run_survives(run_train) -> None:  #
 def test_auto_batch_grows_into_a_capped_card(run_train) -> None:  # type: ignore[no-untyped-def]
     r = run_train("auto", batch="auto", effective_batch=128, memory_cap_gb=16, **{**GPU, "steps": 20})
     assert r.status == "finished"
-    peak = r.memory["step_peak_bytes"].max()
+    peak = r.memory["peak_bytes"].max()
     assert peak <= 16 * 2**30
