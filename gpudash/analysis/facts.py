@@ -136,6 +136,11 @@ def oom_count(run: Run) -> int:
 
 def _peaks(mem: pd.DataFrame) -> dict[str, float | None]:
     out: dict[str, float | None] = {k: _max(mem, c) for k, c in CATEGORY_COLUMNS.items()}
+    # grads_bytes is what the step held at its peak moment (0 before the first backward of a step);
+    # the gradients' own peak is their full size, recorded beside it
+    total = _max(mem, "grads_total_bytes")
+    if total is not None:
+        out["grads"] = max(total, out["grads"] or 0.0)
     out["measured"] = next((m for m in (_max(mem, c) for c in MEASURED_PEAK_COLUMNS) if m is not None), None)
     return out
 
@@ -241,6 +246,7 @@ def _steps_text(steps: tuple[int, ...], limit: int = 8) -> str:
 def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """The facts as (label, text) rows: the report's table, ``gpudash info`` and the trainer's last lines."""
     from gpudash.analysis.verdict import fmt_bytes, fmt_s
+    from gpudash.units import distinct_bytes
 
     meta = meta or {}
     h = facts.headline
@@ -263,10 +269,10 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     if peaks:
         rows.append(("peak memory", ", ".join(peaks)))
     if facts.peak_bytes.get("measured") is not None:
-        cap = f" of {fmt_bytes(facts.capacity_bytes)}" if facts.capacity_bytes else ""
-        rows.append(("measured peak", fmt_bytes(facts.peak_bytes["measured"]) + cap))
+        measured, cap = distinct_bytes(facts.peak_bytes["measured"], facts.capacity_bytes)
+        rows.append(("measured peak", measured + (f" of {cap}" if facts.capacity_bytes else "")))
     if facts.estimator_error is not None:
-        rows.append(("estimator", f"predicted peak {100 * facts.estimator_error:+.0f} % against the measured "
+        rows.append(("estimator", f"predicted peak {round(100 * facts.estimator_error, 1) + 0.0:+.1f} % against the measured "
                                   "peak (median over steps)"))
     rows.append(("loss spikes", f"{len(facts.loss_spike_steps)}" +
                  (f" (steps {_steps_text(facts.loss_spike_steps)})" if facts.loss_spike_steps else "")))

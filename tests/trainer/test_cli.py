@@ -64,7 +64,7 @@ def test_train_cli_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert rc == 0
     cap = capsys.readouterr()
     assert "step 3/3" in cap.err  # progress line
-    for text in ("peak memory by category", "activations", "tokens/s", "oom", "batch_size_change"):
+    for text in ("peak memory", "activations", "tokens/s", "oom", "batch_size_change"):
         assert text in cap.out, text
 
 
