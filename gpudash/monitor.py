@@ -39,7 +39,7 @@ from gpudash.collectors.base import MonitorOptions
 from gpudash.collectors.categories import CategoryCollector
 from gpudash.collectors.env import cuda_device_meta, describe_environment
 from gpudash.store.reader import RunError
-from gpudash.store.schema import column_name
+from gpudash.store.schema import TABLE_BASE_COLUMNS, column_name, is_reserved_column, namespaced_column
 from gpudash.store.writer import Recorder, write_run_meta
 
 __all__ = ["Monitor"]
@@ -47,6 +47,9 @@ __all__ = ["Monitor"]
 StepStartHook = Callable[[int], None]
 StepEndHook = Callable[[int, dict[str, Any]], None]
 _CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+#: Names the Monitor itself writes into a table's rows: a user's value under one is renamed.
+_OWN_COLUMNS = {t: frozenset(c for c, _ in TABLE_BASE_COLUMNS[t]) for t in ("steps", "memory")}
+_MAX_NAMES = 10_000  # names remembered per table (log() of ever-new names must not grow memory)
 
 
 def _rank_from_env() -> tuple[int, int]:
@@ -208,6 +211,7 @@ class Monitor:
         self._closed = False
         self._lock = threading.Lock()
         self._phases: dict[str, _Phase] = {}
+        self._names: dict[str, dict[str, str]] = {"steps": {}, "memory": {}}  # user name -> stored name
         self._step_ctx = _Step(self)
         env = describe_environment()
         try:
@@ -298,13 +302,35 @@ class Monitor:
         """Record scalars for the current step (or the next one, outside a step).
         Tensors are fine: they are detached here and read by the writer thread."""
         row = self._row if self._row is not None else self._pending
+        names = self._names["steps"]
         for k, v in scalars.items():
+            name = names.get(k)
+            if name is None:
+                name = self._user_name("steps", k)
             detach = getattr(v, "detach", None)
-            row[k] = detach() if detach is not None else v
+            row[name] = detach() if detach is not None else v
+
+    def _user_name(self, table: str, key: str) -> str:
+        """The name a logged value is stored under: its own, unless gpudash uses that column
+        itself (``step``, ``time``, ``rank``, ``loss__min``...); then a renamed one, said once."""
+        col = column_name(key)
+        name = key
+        if is_reserved_column(col) or col in _OWN_COLUMNS[table]:
+            name = namespaced_column(col)
+            where = "log" if table == "steps" else "log_memory"
+            msg = (f"monitor.{where}({key[:60]!r}=...): {col!r} is a name gpudash uses itself; "
+                   f"recorded as {name!r} (rename it to silence this)")
+            print(f"gpudash: {msg}", file=sys.stderr)
+            self.event("reserved_name", msg, name=key[:200], stored_as=name)
+        names = self._names[table]
+        if len(names) < _MAX_NAMES:
+            names[key] = name
+        return name
 
     def log_memory(self, **values: Any) -> None:
         """Add byte counts (e.g. ``offload_bytes``) to this step's memory record."""
-        self.memory_row(self.step_index, values)
+        names = self._names["memory"]
+        self.memory_row(self.step_index, {names.get(k) or self._user_name("memory", k): v for k, v in values.items()})
 
     def memory_row(self, step: int, values: dict[str, Any]) -> None:
         if self._mem is None:

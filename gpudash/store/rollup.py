@@ -33,6 +33,30 @@ class Rollups:
         self._acc: dict[tuple[Any, ...], _Acc] = {}
         self._cols: dict[str, set[str]] = {}
         self._latest: dict[tuple[str, int], float] = {}
+        # running sums as they were before the open transaction, for rollback(): only the touched ones
+        self._undo: dict[tuple[Any, ...], _Acc | None] = {}
+        self._undo_latest: dict[tuple[str, int], float] = {}
+
+    def begin(self) -> None:
+        """Start a transaction: forget the undo log of the last one."""
+        self._undo.clear()
+        self._undo_latest = dict(self._latest)
+
+    def rollback(self) -> None:
+        """The transaction was rolled back: restore the running sums and re-read the tables' columns."""
+        for akey, saved in self._undo.items():
+            if saved is None:
+                self._acc.pop(akey, None)
+            else:
+                self._acc[akey] = saved
+        self._undo.clear()
+        self._latest = dict(self._undo_latest)
+        self._cols.clear()
+
+    def _touch(self, akey: tuple[Any, ...]) -> None:
+        if akey not in self._undo:
+            acc = self._acc.get(akey)
+            self._undo[akey] = None if acc is None else {c: v[:] for c, v in acc.items()}
 
     def _ensure_table(self, table: str, level: int, cols: list[str]) -> str:
         name = rollup_table(table, level)
@@ -100,6 +124,7 @@ class Rollups:
     def _merge(self, table: str, level: int, key: tuple[float, ...], n: int, cols: list[str],
                sums: np.ndarray, cnts: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> _Acc | None:
         akey = (table, level, *key)
+        self._touch(akey)
         acc = self._acc.get(akey)
         if acc is None:
             acc = {"__n__": [0.0, 0.0, 0.0, 0.0]}
@@ -128,6 +153,7 @@ class Rollups:
         self._latest[(table, level)] = latest
         horizon = latest - self._keep * level
         for akey in [k for k in self._acc if k[0] == table and k[1] == level and k[2] < horizon]:
+            self._touch(akey)
             del self._acc[akey]
 
     def _upsert(self, name: str, keys: tuple[str, ...], cols: list[str], rows: list[list[Any]]) -> None:
