@@ -13,7 +13,7 @@
             monitor.log(loss=loss)
     monitor.close()
 
-The training thread only takes timestamps and appends tuples to a bounded
+The training thread only takes timestamps and appends rows to a bounded
 buffer; tensors passed to ``log`` are detached here and turned into numbers by
 the writer thread, so nothing on this path waits on the GPU or the disk.
 """

@@ -49,6 +49,12 @@ __all__ = ["Recorder", "to_plain"]
 _SLICE = 4096
 #: Records per transaction.
 _BATCH = 50_000
+#: A queued record carries its table under this key (no column name is ``None``). A wrapping
+#: ``(table, row)`` tuple would be one GC-tracked object per record: waiting for the next flush,
+#: records reach the oldest GC generation and bring on full collections in the training thread.
+#: A row of numbers is a dict that the GC does not track at all.
+_TABLE: Any = None
+_Record = dict[Any, Any]
 #: Failed transactions per flush spent on isolating the records that cannot be written.
 _FAIL_BUDGET = 64
 #: SQLite primary result codes that mean "not now" (disk full, I/O, locked, unwritable, out of memory):
@@ -206,7 +212,7 @@ class Recorder:
         self._txn_dropped_values = 0
         self.errors: list[str] = []
         self._reported: set[str] = set()
-        self._retry: list[tuple[str, dict[str, Any]]] = []  # records of a write that failed for now
+        self._retry: list[_Record] = []  # records of a write that failed for now
         self._stalled = False  # a write failed for now in this flush: keep the rest for the next one
         self._failing: tuple[float, str] | None = None  # (since, message) while writes fail for now
         self._budget = _FAIL_BUDGET
@@ -214,7 +220,7 @@ class Recorder:
         self._ignored: dict[str, set[str]] = {}  # columns SQLite refused to add (e.g. too many columns)
         self._meta_pending: dict[str, Any] = {}
         self._meta_lock = threading.Lock()
-        self._buf: deque[tuple[str, dict[str, Any]]] = deque(maxlen=capacity)
+        self._buf: deque[_Record] = deque(maxlen=capacity)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._flushed = threading.Condition()
@@ -244,10 +250,12 @@ class Recorder:
 
     # ---- training-thread API (no I/O) -------------------------------------------------
     def put(self, table: str, row: dict[str, Any]) -> None:
-        """Queue one record. Never blocks; drops the oldest record when full."""
+        """Queue one record (the row is the writer's from now on). Never blocks; drops the
+        oldest record when full."""
         if len(self._buf) >= self.capacity:
             self.dropped += 1
-        self._buf.append((table, row))
+        row[_TABLE] = table
+        self._buf.append(row)
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
@@ -332,17 +340,17 @@ class Recorder:
             if len(items) < _BATCH and not retry:
                 return
 
-    def _commit(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+    def _commit(self, items: list[_Record]) -> None:
         """Write ``items`` in one transaction. A failure "for now" (disk full, ...) keeps them
         for the next flush; any other failure is narrowed down to the records that cause it."""
         if self._stalled:
             self._retry += items
             return
-        by_table: dict[str, list[dict[str, Any]]] = {}
+        by_table: dict[str, list[_Record]] = {}
         with self._meta_lock:
             meta, self._meta_pending = self._meta_pending, {}
-        for table, row in items:
-            by_table.setdefault(table, []).append(row)
+        for row in items:
+            by_table.setdefault(row.get(_TABLE, "?"), []).append(row)
         meta["heartbeat"] = time.time()
         meta["dropped_records"] = self.dropped
         steps = by_table.get("steps")
@@ -369,7 +377,7 @@ class Recorder:
                 self._report(f"writer: {type(exc).__name__}: {exc}")
             elif len(items) == 1 or self._budget <= 0:
                 self.dropped += len(items)
-                self._report(f"writer: {len(items)} record(s) of {items[0][0]} not written "
+                self._report(f"writer: {len(items)} record(s) of {items[0].get(_TABLE)} not written "
                              f"({type(exc).__name__}: {exc})", key=f"writer: {type(exc).__name__}: {exc}")
             else:
                 self._budget -= 1
@@ -395,7 +403,7 @@ class Recorder:
         except sqlite3.Error:
             pass
 
-    def _write_failed(self, exc: BaseException, items: list[tuple[str, dict[str, Any]]]) -> None:
+    def _write_failed(self, exc: BaseException, items: list[_Record]) -> None:
         """A write failed for now: keep the records (bounded by ``capacity``) and say so once."""
         self._stalled = True
         self._retry += items
@@ -450,7 +458,7 @@ class Recorder:
             for _, name, ctype, *_ in c.execute(f'PRAGMA table_info("{table}")'):
                 self._columns[table][name] = ctype
 
-    def _ensure_columns(self, table: str, keys: dict[str, str], rows: list[dict[str, Any]]) -> None:
+    def _ensure_columns(self, table: str, keys: dict[Any, str], rows: list[_Record]) -> None:
         """Add the columns first seen in ``rows``. The cache is re-read from the file on rollback."""
         known = self._columns[table]
         ignored = self._ignored.setdefault(table, set())
@@ -480,14 +488,15 @@ class Recorder:
             self._colnames[key] = col
         return col
 
-    def _insert(self, table: str, rows: list[dict[str, Any]]) -> None:
+    def _insert(self, table: str, rows: list[_Record]) -> None:
         if table not in self._columns:
             raise sqlite3.OperationalError(f"unknown table {table!r}")
-        keys: dict[str, str] = {}
+        keys: dict[Any, str] = {_TABLE: ""}  # seeded: the table tag is no column
         for r in rows:
             for k in r:
                 if k not in keys:
                     keys[k] = self._column(k)
+        del keys[_TABLE]
         if table in DYNAMIC_TABLES:
             self._ensure_columns(table, keys, rows)
         known = self._columns[table]
