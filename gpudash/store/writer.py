@@ -264,14 +264,16 @@ class Recorder:
 
     # ---- control ------------------------------------------------------------------------
     def flush(self, timeout: float = 10.0) -> bool:
-        """Ask the writer thread to flush now and wait until it has."""
+        """Ask the writer thread to flush now and wait until it has. False when it could not
+        (timeout, or writes failing for now: the records wait in memory, see ``errors``)."""
         if not self._thread.is_alive():
             return False
         with self._flushed:
             self._req_seq += 1
             mine = self._req_seq
             self._wake.set()
-            return self._flushed.wait_for(lambda: self._done_seq >= mine, timeout)
+            done = self._flushed.wait_for(lambda: self._done_seq >= mine, timeout)
+        return done and self._failing is None
 
     def close(self, status: str = "finished", reason: str = "closed", timeout: float = 120.0) -> None:
         """Flush everything, record why the run ended, stop the thread."""
