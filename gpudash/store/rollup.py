@@ -33,6 +33,8 @@ class Rollups:
         self._acc: dict[tuple[Any, ...], _Acc] = {}
         self._cols: dict[str, set[str]] = {}
         self._latest: dict[tuple[str, int], float] = {}
+        # columns a roll-up table has no room for (SQLite's column limit: 3 roll-up columns per column)
+        self._skip: dict[str, set[str]] = {}
         # running sums as they were before the open transaction, for rollback(): only the touched ones
         self._undo: dict[tuple[Any, ...], _Acc | None] = {}
         self._undo_latest: dict[tuple[str, int], float] = {}
@@ -71,12 +73,19 @@ class Rollups:
             self._conn.execute(f'CREATE UNIQUE INDEX IF NOT EXISTS "{name}_key" ON "{name}"({uniq})')
             known = {row[1] for row in self._conn.execute(f'PRAGMA table_info("{name}")')}
             self._cols[name] = known
+        skip = self._skip.setdefault(name, set())
         for c in cols:
-            if c in keys or c == "time":
+            if c in keys or c == "time" or c in skip:
                 continue
             for suffix in ("", "__min", "__max"):
                 if c + suffix not in known:
-                    self._conn.execute(f'ALTER TABLE "{name}" ADD COLUMN "{c}{suffix}" REAL')
+                    try:
+                        self._conn.execute(f'ALTER TABLE "{name}" ADD COLUMN "{c}{suffix}" REAL')
+                    except sqlite3.OperationalError as exc:
+                        if "too many columns" not in str(exc):
+                            raise
+                        skip.add(c)  # the raw rows keep it; only its roll-up is missing
+                        break
                     known.add(c + suffix)
         return name
 
@@ -110,8 +119,9 @@ class Rollups:
                 maxs = np.fmax.reduceat(vals, starts, axis=0)
             else:
                 sums = cnts = mins = maxs = np.zeros((len(uniq), 0))
+            skip = self._skip.get(name, ())
             all_cols = sorted(c for c in self._cols[name] if c not in ("bucket", "n", *keys)
-                              and not c.endswith(("__min", "__max")))
+                              and not c.endswith(("__min", "__max")) and c not in skip)
             rows = []
             for g, key in enumerate(map(tuple, uniq)):
                 acc = self._merge(table, level, key, int(n[g]), value_cols, sums[g], cnts[g], mins[g], maxs[g])
@@ -170,7 +180,7 @@ class Rollups:
         name = rollup_table(table, level)
         keys = ROLLUP_KEYS.get(table, ())
         cols = [c for c in self._cols[name] if c not in ("bucket", "n", *keys)
-                and not c.endswith(("__min", "__max"))]
+                and not c.endswith(("__min", "__max")) and c not in self._skip.get(name, ())]
         where = "time >= ? AND time < ?" + "".join(f' AND "{k}" = ?' for k in keys)
         params = [key[0], key[0] + level, *key[1:]]
         aggs = ", ".join(f'avg("{c}"), min("{c}"), max("{c}")' for c in cols)

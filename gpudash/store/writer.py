@@ -477,7 +477,8 @@ class Recorder:
                 if _transient(exc):
                     raise
                 ignored.add(col)  # e.g. "too many columns": record the rest of the row
-                self._report(f"writer: {table}.{col} cannot be added ({exc}); its values are not recorded")
+                self._report(f"writer: {table}.{col} cannot be added ({exc}); its values are not recorded",
+                             key=f"add column to {table}: {exc}")  # said once, not once per column
                 continue
             known[col] = ctype
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,3 +179,22 @@ def test_full_disk_is_said_once_and_writing_resumes_when_space_is_back(
         frame, level = run._reader.read_range("steps", max_rows=1)  # roll-ups: the retried batch counted once
         assert level > 0 and frame["n"].sum() == 15
         run.close()
+
+
+@pytest.mark.skipif(not hasattr(sqlite3.Connection, "setlimit"), reason="Connection.setlimit needs Python 3.11")
+def test_more_scalars_than_sqlite_has_columns_for_keeps_the_steps(tmp_path: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    rec = Recorder(tmp_path / "run", flush_interval=0.05)
+    rec._conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, 40)  # as SQLite's 2000 with ~700 scalars, but fast
+    for i in range(3):
+        rec.put("steps", {"step": i, "time": 1.0 + i, "duration_s": 0.1, **{f"g{j}": float(j) for j in range(60)}})
+    assert rec.flush()
+    rec.close()
+    assert capfd.readouterr().err.count("cannot be added") == 1
+    run = gpudash.load_run(tmp_path / "run")
+    steps = run.steps
+    assert list(steps["step"]) == [0, 1, 2]  # the rows are there, with as many columns as fit
+    assert 30 <= len(steps.columns) <= 41 and list(steps["g0"]) == [0.0] * 3
+    assert run._reader is not None
+    frame, level = run._reader.read_range("steps", max_rows=1)  # roll-ups hold what fits in them
+    assert level > 0 and frame["n"].sum() == 3 and "g0" in frame
