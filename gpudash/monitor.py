@@ -138,6 +138,8 @@ class _Step:
         if row is None:
             return
         step = m.step_index
+        if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
+            m._rename_own(row)
         row["step"] = step
         row["time"] = time.time()
         row["duration_s"] = t1 - self._t0
@@ -302,17 +304,23 @@ class Monitor:
         """Record scalars for the current step (or the next one, outside a step).
         Tensors are fine: they are detached here and read by the writer thread."""
         row = self._row if self._row is not None else self._pending
-        names = self._names["steps"]
         for k, v in scalars.items():
-            name = names.get(k)
-            if name is None:
-                name = self._user_name("steps", k)
             detach = getattr(v, "detach", None)
-            row[name] = detach() if detach is not None else v
+            row[k] = detach() if detach is not None else v
+
+    def _rename_own(self, row: dict[str, Any]) -> None:
+        for c in _OWN_COLUMNS["steps"]:
+            if c in row:
+                row[self._user_name("steps", c)] = row.pop(c)
 
     def _user_name(self, table: str, key: str) -> str:
         """The name a logged value is stored under: its own, unless gpudash uses that column
-        itself (``step``, ``time``, ``rank``, ``loss__min``...); then a renamed one, said once."""
+        itself (``step``, ``time``, ``rank``, ``loss__min``...); then a renamed one, said once.
+        (Names the reader or the roll-ups use are also renamed by the writer, for every source.)"""
+        names = self._names[table]
+        known = names.get(key)
+        if known is not None:
+            return known
         col = column_name(key)
         name = key
         if is_reserved_column(col) or col in _OWN_COLUMNS[table]:
@@ -322,15 +330,13 @@ class Monitor:
                    f"recorded as {name!r} (rename it to silence this)")
             print(f"gpudash: {msg}", file=sys.stderr)
             self.event("reserved_name", msg, name=key[:200], stored_as=name)
-        names = self._names[table]
         if len(names) < _MAX_NAMES:
             names[key] = name
         return name
 
     def log_memory(self, **values: Any) -> None:
         """Add byte counts (e.g. ``offload_bytes``) to this step's memory record."""
-        names = self._names["memory"]
-        self.memory_row(self.step_index, {names.get(k) or self._user_name("memory", k): v for k, v in values.items()})
+        self.memory_row(self.step_index, {self._user_name("memory", k): v for k, v in values.items()})
 
     def memory_row(self, step: int, values: dict[str, Any]) -> None:
         if self._mem is None:

@@ -62,6 +62,7 @@ _FAIL_BUDGET = 64
 _TRANSIENT_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})  # BUSY LOCKED NOMEM READONLY IOERR FULL CANTOPEN PROTOCOL
 _TRANSIENT_WORDS = ("disk is full", "disk i/o", "locked", "readonly", "unable to open", "out of memory")
 _INT64 = 1 << 63
+_BASE = {t: frozenset(c for c, _ in cols) for t, cols in TABLE_BASE_COLUMNS.items()}
 
 
 class _Unstorable(Exception):
@@ -227,7 +228,7 @@ class Recorder:
         self._req_seq = 0  # flush requests made / served (see flush())
         self._done_seq = 0
         self._columns: dict[str, dict[str, str]] = {}
-        self._colnames: dict[str, str] = {}
+        self._colnames: dict[str, dict[str, str]] = {t: {} for t in TABLE_BASE_COLUMNS}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
         self._conn = _connect(self.path)
@@ -429,7 +430,7 @@ class Recorder:
         self.put("events", {"time": since, "step": self._last_step, "kind": "write_error", "message": msg,
                             "data": {"error": why, "dropped_records": self.dropped}})
 
-    def _report(self, msg: str, *, key: str | None = None, event: bool = True) -> None:
+    def _report(self, msg: str, *, key: str | None = None, event: bool = True, kind: str = "write_error") -> None:
         """Say a problem once: in ``errors``, on stderr and (if it can be written) as an event."""
         key = msg if key is None else key
         if key in self._reported:
@@ -438,7 +439,7 @@ class Recorder:
         self.errors.append(msg)
         print(f"gpudash: {self.path.name}: {msg}", file=sys.stderr)
         if event:
-            self.put("events", {"time": time.time(), "step": self._last_step, "kind": "write_error",
+            self.put("events", {"time": time.time(), "step": self._last_step, "kind": kind,
                                 "message": msg, "data": None})
 
     def _value_dropped(self, table: str, col: str, why: str) -> None:
@@ -482,13 +483,19 @@ class Recorder:
                 continue
             known[col] = ctype
 
-    def _column(self, key: str) -> str:
-        col = self._colnames.get(key)
+    def _column(self, table: str, key: str) -> str:
+        cache = self._colnames[table]
+        col = cache.get(key)
         if col is None:
             col = column_name(key)
-            if is_reserved_column(col):  # a name the reader adds or the roll-ups use
-                col = namespaced_column(col)
-            self._colnames[key] = col
+            # a name the reader adds or the roll-ups use, or one of the table's own under another
+            # spelling ("Step"): renamed, said once (the hot path checks nothing per name)
+            if table in DYNAMIC_TABLES and (is_reserved_column(col) or (col in _BASE[table] and key != col)):
+                new = namespaced_column(col)
+                self._report(f"{table}: {key[:60]!r} is a name gpudash uses itself; recorded as {new!r} "
+                             f"(rename it to silence this)", kind="reserved_name")
+                col = new
+            cache[key] = col
         return col
 
     def _insert(self, table: str, rows: list[_Record]) -> None:
@@ -498,7 +505,7 @@ class Recorder:
         for r in rows:
             for k in r:
                 if k not in keys:
-                    keys[k] = self._column(k)
+                    keys[k] = self._column(table, k)
         del keys[_TABLE]
         if table in DYNAMIC_TABLES:
             self._ensure_columns(table, keys, rows)
