@@ -13,7 +13,7 @@
             monitor.log(loss=loss)
     monitor.close()
 
-The training thread only takes timestamps and appends tuples to a bounded
+The training thread only takes timestamps and appends rows to a bounded
 buffer; tensors passed to ``log`` are detached here and turned into numbers by
 the writer thread, so nothing on this path waits on the GPU or the disk.
 """
@@ -38,7 +38,7 @@ from gpudash.collectors.categories import CategoryCollector
 from gpudash.collectors.env import cuda_device_meta, describe_environment
 from gpudash.errors import RunError
 from gpudash.options import MonitorOptions
-from gpudash.store.schema import column_name
+from gpudash.store.schema import TABLE_BASE_COLUMNS, column_name, is_reserved_column, namespaced_column
 from gpudash.store.writer import Recorder, write_run_meta
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["Monitor"]
 
 _CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+#: Names the Monitor itself writes into a table's rows: a user's value under one is renamed.
+_OWN_COLUMNS = {t: frozenset(c for c, _ in TABLE_BASE_COLUMNS[t]) for t in ("steps", "memory")}
+_MAX_NAMES = 10_000  # names remembered per table (log() of ever-new names must not grow memory)
 
 
 def _rank_from_env() -> tuple[int, int]:
@@ -135,6 +138,8 @@ class _Step:
         if row is None:
             return
         step = m.step_index
+        if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
+            m._rename_own(row)
         row["step"] = step
         row["time"] = time.time()
         row["duration_s"] = t1 - self._t0
@@ -208,6 +213,7 @@ class Monitor:
         self._closed = False
         self._lock = threading.Lock()
         self._phases: dict[str, _Phase] = {}
+        self._names: dict[str, dict[str, str]] = {"steps": {}, "memory": {}}  # user name -> stored name
         self._step_ctx = _Step(self)
         env = describe_environment()
         try:
@@ -313,9 +319,35 @@ class Monitor:
             detach = getattr(v, "detach", None)
             row[k] = detach() if detach is not None else v
 
+    def _rename_own(self, row: dict[str, Any]) -> None:
+        for c in _OWN_COLUMNS["steps"]:
+            if c in row:
+                row[self._user_name("steps", c)] = row.pop(c)
+
+    def _user_name(self, table: str, key: str) -> str:
+        """The name a logged value is stored under: its own, unless gpudash uses that column
+        itself (``step``, ``time``, ``rank``, ``loss__min``...); then a renamed one, said once.
+        (Names the reader or the roll-ups use are also renamed by the writer, for every source.)"""
+        names = self._names[table]
+        known = names.get(key)
+        if known is not None:
+            return known
+        col = column_name(key)
+        name = key
+        if is_reserved_column(col) or col in _OWN_COLUMNS[table]:
+            name = namespaced_column(col)
+            where = "log" if table == "steps" else "log_memory"
+            msg = (f"monitor.{where}({key[:60]!r}=...): {col!r} is a name gpudash uses itself; "
+                   f"recorded as {name!r} (rename it to silence this)")
+            print(f"gpudash: {msg}", file=sys.stderr)
+            self.event("reserved_name", msg, name=key[:200], stored_as=name)
+        if len(names) < _MAX_NAMES:
+            names[key] = name
+        return name
+
     def log_memory(self, **values: Any) -> None:
         """Add byte counts (e.g. ``offload_bytes``) to this step's memory record."""
-        self.memory_row(self.step_index, values)
+        self.memory_row(self.step_index, {self._user_name("memory", k): v for k, v in values.items()})
 
     def memory_row(self, step: int, values: dict[str, Any]) -> None:
         if self._mem is None:

@@ -33,6 +33,32 @@ class Rollups:
         self._acc: dict[tuple[Any, ...], _Acc] = {}
         self._cols: dict[str, set[str]] = {}
         self._latest: dict[tuple[str, int], float] = {}
+        # columns a roll-up table has no room for (SQLite's column limit: 3 roll-up columns per column)
+        self._skip: dict[str, set[str]] = {}
+        # running sums as they were before the open transaction, for rollback(): only the touched ones
+        self._undo: dict[tuple[Any, ...], _Acc | None] = {}
+        self._undo_latest: dict[tuple[str, int], float] = {}
+
+    def begin(self) -> None:
+        """Start a transaction: forget the undo log of the last one."""
+        self._undo.clear()
+        self._undo_latest = dict(self._latest)
+
+    def rollback(self) -> None:
+        """The transaction was rolled back: restore the running sums and re-read the tables' columns."""
+        for akey, saved in self._undo.items():
+            if saved is None:
+                self._acc.pop(akey, None)
+            else:
+                self._acc[akey] = saved
+        self._undo.clear()
+        self._latest = dict(self._undo_latest)
+        self._cols.clear()
+
+    def _touch(self, akey: tuple[Any, ...]) -> None:
+        if akey not in self._undo:
+            acc = self._acc.get(akey)
+            self._undo[akey] = None if acc is None else {c: v[:] for c, v in acc.items()}
 
     def _ensure_table(self, table: str, level: int, cols: list[str]) -> str:
         name = rollup_table(table, level)
@@ -47,12 +73,19 @@ class Rollups:
             )
             known = {row[1] for row in self._conn.execute(f"PRAGMA table_info({quote_ident(name)})")}
             self._cols[name] = known
+        skip = self._skip.setdefault(name, set())
         for c in cols:
-            if c in keys or c == "time":
+            if c in keys or c == "time" or c in skip:
                 continue
             for suffix in ("", "__min", "__max"):
                 if c + suffix not in known:
-                    self._conn.execute(f"ALTER TABLE {quote_ident(name)} ADD COLUMN {quote_ident(c + suffix)} REAL")
+                    try:
+                        self._conn.execute(f"ALTER TABLE {quote_ident(name)} ADD COLUMN {quote_ident(c + suffix)} REAL")
+                    except sqlite3.OperationalError as exc:
+                        if "too many columns" not in str(exc):
+                            raise
+                        skip.add(c)  # the raw rows keep it; only its roll-up is missing
+                        break
                     known.add(c + suffix)
         return name
 
@@ -86,8 +119,9 @@ class Rollups:
                 maxs = np.fmax.reduceat(vals, starts, axis=0)
             else:
                 sums = cnts = mins = maxs = np.zeros((len(uniq), 0))
+            skip = self._skip.get(name, ())
             all_cols = sorted(c for c in self._cols[name] if c not in ("bucket", "n", *keys)
-                              and not c.endswith(("__min", "__max")))
+                              and not c.endswith(("__min", "__max")) and c not in skip)
             rows = []
             for g, key in enumerate(map(tuple, uniq)):
                 acc = self._merge(table, level, key, int(n[g]), value_cols, sums[g], cnts[g], mins[g], maxs[g])
@@ -100,6 +134,7 @@ class Rollups:
     def _merge(self, table: str, level: int, key: tuple[float, ...], n: int, cols: list[str],
                sums: np.ndarray, cnts: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> _Acc | None:
         akey = (table, level, *key)
+        self._touch(akey)
         acc = self._acc.get(akey)
         if acc is None:
             acc = {"__n__": [0.0, 0.0, 0.0, 0.0]}
@@ -128,6 +163,7 @@ class Rollups:
         self._latest[(table, level)] = latest
         horizon = latest - self._keep * level
         for akey in [k for k in self._acc if k[0] == table and k[1] == level and k[2] < horizon]:
+            self._touch(akey)
             del self._acc[akey]
 
     def _upsert(self, name: str, keys: tuple[str, ...], cols: list[str], rows: list[list[Any]]) -> None:
@@ -144,7 +180,7 @@ class Rollups:
         name = rollup_table(table, level)
         keys = ROLLUP_KEYS.get(table, ())
         cols = [c for c in self._cols[name] if c not in ("bucket", "n", *keys)
-                and not c.endswith(("__min", "__max"))]
+                and not c.endswith(("__min", "__max")) and c not in self._skip.get(name, ())]
         where = "time >= ? AND time < ?" + "".join(f" AND {quote_ident(k)} = ?" for k in keys)
         params = [key[0], key[0] + level, *key[1:]]
         aggs = ", ".join(f"avg({q}), min({q}), max({q})" for q in map(quote_ident, cols))

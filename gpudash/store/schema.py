@@ -27,7 +27,10 @@ __all__ = [
     "SNAPSHOT_REQUEST_FILE",
     "STATIC_TABLES",
     "TABLE_BASE_COLUMNS",
+    "RESERVED_COLUMNS",
     "column_name",
+    "is_reserved_column",
+    "namespaced_column",
     "quote_ident",
     "rank_db_name",
     "rank_from_db_name",
@@ -101,6 +104,25 @@ def column_name(key: str) -> str:
 def quote_ident(name: str) -> str:
     """``name`` as an SQL identifier: in double quotes, inner quotes doubled (``a"b`` -> ``"a""b"``)."""
     return '"' + name.replace('"', '""') + '"'
+
+
+#: Column names gpudash itself adds to what it reads (``rank``, ``_rowid``), SQLite's names for
+#: the row id, and the roll-up tables' own columns (``bucket``, ``n``, ``<column>__min/__max``).
+#: A user's value under one of these names would make the run unreadable, so it is renamed.
+RESERVED_COLUMNS = frozenset({"rank", "_rowid", "rowid", "oid", "_rowid_", "bucket", "n"})
+_RESERVED_SUFFIXES = ("__min", "__max")
+
+
+def is_reserved_column(col: str) -> bool:
+    """Whether a (sanitized) column name is one the reader or the roll-ups use themselves."""
+    return col in RESERVED_COLUMNS or col.endswith(_RESERVED_SUFFIXES)
+
+
+def namespaced_column(col: str) -> str:
+    """The name a reserved column is stored under: ``rank`` -> ``user_rank``, ``loss__min`` -> ``loss_min``."""
+    if col.endswith(_RESERVED_SUFFIXES):
+        return f"{col[:-5].rstrip('_') or 'user'}_{col[-3:]}"
+    return f"user_{col}"
 
 
 def rank_db_name(rank: int) -> str:
