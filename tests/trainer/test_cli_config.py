@@ -17,7 +17,7 @@ from gpudash.trainer.config import TrainConfig
 RENAMED = {"model": "model_overrides", "inject_nan_at_step": "inject_nan_at_steps",
            "inject_spike_at_step": "inject_spike_at_steps", "monitor": "monitor_options", "no_progress": "progress"}
 #: fields with no flag (library-only knobs)
-NOT_ON_CLI = {"samples", "warmup_steps", "weight_decay", "spike_sigma", "spike_factor"}
+NOT_ON_CLI = {"samples", "warmup_steps", "weight_decay", "spike_factor"}
 #: the CLI's default differs from the library's on purpose
 CLI_DEFAULTS = {"run_dir", "progress"}
 #: a valid non-default value for each string flag: argv, and the field's expected value
