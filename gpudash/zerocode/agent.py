@@ -18,7 +18,10 @@ What it hooks, all process-wide and cheap on the training thread:
   another module's forward, in training mode with grad enabled): the
   ``forward`` phase, and samples (and tokens, for a 2-D integer input) from
   the first positional input of the root module that has parameters, when
-  every tensor argument agrees on the first dimension.
+  every tensor argument agrees on the first dimension. After the first
+  ``NARROW_AFTER`` steps the global forward hooks are replaced by hooks on
+  the root modules seen training, so other module calls cost nothing (a root
+  first called later is not timed).
 - ``torch.autograd.backward`` (what ``Tensor.backward`` calls): the
   ``backward`` phase, and the loss when it is a one-element tensor (detached,
   read by the Monitor's writer thread: no GPU sync). ``GradScaler.scale`` is
@@ -49,7 +52,10 @@ from typing import Any
 ENV_RUN_DIR = "GPUDASH_RUN_DIR"
 ENV_OPTIONS = "GPUDASH_RUN_OPTIONS"
 
-__all__ = ["ENV_OPTIONS", "ENV_RUN_DIR", "Agent", "get_agent", "on_import"]
+__all__ = ["ENV_OPTIONS", "ENV_RUN_DIR", "NARROW_AFTER", "Agent", "get_agent", "on_import"]
+
+#: steps recorded with global forward hooks before they narrow to the root modules seen
+NARROW_AFTER = 2
 
 
 def say(message: str) -> None:
@@ -133,6 +139,9 @@ class Agent:
         self._in_backward = False
         self._scaled: tuple[Any, Any] | None = None  # (scaled loss, loss) from GradScaler.scale
         self._ambiguous = False
+        self._roots: weakref.WeakSet[Any] | None = weakref.WeakSet()  # None once narrowed
+        self._global_forward: list[Any] = []
+        self._steps = 0
 
     # ---- installing ---------------------------------------------------------------------
     def install(self, torch: Any) -> None:
@@ -142,9 +151,14 @@ class Agent:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
-        self._handles = [
+        self._roots = weakref.WeakSet()  # global forward hooks until NARROW_AFTER steps
+        self._steps = 0
+        self._global_forward = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
             nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+        ]
+        self._handles = [
+            *self._global_forward,
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
@@ -153,6 +167,17 @@ class Agent:
         if scaler is not None:
             self._wrap(scaler, "scale", self._make_scale)
         self.active = True
+
+    def _narrow(self) -> None:
+        """Replace the global forward hooks by hooks on the root modules seen training."""
+        roots, self._roots = list(self._roots or ()), None
+        for h in self._global_forward:
+            h.remove()
+            self._handles.remove(h)
+        self._global_forward = []
+        for module in roots:
+            self._handles.append(module.register_forward_pre_hook(self._forward_pre))
+            self._handles.append(module.register_forward_hook(self._forward_post, always_call=True))
 
     def _wrap(self, owner: Any, name: str, make: Any) -> None:
         original = getattr(owner, name)
@@ -246,6 +271,8 @@ class Agent:
             d = self.driver
             if d.phase_name is None:
                 d.phase("forward")
+            if self._roots is not None:
+                self._roots.add(module)
             root = self._root() if self._root is not None else None
             if root is None and any(True for _ in module.parameters()):
                 self._root = weakref.ref(module)
@@ -353,6 +380,9 @@ class Agent:
                     self._ambiguous = False
                 d.end_step()
                 d.begin_step()
+                self._steps += 1
+                if self._steps == NARROW_AFTER and self._roots is not None:
+                    self._narrow()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
