@@ -234,8 +234,14 @@ class Agent:
             from gpudash.integrations._step import StepDriver
             from gpudash.monitor import Monitor
 
+            kwargs = dict(self.monitor_kwargs)
+            dist = getattr(self._torch, "distributed", None)
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                # the process group knows the rank even when no launcher set RANK (mp.spawn)
+                kwargs.setdefault("rank", dist.get_rank())
+                kwargs.setdefault("world_size", dist.get_world_size())
             monitor = Monitor(self.run_dir, config={"recorded_by": "gpudash run", "argv": list(sys.argv)},
-                              **self.monitor_kwargs)
+                              **kwargs)
         except Exception as exc:  # noqa: BLE001 - e.g. an unwritable run directory
             say(f"cannot record this run ({exc}); the script runs unrecorded")
             self.stop()

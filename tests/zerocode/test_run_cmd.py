@@ -216,3 +216,50 @@ def test_without_a_command_one_line_and_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines()[-1] == f"gpudash: error: {words}"
         assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_serve_prints_the_url_serves_beside_the_job_and_passes_the_exit_code(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/run/job"
+    script = tmp_path / "poll.py"
+    script.write_text(
+        "import sys, time, urllib.request\n"
+        "for _ in range(900):\n"
+        "    try:\n"
+        "        with urllib.request.urlopen(sys.argv[1], timeout=2) as r:\n"
+        "            print('served', r.status, flush=True)\n"
+        "            break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n"
+        "time.sleep(1)\n"
+        "sys.exit(5)\n")
+    proc = _run([sys.executable, "-m", "gpudash", "run", "--serve", "--port", str(port), "--run-dir",
+                 str(tmp_path / "job"), "--", sys.executable, str(script), url], tmp_path)
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stdout == "served 200\n"
+    assert f"gpudash: dashboard at {url}\n" in proc.stderr
+    with socket.socket() as s:  # the dashboard went away with the job
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
+def test_mp_spawn_ranks_come_from_the_process_group(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**_env(), "MASTER_PORT": str(port)}
+    proc = _run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(tmp_path / "run"), "--", sys.executable,
+                 str(EXAMPLES / "train_spawn.py"), "--steps", "3"], tmp_path, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = load_run(tmp_path / "run")
+    assert run.ranks == [0, 1]  # not two writers of rank0.db
+    for rank in (0, 1):
+        assert list(run.steps[run.steps["rank"] == rank]["step"]) == [0, 1, 2]
+    run.close()
