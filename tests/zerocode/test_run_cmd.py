@@ -90,9 +90,11 @@ def test_plain_script_output_exit_code_steps_loss_and_exact_bytes(tmp_path: Path
 
 @pytest.mark.parametrize(("flags", "code"), [(["--exit-code", "3"], 3), (["--fail-at", "2"], 1)])
 def test_exit_code_and_stderr_are_the_scripts(tmp_path: Path, flags: list[str], code: int) -> None:
-    cmd = [sys.executable, str(PLAIN), "--steps", "4", *flags]
-    bare = _run(cmd, tmp_path)
-    rec = gpudash_run(tmp_path / "run", *cmd)
+    # the exit-3 case runs as `python -m train_plain`, the other as `python path/train_plain.py`
+    target = ["-m", PLAIN.stem] if code == 3 else [str(PLAIN)]
+    cmd = [sys.executable, *target, "--steps", "4", *flags]
+    bare = _run(cmd, EXAMPLES)
+    rec = gpudash_run(tmp_path / "run", *cmd, cwd=EXAMPLES)
     assert bare.returncode == rec.returncode == code
     assert rec.stdout == bare.stdout
     assert _without_gpudash_lines(rec.stderr) == bare.stderr  # the traceback too
