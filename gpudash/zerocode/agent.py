@@ -148,6 +148,7 @@ class Agent:
         if self.active or self.stopped:
             return
         self._torch = torch
+        self._depth = 0
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
@@ -250,6 +251,9 @@ class Agent:
             self._creating = False
         self.monitor = monitor
         self.driver = StepDriver(monitor, {})
+        # Python processes this one starts from now on (data workers, a script it runs) would
+        # record as the same rank into the same files: they run unrecorded
+        os.environ.pop(ENV_RUN_DIR, None)
         atexit.register(self.at_exit)  # after the Monitor's own: runs first
         self.driver.begin_step()
         return True

@@ -265,3 +265,22 @@ def test_mp_spawn_ranks_come_from_the_process_group(tmp_path: Path) -> None:
     for rank in (0, 1):
         assert list(run.steps[run.steps["rank"] == rank]["step"]) == [0, 1, 2]
     run.close()
+
+
+def test_a_process_the_training_process_starts_does_not_record_over_it(tmp_path: Path) -> None:
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import subprocess, sys, torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(int(sys.argv[1])):\n"
+        "    model(torch.randn(3, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "if sys.argv[1] == '2':\n"
+        "    subprocess.run([sys.executable, __file__, '5'], check=True)\n")
+    rec = gpudash_run(tmp_path / "run", sys.executable, str(script), "2")
+    assert rec.returncode == 0, rec.stderr
+    run = load_run(tmp_path / "run")
+    assert run.ranks == [0] and run.status == "finished"
+    assert list(run.steps["step"]) == [0, 1]  # the child's 5 steps did not land in rank 0's file
+    run.close()
