@@ -267,6 +267,7 @@ def test_mp_spawn_ranks_come_from_the_process_group(tmp_path: Path) -> None:
     run.close()
 
 
+@pytest.mark.slow
 def test_a_process_the_training_process_starts_does_not_record_over_it(tmp_path: Path) -> None:
     script = tmp_path / "twice.py"
     script.write_text(
