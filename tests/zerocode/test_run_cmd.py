@@ -81,9 +81,11 @@ def test_plain_script_output_exit_code_steps_loss_and_exact_bytes(tmp_path: Path
     mem = run.memory
     assert len(mem) == steps
     assert (mem["params_bytes"] == _param_bytes(model)).all()
-    assert (mem["grads_bytes"] == _param_bytes(model)).all()
-    # AdamW: two moments per parameter plus a 4-byte step counter per tensor
-    assert (mem["optimizer_bytes"] == 2 * _param_bytes(model) + 4 * n_tensors).all()
+    # from the second step on (the first step's categories depend on when in it the optimizer was seen):
+    # every micro-batch after the first runs with all gradients; AdamW keeps two moments per
+    # parameter plus a 4-byte step counter per tensor
+    assert (mem["grads_bytes"].iloc[1:] == _param_bytes(model)).all()
+    assert (mem["optimizer_bytes"].iloc[1:] == 2 * _param_bytes(model) + 4 * n_tensors).all()
     assert mem["activations_bytes"].iloc[1] > 0  # sampled from the second step on, as the Monitor does
     run.close()
 
@@ -168,7 +170,7 @@ def test_hf_trainer_script_is_recorded_by_its_callback_once(tmp_path: Path) -> N
     assert s["grad_norm"].notna().all()
     n = _param_bytes(_example(hf).build_model())
     assert (run.memory["params_bytes"] == n).all()
-    assert (run.memory["optimizer_bytes"] >= 2 * n).all()
+    assert (run.memory["optimizer_bytes"].iloc[1:] >= 2 * n).all()  # AdamW's moments once it stepped
     run.close()
 
 
@@ -186,7 +188,7 @@ def test_lightning_script_is_recorded_by_its_callback_once(tmp_path: Path) -> No
     n = _param_bytes(model)
     assert (run.memory["params_bytes"] == n).all()
     # Adam: two moments per parameter plus a 4-byte step counter per tensor
-    assert (run.memory["optimizer_bytes"] == 2 * n + 4 * len(list(model.parameters()))).all()
+    assert (run.memory["optimizer_bytes"].iloc[1:] == 2 * n + 4 * len(list(model.parameters()))).all()
     run.close()
 
 
@@ -206,7 +208,7 @@ def test_torchrun_two_ranks_record_into_one_run(tmp_path: Path) -> None:
         assert list(run.steps[run.steps["rank"] == rank]["step"]) == list(range(steps))
         mem = run.memory[run.memory["rank"] == rank]
         assert (mem["params_bytes"] == n).all()
-        assert (mem["optimizer_bytes"] == n).all()  # SGD momentum: one buffer per parameter
+        assert (mem["optimizer_bytes"].iloc[1:] == n).all()  # SGD momentum: one buffer per parameter
         assert (run.steps[run.steps["rank"] == rank]["samples"] == 8).all()
     run.close()
 
