@@ -12,6 +12,11 @@ percentile of the bare loop, variants interleaved in rounds so drift hits all.
 Part 2, a real training step (~5 ms MLP on CPU): step-time ratio against the
 bare loop, gpudash at default settings with memory-by-category on (watch).
 
+Part 4, zero code: the same real step under ``gpudash run``'s in-process agent
+(global module/optimizer hooks, backward wrapper, memory by category; what
+``gpudash run -- python train.py`` installs) next to the explicit Monitor
+(``with loop.step(mon)`` + watch + loss), variants interleaved in rounds.
+
 Part 3, the store: write throughput (records/s through Monitor.step),
 bytes per step on disk, and ``load_run`` time for a run of ``--big-steps``.
 """
@@ -158,6 +163,58 @@ def part2(steps: int, tmp: Path) -> list[tuple[str, float, float]]:
                                      statistics.median(inst) / b)]
 
 
+def part4(steps: int, tmp: Path, widths: tuple[int, ...]) -> list[tuple[str, float, float, float]]:
+    import torch
+
+    from gpudash.testing import ToyLoop
+    from gpudash.zerocode.agent import Agent
+
+    torch.set_num_threads(1)
+    loop = ToyLoop(widths, activation="gelu", lr=1e-4, batch=64, labels="random", fixed_batch=True)
+    tag = "x".join(map(str, widths))
+    mon = Monitor(tmp / f"explicit-{tag}", handle_signals=False)
+    mon.watch(loop.model, loop.opt)
+    agent = Agent(str(tmp / f"zerocode-{tag}"), {"handle_signals": False})
+
+    def explicit() -> None:
+        with loop.step(mon) as s:
+            mon.log(loss=s.loss)
+
+    def hooks_on() -> None:
+        agent.install(torch)
+
+    def hooks_off() -> None:
+        agent.uninstall()  # off for the other variants; the agent keeps its Monitor and open step
+
+    def nothing() -> None:
+        pass
+
+    variants: dict[str, tuple[Callable[[], None], Callable[[], None], Callable[[], None]]] = {
+        "bare": (loop.bare_step, nothing, nothing),
+        "explicit Monitor (watch + loss)": (explicit, nothing, nothing),
+        "gpudash run (zero code)": (loop.bare_step, hooks_on, hooks_off),
+    }
+    for fn, on, off in variants.values():
+        on()
+        for _ in range(20):
+            fn()
+        off()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(10):
+        for name, (fn, on, off) in variants.items():
+            on()
+            for _ in range(steps // 10):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+            off()
+    mon.close()
+    agent.stop()
+    b = statistics.median(times["bare"])
+    return [(name, statistics.median(t) * 1e3, (statistics.median(t) - b) * 1e6, statistics.median(t) / b)
+            for name, t in times.items()]
+
+
 def part3(big_steps: int, tmp: Path) -> dict[str, float]:
     run_dir = tmp / "big"
     mon = Monitor(run_dir, host_hz=1, buffer_records=2_000_000)
@@ -198,29 +255,41 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--real-steps", type=int, default=400)
     ap.add_argument("--big-steps", type=int, default=1_000_000)
+    ap.add_argument("--parts", default="1,2,3,4", help="which parts to run (default: all)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="gpudash-bench-"))
     print(f"# gpudash overhead  {time.strftime('%Y-%m-%d')}  {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, python {platform.python_version()}\n")
-    print("## 1. Added cost per step (50 µs body; step + 4 phases + 8 scalars)\n")
-    print("| logger | added µs, median | added µs, p99 | step-time ratio |")
-    print("|---|---:|---:|---:|")
-    for name, d50, d99, ratio in part1(args.steps, tmp):
-        print(f"| {name} | {d50:.1f} | {d99:.1f} | {ratio:.3f} |")
-    print("\n## 2. Real training step (MLP, CPU, 1 thread)\n")
-    print("| loop | median step ms | ratio |")
-    print("|---|---:|---:|")
-    for name, ms, ratio in part2(args.real_steps, tmp):
-        print(f"| {name} | {ms:.2f} | {ratio:.3f} |")
-    print(f"\n## 3. Store, {args.big_steps:,} steps (steps + memory rows)\n")
-    r = part3(args.big_steps, tmp)
-    print("| metric | value |")
-    print("|---|---:|")
-    print(f"| Monitor loop, µs per step (no work) | {r['loop_s'] / r['steps'] * 1e6:.1f} |")
-    print(f"| writer throughput, records/s | {r['write_records_per_s']:,.0f} |")
-    print(f"| bytes per step on disk | {r['bytes_per_step']:.0f} |")
-    print(f"| load_run (steps, memory, events), s | {r['load_run_s']:.2f} |")
-    print(f"| dropped records | {r['dropped']:.0f} |")
+    if "1" in parts:
+        print("## 1. Added cost per step (50 µs body; step + 4 phases + 8 scalars)\n")
+        print("| logger | added µs, median | added µs, p99 | step-time ratio |")
+        print("|---|---:|---:|---:|")
+        for name, d50, d99, ratio in part1(args.steps, tmp):
+            print(f"| {name} | {d50:.1f} | {d99:.1f} | {ratio:.3f} |")
+    if "2" in parts:
+        print("\n## 2. Real training step (MLP, CPU, 1 thread)\n")
+        print("| loop | median step ms | ratio |")
+        print("|---|---:|---:|")
+        for name, ms, ratio in part2(args.real_steps, tmp):
+            print(f"| {name} | {ms:.2f} | {ratio:.3f} |")
+    if "3" in parts:
+        print(f"\n## 3. Store, {args.big_steps:,} steps (steps + memory rows)\n")
+        r = part3(args.big_steps, tmp)
+        print("| metric | value |")
+        print("|---|---:|")
+        print(f"| Monitor loop, µs per step (no work) | {r['loop_s'] / r['steps'] * 1e6:.1f} |")
+        print(f"| writer throughput, records/s | {r['write_records_per_s']:,.0f} |")
+        print(f"| bytes per step on disk | {r['bytes_per_step']:.0f} |")
+        print(f"| load_run (steps, memory, events), s | {r['load_run_s']:.2f} |")
+        print(f"| dropped records | {r['dropped']:.0f} |")
+    if "4" in parts:
+        print("\n## 4. Zero code (`gpudash run`) vs the explicit Monitor, same step (MLP, CPU, 1 thread)\n")
+        print("| MLP | loop | median step ms | added µs | ratio |")
+        print("|---|---|---:|---:|---:|")
+        for widths in ((32, 64, 64, 4), (256, 1024, 1024, 16)):
+            for name, ms, added, ratio in part4(args.real_steps, tmp, widths):
+                print(f"| {'x'.join(map(str, widths))} | {name} | {ms:.2f} | {added:.0f} | {ratio:.3f} |")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -22,6 +22,7 @@ __all__ = ["COMMANDS", "main"]
 #: command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gpudash.demo", "train the tiny preset with the live dashboard beside it"),
+    "run": ("gpudash.zerocode.command", "run a training script unchanged, recorded (gpudash run -- python train.py)"),
     "train": ("gpudash.trainer.cli", "run the memory-optimized GPT trainer under the Monitor"),
     "estimate": ("gpudash.trainer.estimate_cli", "predict memory by category and what fits a card"),
     "serve": ("gpudash.app", "serve the dashboard for a directory of runs"),

@@ -14,6 +14,7 @@ RULES = {
     "collectors": {"dash", "plotly"},
     "trainer": {"dash", "plotly"},
     "integrations": {"dash", "plotly"},
+    "zerocode": {"dash", "plotly"},
     "monitor.py": {"dash", "plotly"},
     "options.py": {"torch", "pynvml", "dash", "plotly"},
     "errors.py": {"torch", "pynvml", "dash", "plotly"},

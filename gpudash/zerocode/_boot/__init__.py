@@ -1,0 +1,1 @@
+"""The folder ``gpudash run`` puts first on the child's PYTHONPATH (see sitecustomize.py)."""

@@ -1,0 +1,114 @@
+"""The agent in-process: what the hooks make of a training loop the script writes itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpudash import load_run  # noqa: E402
+from gpudash.zerocode.agent import NARROW_AFTER, Agent, _samples_tokens  # noqa: E402
+from gpudash.zerocode.command import child_env, default_run_name  # noqa: E402
+
+
+@pytest.fixture
+def agent(tmp_path: Path):  # type: ignore[no-untyped-def]
+    a = Agent(str(tmp_path / "run"), {"host_hz": 0, "handle_signals": False})
+    a.install(torch)
+    yield a
+    a.stop()
+
+
+def test_grad_scaler_loss_is_logged_unscaled_and_two_optimizers_make_one_step(agent: Agent, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    gen, disc = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
+    opt_d = torch.optim.Adam(disc.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        loss = disc(gen(x)).pow(2).mean()
+        losses.append(loss.item())
+        scaler.scale(loss).backward()
+        scaler.step(opt_g)  # the primary: the first optimizer seen stepping
+        scaler.step(opt_d)
+        scaler.update()
+        opt_g.zero_grad()
+        opt_d.zero_grad()
+    agent.stop()
+    run = load_run(tmp_path / "run")
+    s = run.steps
+    assert list(s["step"]) == [0, 1, 2]
+    assert list(s["loss"]) == pytest.approx(losses)  # not 1024 x the loss
+    assert (s["samples"] == 5).all()
+    assert list(s["lr"]) == pytest.approx([0.1] * 3)
+    run.close()
+
+
+def test_eval_and_nested_modules_do_not_open_steps_or_phases(agent: Agent, tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torch.no_grad():
+        model(torch.randn(2, 3))  # evaluation before training: no Monitor yet
+    assert agent.monitor is None
+    for i in range(4):  # past NARROW_AFTER: the hooks move from every module to the roots seen
+        model(torch.randn(6 + i, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert NARROW_AFTER < 4 and agent._roots is None
+    model.eval()
+    model(torch.randn(50, 3))  # after the last step: not a step, not counted as samples
+    agent.stop()
+    run = load_run(tmp_path / "run")
+    assert list(run.steps["step"]) == [0, 1, 2, 3]
+    assert list(run.steps["samples"]) == [6, 7, 8, 9]
+    assert (run.steps["forward_s"] > 0).all()
+    assert (run.memory["params_bytes"] == 4 * (3 * 8 + 8 + 8 + 1)).all()
+    assert (run.memory["optimizer_bytes"] == 0).all()  # plain SGD keeps no state
+    run.close()
+
+
+def test_a_failing_hook_stops_recording_but_not_training(agent: Agent, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+
+    def broken(*args: object) -> None:
+        raise ValueError("boom")
+
+    agent.driver.end_step = broken
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()  # the post hook fails inside gpudash
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    err = capsys.readouterr().err
+    assert err.count("gpudash: stopped recording after an internal error (ValueError: boom)") == 1
+    assert not agent.active and agent.stopped
+    run = load_run(tmp_path / "run")
+    assert list(run.steps["step"]) == [0]
+    run.close()
+
+
+def test_samples_only_when_the_batch_dimension_is_unambiguous() -> None:
+    assert _samples_tokens((torch.zeros(4, 3),)) == (4, None)
+    assert _samples_tokens((torch.zeros(4, 16, dtype=torch.long), torch.ones(4, 16))) == (4, 64)
+    assert _samples_tokens((torch.zeros(4, 3), torch.zeros(5, 3))) == (None, None)
+    assert _samples_tokens(()) == (None, None)
+    assert _samples_tokens((torch.tensor(1.0),)) == (None, None)
+
+
+def test_run_name_and_child_environment(tmp_path: Path) -> None:
+    assert default_run_name(["python", "scripts/train.py", "--lr", "1"], 0).startswith("train-")
+    assert default_run_name(["python", "-m", "pkg.finetune"], 0).startswith("finetune-")
+    assert default_run_name(["torchrun", "--nproc-per-node", "2", "ddp.py"], 0).startswith("ddp-")
+    assert default_run_name(["./run.sh"], 0).startswith("run.sh-")
+    env = child_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "KEEP": "1"}, tmp_path, {"snapshot_every": 5})
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0].endswith(os.path.join("zerocode", "_boot")) and parts[1:3] == ["/a", "/b"]
+    assert env["KEEP"] == "1" and env["GPUDASH_RUN_DIR"] == str(tmp_path)
+    assert env["GPUDASH_RUN_OPTIONS"] == '{"snapshot_every": 5}'
