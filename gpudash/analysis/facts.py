@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
-from gpudash.analysis.memory import capacity_bytes
+from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
 from gpudash.store.run import Run
@@ -28,8 +28,6 @@ __all__ = ["CATEGORY_COLUMNS", "MEASURED_PEAK_COLUMNS", "SAME_OOM_S", "Facts", "
 #: ``peak_bytes`` keys and the memory columns they are the maximum of.
 CATEGORY_COLUMNS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
                     "activations": "activations_bytes"}
-#: The measured per-step peak: the ``peak_bytes`` column when recorded, else the allocator's per-step peaks.
-MEASURED_PEAK_COLUMNS = ("peak_bytes", "allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes")
 #: An exception's ``oom`` event this close to the allocator observer's one (same rank and step) is the same OOM.
 SAME_OOM_S = 10.0
 _OOM_COUNTERS = ("num_ooms", "ooms")
@@ -160,20 +158,10 @@ def peak_memory(mem: pd.DataFrame, peaks: dict[str, float | None]) -> float | No
     return float(mem[cats].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1).max())
 
 
-def _measured_col(mem: pd.DataFrame) -> str | None:
-    return next((c for c in MEASURED_PEAK_COLUMNS if _num(mem, c) is not None), None)
-
-
 def estimator_error(mem: pd.DataFrame) -> float | None:
-    """Median over steps of ``predicted_peak_bytes / measured - 1`` (steps that have both)."""
-    pred, col = _num(mem, "predicted_peak_bytes"), _measured_col(mem)
-    if pred is None or col is None:
-        return None
-    meas = pd.to_numeric(mem[col], errors="coerce")
-    ok = pred.notna() & meas.notna() & (meas > 0)
-    if not ok.any():
-        return None
-    return float(np.median(pred[ok].to_numpy(dtype=float) / meas[ok].to_numpy(dtype=float) - 1.0))
+    """Median over steps of ``predicted_peak_bytes / measured - 1`` (see :func:`estimator_errors`)."""
+    found = estimator_errors(mem)
+    return None if found is None else float(found[1].median())
 
 
 def _headline(run: Run, steps: pd.DataFrame) -> dict[str, float | None]:

@@ -22,8 +22,9 @@ from gpudash.units import distinct_bytes
 
 __all__ = ["capacity_bytes", "measured_peak", "memory_verdicts"]
 
-_MEASURED_PEAK = ("peak_bytes", "allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes")
-_PEAK_COLUMNS = (*_MEASURED_PEAK, "allocated_bytes")
+#: The measured per-step peak: the ``peak_bytes`` column when recorded, else the allocator's per-step peaks.
+MEASURED_PEAK_COLUMNS = ("peak_bytes", "allocated_peak_bytes", "step_peak_bytes", "budget_peak_bytes")
+_PEAK_COLUMNS = (*MEASURED_PEAK_COLUMNS, "allocated_bytes")
 _CONTEXT_ALLOWANCE = 768 * 2**20
 ESTIMATE_WARN = 0.25
 """An estimate off by more than this is worth a warning (the estimator's goal is ±10 %)."""
@@ -59,24 +60,34 @@ def _steps_at_micro_batch(run: Run, micro: object) -> set[int] | None:
     return set(s.loc[s[col] == micro, "step"].astype(int)) or None
 
 
-def _per_step_estimate(run: Run) -> Verdict | None:
-    """The trainer's per-step prediction (``predicted_peak_bytes``) against the measured peak of each step."""
-    mem = _one_rank(run.memory)
-    col = next((c for c in _MEASURED_PEAK if c in mem and mem[c].notna().any()), None)
+def estimator_errors(mem: pd.DataFrame) -> tuple[str, pd.Series] | None:
+    """``predicted_peak_bytes / measured peak - 1`` per step, and the measured column's name.
+    One rank (the lowest), steps after the first (step 0 has no optimizer state yet: not steady state)."""
+    mem = _one_rank(mem)
+    col = next((c for c in MEASURED_PEAK_COLUMNS if c in mem and pd.to_numeric(mem[c], errors="coerce").notna().any()),
+               None)
     if col is None or "predicted_peak_bytes" not in mem:
         return None
-    both = mem[["step", "predicted_peak_bytes", col]].dropna()
-    both = both[(both[col] > 0) & (both["step"] > 0)]  # step 0 has no optimizer state yet: not steady state
+    both = mem[["step", "predicted_peak_bytes", col]].apply(pd.to_numeric, errors="coerce").dropna()
+    both = both[(both[col] > 0) & (both["step"] > 0)]
     if both.empty:
         return None
-    err = both["predicted_peak_bytes"].astype(float) / both[col].astype(float) - 1
+    return col, both["predicted_peak_bytes"].astype(float) / both[col].astype(float) - 1
+
+
+def _per_step_estimate(run: Run) -> Verdict | None:
+    """The trainer's per-step prediction (``predicted_peak_bytes``) against the measured peak of each step."""
+    found = estimator_errors(run.memory)
+    if found is None:
+        return None
+    col, err = found
     med, worst = float(err.median()), float(err.abs().max())
     within = float((err.abs() <= 0.1).mean())
     return Verdict(kind="estimate-check",
                    title=f"Estimator {'within' if abs(med) <= 0.1 else 'off by'} {abs(med) * 100:.0f} % "
                          "of the measured peak (median over steps)",
                    severity="ok" if abs(med) <= ESTIMATE_WARN else "warn",
-                   evidence=[f"predicted vs measured peak ({col}) on {len(both)} steps: median error {med:+.1%}, "
+                   evidence=[f"predicted vs measured peak ({col}) on {len(err)} steps: median error {round(med, 3) + 0.0:+.1%}, "
                              f"worst {worst:.0%}, {within:.0%} of steps within ±10 %"],
                    numbers={"error": med, "worst_error": worst, "share_within_10pct": within})
 
