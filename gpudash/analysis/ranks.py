@@ -20,8 +20,8 @@ import pandas as pd
 
 from gpudash.analysis.phases import phase_columns
 
-__all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew", "rank_summary",
-           "rank_work", "straggler_summary"]
+__all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew",
+           "rank_summary", "rank_work", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
@@ -246,7 +246,7 @@ def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
                             for node, row in by_node.iterrows()]
     slow_nodes = set(by_node.index[by_node["straggler"]])
     ranks["straggler"] = [("node" if node in slow_nodes else "rank") if s else None
-                          for node, s in zip(ranks["node"], slow)]
+                          for node, s in zip(ranks["node"], slow, strict=True)]
     node_list = by_node[by_node["straggler"]].sort_values("excess_median", ascending=False).index.tolist()
     rank_list = ranks[ranks["straggler"] == "rank"].sort_values("excess", ascending=False).index.tolist()
     return {"measure": work.attrs.get("measure", "step time"), "steps": int(len(work)), "ranks": ranks,
