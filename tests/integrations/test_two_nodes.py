@@ -19,6 +19,7 @@ from gpudash import load_run
 from gpudash.analysis.facts import run_facts
 from gpudash.analysis.ranks import node_stragglers, rank_nodes
 from gpudash.layouts.pages import build_run_page
+from gpudash.metrics import metrics_registry
 from gpudash.store.reader import RunReader
 
 STEPS = 10
@@ -99,3 +100,11 @@ def test_two_torchrun_agents_two_nodes(tmp_path: Path) -> None:
     finally:
         reader.close()
     assert "nodes-table" in page and "node node-b: all 2 ranks (2–3)" in page
+    # Prometheus: every rank's series carries its node
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(metrics_registry(run_dir.parent)).decode()
+    nodes = {s.labels["rank"]: s.labels["node"] for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "gpudash_step"}
+    assert nodes == {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
