@@ -99,3 +99,13 @@ def test_many_ranks_name_the_slow_node(ranks: int) -> None:
     s = node_stragglers(run_of(nodes, {r: 0.015 for r in range(16, 24)} | {40: 0.02}))
     assert s["node_stragglers"] == ["node02"]
     assert s["rank_stragglers"] == [40]
+
+
+def test_the_verdict_names_the_slow_node_once() -> None:
+    from gpudash.analysis.summary import straggler_verdicts
+
+    run = run_of(TWO_NODES, {r: 0.02 for r in range(4, 8)})
+    run.ranks = list(TWO_NODES)
+    (v,) = straggler_verdicts(run)  # type: ignore[arg-type]
+    assert v.title == "Node node-b is a straggler (all 4 of its ranks)"
+    assert "step time outside backward" in v.evidence[0]
