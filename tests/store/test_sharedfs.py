@@ -198,3 +198,43 @@ def test_real_fuse_mount_is_detected_and_recorded_safely(tmp_path: Path, monkeyp
             run.close()
     finally:
         _umount(mnt)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_leaves_its_last_copy_and_the_full_live_database(tmp_path: Path) -> None:
+    """SIGKILL: the run folder keeps the last published copy (read as crashed); the live database on local
+    storage keeps every record, and the copy's meta says where it is."""
+    import signal
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "import gpudash.store.sharedfs as s\n"
+        "s.PUBLISH_INTERVAL_S = 0.0\n"
+        "from gpudash.monitor import Monitor\n"
+        "mon = Monitor(sys.argv[1], flush_interval=0.05, host_hz=0.0, handle_signals=False)\n"
+        "for i in range(5):\n"
+        "    with mon.step():\n"
+        "        mon.log(loss=1.0)\n"
+        "mon.recorder.flush()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, sharedfs.SHARED_ENV: "1", sharedfs.LOCAL_DIR_ENV: str(tmp_path / "local")}
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(run_dir)], env=env, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    run = load_run(run_dir)
+    try:
+        assert run.status == "crashed" and len(run.steps) == 5
+        live = Path(run.rank_meta[0]["live_db"])
+    finally:
+        run.close()
+    assert live.exists() and live.parent.parent == tmp_path / "local"
+    with sqlite3.connect(f"file:{live}?mode=ro", uri=True) as conn:
+        assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 5
