@@ -238,3 +238,19 @@ def test_a_killed_rank_leaves_its_last_copy_and_the_full_live_database(tmp_path:
     assert live.exists() and live.parent.parent == tmp_path / "local"
     with sqlite3.connect(f"file:{live}?mode=ro", uri=True) as conn:
         assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 5
+
+
+def test_damaged_node_and_publish_meta_is_ignored_not_fatal(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
+        _record(mon, range(2))
+        mon.recorder.put_meta(status="live", publish_interval="soon", node=7, local_rank=-1)
+        mon.recorder.flush()
+        reader = RunReader(run_dir)
+        try:
+            assert reader.status() == "live"  # not a crash on the bad interval
+            meta = reader.rank_meta()[0]
+            assert "publish_interval" not in meta and "node" not in meta and "local_rank" not in meta
+            assert any("publish_interval is 'soon'" in p for p in reader.all_problems())
+        finally:
+            reader.close()
