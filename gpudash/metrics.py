@@ -3,13 +3,13 @@
 A custom ``prometheus_client`` collector reads the newest rows of each run on
 every scrape (through :class:`gpudash.store.RunReader`, so it works in any
 process and never touches the training loop) and exposes them with units in
-the names and ``run``, ``rank`` and ``gpu`` labels::
+the names and ``run``, ``rank``, ``node`` (the rank's host) and ``gpu`` labels::
 
-    gpudash_step_duration_seconds{run="exp1",rank="0"} 0.212
-    gpudash_tokens_per_second{run="exp1",rank="0"} 38612.0
-    gpudash_memory_allocated_bytes{run="exp1",rank="0"} 7.3e9
-    gpudash_memory_category_bytes{run="exp1",rank="0",category="activations"} 2.1e9
-    gpudash_device_power_watts{run="exp1",rank="0",gpu="0"} 312.0
+    gpudash_step_duration_seconds{run="exp1",rank="0",node="gpu-a1"} 0.212
+    gpudash_tokens_per_second{run="exp1",rank="0",node="gpu-a1"} 38612.0
+    gpudash_memory_allocated_bytes{run="exp1",rank="0",node="gpu-a1"} 7.3e9
+    gpudash_memory_category_bytes{run="exp1",rank="0",node="gpu-a1",category="activations"} 2.1e9
+    gpudash_device_power_watts{run="exp1",rank="0",node="gpu-a1",gpu="0"} 312.0
     gpudash_step_skew_ratio{run="ddp"} 0.18      # torchrun: the straggler indicator
 
 Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
@@ -44,7 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpudash.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.analysis.phases import run_phases
-from gpudash.analysis.ranks import rank_skew
+from gpudash.analysis.ranks import rank_nodes, rank_skew
 from gpudash.errors import RunError, UserError
 from gpudash.layouts.runid import list_nested_run_dirs
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
@@ -267,7 +267,8 @@ class RunsCollector:
         heartbeat = float(meta.get("heartbeat") or 0)
         if status != "live" and self.max_age_s is not None and now - heartbeat > self.max_age_s:
             return None
-        lab = {"run": run_id, "rank": str(rank)}
+        # the machine the rank ran on (host name or $GPUDASH_HOSTNAME): a fleet's nodes side by side
+        lab = {"run": run_id, "rank": str(rank), "node": rank_nodes({rank: meta})[rank]}
         fams.add("gpudash_run_live", "1 while the run's writer is alive, 0 once finished or crashed.", lab,
                  status == "live")
         fams.add("gpudash_heartbeat_timestamp_seconds", "Last time the run's writer flushed (unix time).", lab,

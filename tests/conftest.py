@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 # Two CI cores: torch's intra-op threads fighting each other (and pytest's
 # child processes) make tiny models 10-30x slower. Children inherit this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# run summaries cached on disk (gpudash.analysis.summarystore) go to a folder of this session, not ~/.cache
+os.environ.setdefault("GPUDASH_CACHE_DIR", tempfile.mkdtemp(prefix="gpudash-test-cache-"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

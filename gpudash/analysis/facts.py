@@ -19,6 +19,7 @@ import pandas as pd
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
+from gpudash.analysis.ranks import STRAGGLER_RATIO, node_stragglers, rank_nodes
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
 from gpudash.store.run import Run
 
@@ -61,6 +62,12 @@ class Facts:
     """duration_s, step_time_median_s, step_time_p95_s, tokens_per_s, samples_per_s, peak_memory_bytes."""
     lights: tuple[Light, ...]
     thresholds: dict[str, float] = field(default_factory=dict)
+    nodes: int = 1
+    """Machines the ranks ran on (the ``node`` each rank recorded)."""
+    node_stragglers: tuple[str, ...] = ()
+    """Nodes whose ranks are all slow while another node's are not (worst first): one slow machine."""
+    rank_stragglers: tuple[int, ...] = ()
+    """Slow ranks on otherwise healthy nodes (worst first)."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -213,6 +220,8 @@ def run_facts(run: Run) -> Facts:
     peaks = _peaks(mem)
     headline = _headline(run, steps)
     headline["peak_memory_bytes"] = peak_memory(mem, peaks)
+    nodes = rank_nodes(run.rank_meta)
+    strag = node_stragglers(run, nodes) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
     return Facts(
         status=run.status, steps=n, ranks=max(len(run.ranks), 1 if n else 0),
         phases=tuple(run_phases(run.meta, steps)),
@@ -220,7 +229,10 @@ def run_facts(run: Run) -> Facts:
         peak_bytes=peaks, capacity_bytes=capacity, fragmentation_pct=frag, alloc_retries=retries,
         estimator_error=estimator_error(mem), headline=headline, lights=tuple(lights),
         thresholds={"frag_warn_pct": FRAG_WARN_PCT, "frag_bad_pct": FRAG_BAD_PCT, "spike_z": SPIKE_Z,
-                    "spike_ratio": SPIKE_RATIO, "spike_window": float(SPIKE_WINDOW)})
+                    "spike_ratio": SPIKE_RATIO, "spike_window": float(SPIKE_WINDOW),
+                    "straggler_ratio": STRAGGLER_RATIO},
+        nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
+        rank_stragglers=tuple(strag["rank_stragglers"]))
 
 
 def _steps_text(steps: tuple[int, ...], limit: int = 8) -> str:
@@ -241,7 +253,12 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows = [("status", facts.status)]
     if meta.get("end_reason") and facts.status != "finished":
         rows.append(("ended", str(meta["end_reason"])))
-    rows += [("device", str(meta.get("device_name") or meta.get("device") or "?")), ("ranks", str(facts.ranks))]
+    rows += [("device", str(meta.get("device_name") or meta.get("device") or "?")), ("ranks", str(facts.ranks) + (f" on {facts.nodes} nodes" if facts.nodes > 1 else ""))]
+    if facts.node_stragglers or facts.rank_stragglers:
+        who = [f"node {n} (all its ranks)" for n in facts.node_stragglers] + [f"rank {r}" for r in
+                                                                           facts.rank_stragglers[:8]]
+        rows.append(("stragglers", ", ".join(who) + (f" and {len(facts.rank_stragglers) - 8} more ranks"
+                                                     if len(facts.rank_stragglers) > 8 else "")))
     if facts.steps:
         rows.append(("steps", f"{facts.steps}, step time median {fmt_s(h.get('step_time_median_s'))}, "
                               f"p95 {fmt_s(h.get('step_time_p95_s'))}"))

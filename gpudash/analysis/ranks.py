@@ -20,7 +20,8 @@ import pandas as pd
 
 from gpudash.analysis.phases import phase_columns
 
-__all__ = ["MEMORY_COLUMNS", "rank_skew", "rank_summary", "straggler_summary"]
+__all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew",
+           "rank_summary", "rank_work", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
@@ -156,3 +157,98 @@ def rank_summary(run: Any) -> pd.DataFrame:
     out.index = out.index.astype("int64")
     out.index.name = "rank"
     return out
+
+
+# ---- nodes: ranks grouped by the machine they ran on ---------------------------------------
+#: Where data-parallel ranks wait for each other (DDP all-reduces gradients during backward): time a fast
+#: rank spends there is the slow rank's fault, so a rank's own work is its step minus this phase.
+WAIT_PHASE = "backward"
+#: A rank whose own work takes this much longer than the median rank's (median over steps) straggles.
+STRAGGLER_RATIO = 0.1
+
+
+def rank_nodes(rank_meta: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """The node (machine) each rank ran on, from its meta: ``node`` (host name or ``$GPUDASH_HOSTNAME``),
+    else ``hostname``, else ``host``; ``"?"`` when none was recorded."""
+    out: dict[int, str] = {}
+    for rank, meta in rank_meta.items():
+        name = next((meta[k] for k in ("node", "hostname", "host") if isinstance(meta.get(k), str) and meta[k]),
+                    "?")
+        out[int(rank)] = str(name)
+    return out
+
+
+def rank_work(run: Any) -> pd.DataFrame:
+    """Step × rank seconds of each rank's own work: the step time minus the time in :data:`WAIT_PHASE` when
+    that phase was recorded (under DDP the fast ranks wait there for the slow one, so their step times are
+    all alike), else the step time. ``attrs["measure"]`` names what was measured."""
+    steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
+    if steps.empty or not {"rank", "step", "duration_s"} <= set(steps.columns):
+        return pd.DataFrame()
+    cols = ["rank", "step", "duration_s"] + ([f"{WAIT_PHASE}_s"] if f"{WAIT_PHASE}_s" in steps else [])
+    s = steps[cols].apply(pd.to_numeric, errors="coerce").dropna(subset=["rank", "step", "duration_s"])
+    s = s.drop_duplicates(["rank", "step"], keep="last")
+    measure = "step time"
+    work = s["duration_s"]
+    if len(cols) == 4 and s[cols[3]].notna().any():
+        work = (s["duration_s"] - s[cols[3]].fillna(0.0)).clip(lower=0.0)
+        measure = f"step time outside {WAIT_PHASE}"
+    out = s.assign(work=work).pivot(index="step", columns="rank", values="work").astype(float)
+    out.index = out.index.astype("int64")
+    out.columns = out.columns.astype("int64")
+    out.attrs["measure"] = measure
+    return out
+
+
+def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
+                    threshold: float = STRAGGLER_RATIO) -> dict[str, Any]:
+    """Stragglers by node. Each rank's ``excess``: the median over steps of how much longer its own work
+    (:func:`rank_work`) took than the step's lower-quartile rank's, as a share of the step's median step
+    time (0.25: a quarter of a step late). A node whose ranks all exceed
+    ``threshold`` while another node has a rank that does not is a *node* straggler (a slow machine,
+    network link or shared data source), named once instead of as one straggler per rank; the ranks that
+    straggle on an otherwise healthy node are rank stragglers.
+
+    ``nodes`` maps rank -> node name (:func:`rank_nodes`); default: ``run.rank_meta``. Returns
+    ``measure``, ``steps``, ``ranks`` (a frame indexed by rank: ``node``, ``excess``, ``straggler``),
+    ``nodes`` (a frame indexed by node: ``ranks``, ``slow_ranks``, ``excess_median``, ``straggler``),
+    ``node_stragglers`` and ``rank_stragglers`` (lists, worst first)."""
+    if nodes is None:
+        nodes = rank_nodes(getattr(run, "rank_meta", {}) or {})
+    work = rank_work(run)
+    if not work.empty:
+        work = work[work.notna().sum(axis=1) >= 2]
+    empty: dict[str, Any] = {"measure": work.attrs.get("measure", "step time"), "steps": 0,
+                             "ranks": pd.DataFrame(columns=["node", "excess", "straggler"]),
+                             "nodes": pd.DataFrame(columns=["ranks", "slow_ranks", "excess_median", "straggler"]),
+                             "node_stragglers": [], "rank_stragglers": []}
+    if work.empty or work.shape[1] < 2:
+        return empty
+    # the reference is a fast rank (the lower quartile), not the median one: when a whole node of the
+    # run's ranks is slow, half of them can be slow and the median rank is one of them
+    reference = work.quantile(0.25, axis=1)
+    steps: pd.DataFrame = run.steps
+    dur = (steps[["rank", "step", "duration_s"]].apply(pd.to_numeric, errors="coerce")
+           .dropna().groupby("step")["duration_s"].median())
+    dur.index = dur.index.astype("int64")
+    scale = dur.reindex(work.index)
+    excess = work.sub(reference, axis=0).div(scale.where(scale > 0), axis=0).median(axis=0)
+    ranks = pd.DataFrame({"node": [nodes.get(int(r), "?") for r in excess.index], "excess": excess.astype(float)},
+                         index=excess.index.astype("int64"))
+    ranks.index.name = "rank"
+    slow = ranks["excess"] > threshold
+    g = ranks.assign(slow=slow).groupby("node", sort=True)
+    by_node = pd.DataFrame({"ranks": g.size(), "slow_ranks": g["slow"].sum().astype("int64"),
+                            "excess_median": g["excess"].median()})
+    healthy_elsewhere = by_node["slow_ranks"] < by_node["ranks"]
+    by_node["straggler"] = [bool(row.slow_ranks == row.ranks and row.ranks >= 1 and len(by_node) > 1
+                                 and healthy_elsewhere.drop(node).any())
+                            for node, row in by_node.iterrows()]
+    slow_nodes = set(by_node.index[by_node["straggler"]])
+    ranks["straggler"] = [("node" if node in slow_nodes else "rank") if s else None
+                          for node, s in zip(ranks["node"], slow, strict=True)]
+    node_list = by_node[by_node["straggler"]].sort_values("excess_median", ascending=False).index.tolist()
+    rank_list = ranks[ranks["straggler"] == "rank"].sort_values("excess", ascending=False).index.tolist()
+    return {"measure": work.attrs.get("measure", "step time"), "steps": int(len(work)), "ranks": ranks,
+            "nodes": by_node, "node_stragglers": [str(n) for n in node_list],
+            "rank_stragglers": [int(r) for r in rank_list]}

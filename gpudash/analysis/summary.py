@@ -36,8 +36,22 @@ def status_verdict(run: Run) -> Verdict:
 def straggler_verdicts(run: Run) -> list[Verdict]:
     if len(run.ranks) < 2:
         return []
-    from gpudash.analysis.ranks import rank_skew, straggler_summary
+    from gpudash.analysis.ranks import node_stragglers, rank_skew, straggler_summary
 
+    nodes = node_stragglers(run)
+    if nodes["node_stragglers"]:  # a slow machine: said once, not once per rank on it
+        by = nodes["nodes"]
+        return [Verdict(kind="straggler", title=f"Node {node} is a straggler (all {int(by.loc[node, 'ranks'])} of "
+                                                 "its ranks)", severity="warn",
+                        evidence=[f"every rank on {node} ends its own work {fmt_pct(by.loc[node, 'excess_median'])} "
+                                  f"of a step after the fast ranks ({nodes['measure']}, median over "
+                                  f"{nodes['steps']} steps)",
+                                  "the ranks on the other nodes wait for it in the all-reduce"],
+                        recommendation="one machine is slow, not one process: check that node's data path (local "
+                                       "disk, network filesystem), network link, GPU clocks/throttling and other "
+                                       "jobs on it",
+                        numbers={"late_share_of_step": float(by.loc[node, "excess_median"])})
+                for node in nodes["node_stragglers"]]
     s = straggler_summary(rank_skew(run))
     median = s.get("skew_ratio_median")
     if not s.get("steps") or median is None or median < 0.1:

@@ -10,12 +10,39 @@ from typing import Any
 
 from gpudash.collectors.base import try_import_torch
 
-__all__ = ["cuda_device_meta", "describe_environment"]
+__all__ = ["HOSTNAME_ENV", "cuda_device_meta", "describe_environment", "node_identity"]
+
+#: Overrides the node name a rank records (tests simulate several hosts on one machine with it).
+HOSTNAME_ENV = "GPUDASH_HOSTNAME"
+
+
+def _env_int(*names: str) -> int | None:
+    for n in names:
+        v = os.environ.get(n, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def node_identity() -> dict[str, Any]:
+    """Which machine this process runs on and where it sits there: ``node`` (the host name, or
+    ``$GPUDASH_HOSTNAME``), ``local_rank``, ``node_rank`` and ``local_world_size`` when the launcher
+    (torchrun, SLURM, Open MPI) says so."""
+    out: dict[str, Any] = {"node": os.environ.get(HOSTNAME_ENV, "").strip() or socket.gethostname()}
+    for key, names in (("local_rank", ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")),
+                       ("node_rank", ("GROUP_RANK", "SLURM_NODEID")),
+                       ("local_world_size", ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"))):
+        v = _env_int(*names)
+        if v is not None:
+            out[key] = v
+    return out
 
 
 def describe_environment() -> dict[str, Any]:
+    ident = node_identity()
     env: dict[str, Any] = {
-        "hostname": socket.gethostname(),
+        "hostname": ident["node"],
+        **ident,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

@@ -383,7 +383,7 @@ def _register_ranks(app: dash.Dash, readers: ReaderCache) -> None:
             if len(reader.ranks) < 2:
                 raise PreventUpdate
             view = load_view(reader)
-        return ranks.ranks_box(view.frame("steps"), view.frame("memory"))
+        return ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()))
 
 
 def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:

@@ -174,7 +174,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "activations": memory.activations_figure(view.frame("activations"), None, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
-        "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory")),
+        "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta())),
         "facts": facts,
     }
     state = initial_state(run_id, view, specs, rank)

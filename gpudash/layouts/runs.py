@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
 from gpudash.analysis.runcache import run_stamp as _run_stamp
 from gpudash.analysis.runcache import shared_cache
+from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.runid import list_run_dirs
@@ -62,20 +64,31 @@ def run_stamp(path: Path) -> tuple[Any, ...]:
     return _run_stamp(path)
 
 
-_CACHE: dict[Path, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+#: Summaries kept in memory: more than a team's runs folder holds (a bound smaller than the folder would
+#: load every run again on every listing: a scan through an LRU cache evicts what the next scan needs).
+CACHE_RUNS = 20_000
+_CACHE: OrderedDict[Path, tuple[tuple[Any, ...], dict[str, Any]]] = OrderedDict()
 
 
 def cached_summary(run_id: str, path: Path) -> dict[str, Any]:
     """:func:`run_summary`, kept per run until one of its files changes (a list of many finished runs
-    must not keep the run cache busy loading them again)."""
+    must not keep the run cache busy loading them again); finished and crashed runs' summaries are also
+    kept on disk (:mod:`gpudash.analysis.summarystore`), so a restarted server lists them at once."""
     stamp = run_stamp(path)
     hit = _CACHE.get(path)
     if hit is not None and hit[0] == stamp and hit[1]["status"] != "live":
+        _CACHE.move_to_end(path)
         return dict(hit[1], id=run_id)
-    out = run_summary(run_id, path)
-    if len(_CACHE) > 512:
-        _CACHE.clear()
+    out = summary_store().get(path, stamp)
+    if out is None:
+        out = run_summary(run_id, path)
+        if out["status"] in ("finished", "crashed"):
+            summary_store().put(path, stamp, out)
+    out = dict(out, id=run_id)
     _CACHE[path] = (stamp, out)
+    _CACHE.move_to_end(path)
+    while len(_CACHE) > CACHE_RUNS:
+        _CACHE.popitem(last=False)
     return out
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 from gpudash.errors import RunError
 from gpudash.store.chunks import read_chunks
 from gpudash.store.meta import clean_meta
-from gpudash.store.rankfile import Scratch, open_rank_db
+from gpudash.store.rankfile import Scratch, open_rank_db, wal_path
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
@@ -53,6 +53,14 @@ def is_run_dir(path: Path) -> bool:
         return False
 
 
+def _file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -73,6 +81,8 @@ class RankReader:
         self._columns: dict[str, list[str]] = {}
         self._schema_version: int | None = None
         self._scratch = Scratch()
+        # no log beside it: opened immutable; a published copy (shared-filesystem mode) is replaced by rename
+        self._identity = None if wal_path(path).exists() else _file_identity(path)
         try:
             self.conn = open_rank_db(path, self._scratch, self._note)
         except BaseException:
@@ -108,7 +118,8 @@ class RankReader:
         if status != "live":
             return status
         now = time.time() if now is None else now
-        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval") or 0.5))
+        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval") or 0.5),
+                    3 * float(meta.get("publish_interval") or 0.0))  # published copies lag by up to one interval
         if now - float(meta.get("heartbeat") or 0) > stale:
             return "crashed"
         pid = meta.get("pid")
@@ -129,8 +140,26 @@ class RankReader:
                 self._columns[table] = cols
         return cols
 
+    def reopen_if_replaced(self) -> bool:
+        """An immutable file replaced since it was opened (a newer published copy, see
+        :mod:`gpudash.store.sharedfs`): read the newer one. Rowids only grow, so cursors stay valid."""
+        if self._identity is None:
+            return False
+        now = _file_identity(self.path)
+        if now is None or now == self._identity:
+            return False
+        try:
+            conn = open_rank_db(self.path, self._scratch, self._note)
+        except sqlite3.DatabaseError:
+            return False  # keep reading the copy we have
+        self.conn.close()
+        self.conn, self._identity, self._schema_version = conn, now, None
+        self._columns.clear()
+        return True
+
     def refresh_columns(self) -> None:
         """Forget cached column lists if the writer added columns since (cheap check)."""
+        self.reopen_if_replaced()
         try:
             version = self.conn.execute("PRAGMA schema_version").fetchone()[0]
         except sqlite3.DatabaseError:

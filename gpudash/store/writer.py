@@ -43,6 +43,7 @@ from gpudash.store.schema import (
     quote_ident,
     rank_db_name,
 )
+from gpudash.store.sharedfs import Publisher, shared_mode
 
 __all__ = ["Recorder", "to_plain"]
 
@@ -229,10 +230,14 @@ class Recorder:
         self._req_seq = 0  # flush requests made / served (see flush())
         self._done_seq = 0
         self._columns: dict[str, dict[str, str]] = {}
+        self._publish_failed = False  # the last attempt to publish a copy failed
         self._colnames: dict[str, dict[str, str]] = {t: {} for t in TABLE_BASE_COLUMNS}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
-        self._conn = _connect(self.path)
+        # a run folder other hosts share: the live database on local storage, copies published here
+        shared = shared_mode(self.run_dir)
+        self._publisher = Publisher(self.path) if shared else None
+        self._conn = _connect(self._publisher.live_path if self._publisher else self.path)
         self._create_tables()
         self._rollups = Rollups(self._conn)
         self._chunks = ChunkWriter(self._conn)
@@ -245,6 +250,9 @@ class Recorder:
             "heartbeat": time.time(),
             "flush_interval": flush_interval,
         }
+        if self._publisher is not None:
+            start.update(shared_fs=shared, publish_interval=self._publisher.interval,
+                         live_db=str(self._publisher.live_path))
         start.update(meta or {})
         self._write_meta(start)
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
@@ -299,6 +307,13 @@ class Recorder:
             self._conn.close()
         except sqlite3.Error:
             pass
+        pub = self._publisher
+        if pub is not None:
+            if not self._publish_failed and pub.published_at > 0 and self.path.exists():
+                pub.cleanup()  # the last copy holds everything
+            else:
+                print(f"gpudash: the last copy of {self.path} could not be published; every record is in "
+                      f"{pub.live_path} (copy it there)", file=sys.stderr)
 
     @property
     def closed(self) -> bool:
@@ -316,11 +331,26 @@ class Recorder:
                 self._flush_once()
             except BaseException as exc:  # noqa: BLE001 - the writer outlives anything a record does
                 self._report(f"writer: unexpected {type(exc).__name__}: {exc}")
+            if self._publisher is not None and (stopping or self._publisher.due()):
+                self._publish()
             with self._flushed:
                 self._done_seq = serving
                 self._flushed.notify_all()
             if stopping:
                 return
+
+    def _publish(self) -> None:
+        """Shared-filesystem mode: a consistent copy of the live database into the run folder."""
+        assert self._publisher is not None
+        try:
+            self._publisher.publish(self._conn)
+        except BaseException as exc:  # noqa: BLE001 - retried at the next interval; records stay local
+            self._report(f"writer: cannot publish {self.path} ({type(exc).__name__}: {exc}); the live copy "
+                         f"{self._publisher.live_path} keeps every record, retrying every "
+                         f"{self._publisher.interval:g} s", key=f"publish: {type(exc).__name__}", event=False)
+            self._publish_failed = True
+            return
+        self._publish_failed = False
 
     def _flush_once(self) -> None:
         """Drain the buffer in transactions of at most _BATCH records, so a long

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.request
 from collections.abc import Callable
@@ -56,7 +57,7 @@ def test_scrape_live_run_over_http(live_run: Any) -> None:
     s = _samples(text)
     run = load_run(runs / "exp1")
     last = run.steps.iloc[-1]
-    lab = {"run": "exp1", "rank": "0"}
+    lab = {"run": "exp1", "rank": "0", "node": socket.gethostname()}
     assert _get(s, "gpudash_run_live", **lab) == 1.0
     assert _get(s, "gpudash_step", **lab) == 11
     assert _get(s, "gpudash_step_duration_seconds", **lab) == pytest.approx(last["duration_s"])
@@ -86,8 +87,8 @@ def test_flask_route_and_stale_runs(live_run: Any, tmp_path: Path, train_tiny: C
     resp = app.test_client().get("/metrics")
     assert resp.status_code == 200
     s = _samples(resp.get_data(as_text=True))
-    assert _get(s, "gpudash_run_live", run="group/old", rank="0") == 0.0
-    assert _get(s, "gpudash_step", run="group/old", rank="0") == 1
+    assert _get(s, "gpudash_run_live", run="group/old", rank="0", node=socket.gethostname()) == 0.0
+    assert _get(s, "gpudash_step", run="group/old", rank="0", node=socket.gethostname()) == 1
     strict = flask.Flask("strict")
     register_metrics(strict, runs, max_age_s=0.0)  # finished runs drop out at once
     s = _samples(strict.test_client().get("/metrics").get_data(as_text=True))
@@ -110,6 +111,6 @@ def test_monitor_serves_its_own_metrics(tmp_path: Path, train_tiny: Callable[...
     assert mon.flush() and exporter.url is not None
     with urllib.request.urlopen(exporter.url, timeout=10) as resp:
         s = _samples(resp.read().decode())
-    assert _get(s, "gpudash_step", run="self", rank="0") == 3
+    assert _get(s, "gpudash_step", run="self", rank="0", node=socket.gethostname()) == 3
     mon.close()
     assert exporter.server is None  # stopped with the Monitor
