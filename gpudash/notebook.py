@@ -101,17 +101,22 @@ def _jupyter_server() -> dict[str, Any] | None:
         return None
 
 
-def _has_server_proxy(server: dict[str, Any]) -> bool:
-    """Whether ``server`` answers jupyter-server-proxy's own API (the extension is enabled there)."""
+def _has_server_proxy(server: dict[str, Any]) -> bool | None:
+    """Whether ``server`` answers jupyter-server-proxy's own API (the extension is enabled there);
+    None when it would not say (a hub's login in the way, no answer)."""
+    import urllib.error
     import urllib.request
 
     url = str(server.get("url", "")).rstrip("/") + "/server-proxy/servers-info"
-    req = urllib.request.Request(url, headers={"Authorization": f"token {server.get('token', '')}"})
+    token = server.get("token") or os.environ.get("JUPYTERHUB_API_TOKEN", "")
+    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return bool(resp.status == 200)
-    except Exception:  # noqa: BLE001 - 404 (no extension), refused, timeout: no proxy
-        return False
+    except urllib.error.HTTPError as exc:
+        return False if exc.code == 404 else None  # 404: no such extension on that server
+    except Exception:  # noqa: BLE001 - refused, timeout: unknown
+        return None
 
 
 def proxy_template(proxy: bool | str | None = None) -> str | None:
@@ -125,10 +130,11 @@ def proxy_template(proxy: bool | str | None = None) -> str | None:
     if proxy is None and not _in_kernel():
         return None  # a script or terminal: the browser is on this machine
     server = _jupyter_server()
-    if server is not None and _has_server_proxy(server):
+    has_proxy = None if server is None else _has_server_proxy(server)
+    if server is not None and has_proxy:
         return _template(str(server.get("base_url") or "/"), "the Jupyter server's base_url")
     hub = os.environ.get("JUPYTERHUB_SERVICE_PREFIX")
-    if server is None and hub:  # a hub's single-user server we cannot query: hubs ship the proxy
+    if hub and has_proxy is None:  # a hub's single-user server that would not say: hubs ship the proxy
         return _template(hub, "$JUPYTERHUB_SERVICE_PREFIX")
     if proxy is True:
         raise UserError("no Jupyter server with jupyter-server-proxy runs this kernel: pip install "

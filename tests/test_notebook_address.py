@@ -114,3 +114,48 @@ def test_embed_has_the_iframe_and_the_ssh_line() -> None:
     assert '<iframe src="/user/a/proxy/8123/run/x?token=t&amp;u"' in html and 'height="500"' in html
     assert "not reachable?" in html and "ssh -L 8123:127.0.0.1:8123 " in html
     assert 'href="http://127.0.0.1:8123/user/a/proxy/8123/run/x"' in html
+
+
+@pytest.mark.parametrize(("status", "hub", "expected"), [
+    (200, None, "/user/alice/proxy/{port}/"),       # the server has jupyter-server-proxy
+    (404, None, None),                               # it has not: loopback
+    (404, "/user/alice/", None),                     # not even on a hub
+    (403, "/user/alice/", "/user/alice/proxy/{port}/"),  # a hub's login in the way: hubs ship the proxy
+    (403, None, None),
+    (None, "/user/bob/", "/user/bob/proxy/{port}/"),  # no server found for the kernel, on a hub
+    (None, None, None),
+])
+def test_inferred_from_the_jupyter_server_of_this_kernel(status: int | None, hub: str | None, expected: str | None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Jupyter(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(f"{self.path} {self.headers.get('Authorization')}")
+            self.send_response(status or 500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    fake = ThreadingHTTPServer(("127.0.0.1", 0), Jupyter)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        info = {"url": f"http://127.0.0.1:{fake.server_port}/user/alice/", "base_url": "/user/alice/", "token": "jt"}
+        monkeypatch.setattr(notebook, "_in_kernel", lambda: True)
+        monkeypatch.setattr(notebook, "_jupyter_server", lambda: info if status else None)
+        if hub:
+            monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", hub)
+        assert notebook.proxy_template(None) == expected
+        if status:
+            assert seen == ["/user/alice/server-proxy/servers-info token jt"]
+        if expected is None:
+            with pytest.raises(UserError, match="proxy='/user/NAME/'"):
+                notebook.proxy_template(True)
+    finally:
+        fake.shutdown()
+        fake.server_close()
