@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import dash
 from dash import dcc, html
@@ -79,7 +80,7 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
     app = dash.Dash(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
                     assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"),
                     requests_pathname_prefix=requests_pathname_prefix)
-    app.index_string = index_string()
+    app.index_string = index_string().replace("<a href='/'>", f"<a href='{quote(requests_pathname_prefix)}'>")
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), html.Div(id="page")])
     readers = ReaderCache(runs_dir)
     app.server.wsgi_app = guard(app.server.wsgi_app, token=token,  # type: ignore[method-assign]

@@ -84,6 +84,7 @@ def test_proxied_server_needs_its_token_and_answers_under_the_prefix(tmp_path: P
     page = _get(f"{root}/run/a", host="hub.example.org", cookie=cookie.split(";")[0])
     body = page.read().decode()
     assert page.status == 200 and f'src="/user/alice/proxy/{port}/_dash-component-suites/' in body  # assets via proxy
+    assert f"<a href='/user/alice/proxy/{port}/'>gpudash</a>" in body  # the top bar stays inside the proxy
 
     # opened directly (SSH forward): under the prefix, the cookie scoped to it
     direct = _get(local)
