@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -118,6 +119,14 @@ def _plain(start_response: Callable[..., Any], status: str, text: str) -> list[b
     return [body]
 
 
+def _cookie_path(req: Any) -> str:
+    """Where the browser sees this server: the prefix a proxy strips (jupyter-server-proxy sends it as
+    ``X-Forwarded-Prefix``) or the mount point, so two servers behind one Jupyter keep apart their cookies.
+    Trusting the header only narrows where the browser sends the cookie."""
+    prefix = req.headers.get("X-Forwarded-Prefix", "") or req.script_root
+    return prefix.rstrip("/") + "/" if re.fullmatch(r"[A-Za-z0-9/_.~%-]*", prefix) else "/"
+
+
 def guard(app: Callable[..., Any], *, token: str | None, hosts: frozenset[str],
           browser: bool = False) -> Callable[..., Any]:
     """A WSGI app that answers only requests naming an allowed host and, with ``token``, carrying it.
@@ -148,8 +157,8 @@ def guard(app: Callable[..., Any], *, token: str | None, hosts: frozenset[str],
             args = {k: v for k, v in req.args.items() if k != "token"}
             location = req.script_root + req.path + ("?" + urlencode(args) if args else "")
             start_response("302 Found", [("Location", location), ("Content-Length", "0"),
-                                         ("Set-Cookie", dump_cookie(COOKIE, token, path="/", httponly=True,
-                                                                    samesite="Strict"))])
+                                         ("Set-Cookie", dump_cookie(COOKIE, token, path=_cookie_path(req),
+                                                                    httponly=True, samesite="Strict"))])
             return [b""]
         return app(environ, start_response)
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import dash
 from dash import dcc, html
@@ -68,18 +69,27 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
 
 
 def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = False, host: str = "127.0.0.1",
-               allow_hosts: Iterable[str] = ()) -> dash.Dash:
+               allow_hosts: Iterable[str] = (), requests_pathname_prefix: str = "/") -> dash.Dash:
     """The dashboard for the runs in ``runs_dir``; with ``token`` every route requires it. Requests must
-    name the server in their Host header (:func:`gpudash.access.allowed_hosts` of ``host``)."""
+    name the server in their Host header (:func:`gpudash.access.allowed_hosts` of ``host``).
+
+    ``requests_pathname_prefix``: the path the browser reaches the server under (a proxy that strips it,
+    e.g. Jupyter's ``/user/NAME/proxy/PORT/``); the server answers under it as well as at ``/``."""
     runs_dir = Path(runs_dir)
     no_title: Any = None  # no "Updating..." tab-title flicker on every live tick
     app = dash.Dash(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
-                    assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"))
-    app.index_string = index_string()
+                    assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"),
+                    requests_pathname_prefix=requests_pathname_prefix)
+    app.index_string = index_string().replace("<a href='/'>", f"<a href='{quote(requests_pathname_prefix)}'>")
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), html.Div(id="page")])
     readers = ReaderCache(runs_dir)
     app.server.wsgi_app = guard(app.server.wsgi_app, token=token,  # type: ignore[method-assign]
                                 hosts=allowed_hosts(host, allow_hosts), browser=True)
+    if requests_pathname_prefix.strip("/"):  # also mounted under the prefix: the same URL works by SSH forward
+        from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+        app.server.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+            app.server.wsgi_app, {"/" + requests_pathname_prefix.strip("/"): app.server.wsgi_app})
     _install_api(app.server, runs_dir, readers)
     app.server.register_error_handler(
         BadInput, lambda exc: (f"gpudash: bad request: {exc}\n", 400, {"Content-Type": "text/plain; charset=utf-8"}))
@@ -93,11 +103,21 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
 
 def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
                     token: str | None = None, metrics: bool = False,
-                    allow_hosts: Iterable[str] = ()) -> tuple[str, Callable[[], None]]:
-    """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port."""
+                    allow_hosts: Iterable[str] = (),
+                    prefix_for_port: Callable[[int], str] | None = None) -> tuple[str, Callable[[], None]]:
+    """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port.
+    ``prefix_for_port``: the ``requests_pathname_prefix`` for the port bound (a proxy path naming it)."""
     check_bind(host, token)
-    app = create_app(Path(runs_dir), token=token, metrics=metrics, host=host, allow_hosts=allow_hosts)
-    server, thread = serve_wsgi(app.server, host, port, "gpudash-serve")
+    answer: list[Any] = []  # bound first, so the prefix can name the port; nobody has the URL before the app
+    server, thread = serve_wsgi(lambda environ, start: answer[0](environ, start), host, port, "gpudash-serve")
+    try:
+        app = create_app(Path(runs_dir), token=token, metrics=metrics, host=host, allow_hosts=allow_hosts,
+                         requests_pathname_prefix=prefix_for_port(server.server_port) if prefix_for_port else "/")
+    except BaseException:
+        server.shutdown()
+        server.server_close()
+        raise
+    answer.append(app.server)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
 

@@ -153,9 +153,12 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
 
 def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> None:
     graphs = run_page.LIVE_GRAPHS
+    prefix = str(app.config.requests_pathname_prefix).rstrip("/")  # a proxy's path (notebook), else ""
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
     def route(pathname: str | None, search: str | None) -> Any:
+        if prefix and isinstance(pathname, str) and (pathname + "/").startswith(prefix + "/"):
+            pathname = pathname[len(prefix):]
         return page_for(pathname or "/", search or "", runs_dir, readers)
 
     @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
