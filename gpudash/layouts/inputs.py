@@ -79,6 +79,9 @@ def _series(d: Any) -> dict[str, Any]:
         if k in ("rank", "gpu"):
             if not (k == "gpu" and v is None):
                 as_int(v, f"series {k}", lo=0, hi=MAX_RANK)
+        elif k == "scale":
+            if as_float(v, "series scale") <= 0:
+                raise BadInput("series scale must be positive")
         elif k == "color":
             if v is not None and not isinstance(v, str):
                 raise BadInput("series color must be a string")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from gpudash.analysis.stability import SPIKE_WINDOW, spike_mask
-from gpudash.layouts.common import plot_text
+from gpudash.layouts.common import hover_template, plot_text
 from gpudash.layouts.fig import Fig
 
 __all__ = ["WINDOW", "Series", "add_series", "series_xy", "spike_mask"]
@@ -38,6 +38,8 @@ class Series:
     yaxis: str = "y"
     color: str | None = None
     stack: str = "mem"
+    unit: str = ""  # what the drawn values are in ("MiB", "ms", ...): named on hover
+    scale: float = 1.0  # recorded value / scale = drawn value (bytes -> MiB, seconds -> ms)
 
     @property
     def key(self) -> str:
@@ -142,6 +144,8 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
             n = len(df) if mask is None else int(mask.sum())
             x = np.arange(n, dtype=float)
     y = y[skip:]
+    if spec.scale != 1.0:
+        y = y / spec.scale
     ok = np.isfinite(y) & np.isfinite(x)
     xs, ys = x[ok], _round(y[ok])
     if spec.x == "step" and np.all(xs == np.round(xs)):
@@ -152,6 +156,8 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
 def add_series(fig: Fig, spec: Series, x: list[Any], y: list[Any]) -> None:
     """Append the trace for ``spec`` (``uid`` = its key) to ``fig``; data as plain lists."""
     t: dict[str, Any] = {"x": x, "y": y, "name": plot_text(spec.name), "uid": spec.key, "yaxis": spec.yaxis}
+    if spec.unit:
+        t["hovertemplate"] = hover_template(spec.unit)
     color = {"color": spec.color} if spec.color else {}
     if spec.style == "bar":
         t.update(type="bar", marker=color)

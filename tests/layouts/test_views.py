@@ -48,7 +48,8 @@ def test_memory_by_category(rich) -> None:  # type: ignore[no-untyped-def]
     assert "allocator cache" in names and "activations" in names
     cache = next(s for s in specs if s.name == "allocator cache")
     x, y = series_xy(cache, view.frame("memory"))
-    assert y and all(v == 200_000 for v in y)  # reserved - allocated as logged
+    assert cache.unit == "KiB" and fig.layout["yaxis"]["ticksuffix"] == " KiB"  # binary units, not plotly's SI "kB"
+    assert y and all(v * cache.scale == pytest.approx(200_000, rel=1e-5) for v in y)  # reserved - allocated
     texts = [a.text for a in fig.layout.annotations]
     assert any("budget" in t for t in texts) and any("estimate" in t for t in texts)
     assert any(t == "OOM" for t in texts)
@@ -228,8 +229,8 @@ def test_two_ranks_side_by_side(tmp_path: Path) -> None:
     assert view.ranks == [0, 1]
     _, specs = run_page.build_graph("step-time-graph", view)
     assert {s.rank for s in specs} == {0, 1} and any(s.name.endswith("r1") for s in specs)
-    fig, _ = run_page.build_graph("memory-graph", view, rank=1)
-    assert fig.data[0].y[0] == 2000
+    fig, mspecs = run_page.build_graph("memory-graph", view, rank=1)
+    assert fig.data[0].y[0] * mspecs[0].scale == pytest.approx(2000, rel=1e-5) and mspecs[0].unit == "KiB"
     page = json.dumps(build_run_page("ddp", reader, rank=1), cls=plotly.utils.PlotlyJSONEncoder)
     assert "/run/ddp?rank=0" in page and '"rank": 1' in page
     reader.close()
@@ -257,7 +258,9 @@ def test_device_panels_per_gpu_and_unit(tmp_path: Path) -> None:
     assert axes["pcie_tx_mib_s"] == axes["pcie_rx_mib_s"] != axes["power_w"]
     assert len({axes["power_w"], axes["temp_c"], axes["sm_clock_mhz"], axes["memory_used_bytes"]}) == 4
     titles = {fig.layout[k]["title"]["text"] for k in fig.layout if k.startswith("yaxis")}
-    assert titles == {"%", "MiB/s", "bytes", "W", "°C", "MHz"}
+    assert titles == {"utilization", "bandwidth", "memory", "power", "temperature", "clock"}
+    suffixes = {fig.layout[k].get("ticksuffix") for k in fig.layout if k.startswith("yaxis")}
+    assert suffixes == {" %", " MiB/s", " MiB", " W", " °C", " MHz"}  # 1e9 bytes drawn in MiB, not "1G"
     assert len(fig.data) == len(specs) == 16
 
 

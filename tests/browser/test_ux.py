@@ -1,0 +1,103 @@
+"""What a user reads on the charts, measured in real Chromium: binary units on ticks and hovers, human legend
+names, no label drawn over another or cut off at the figure's edge."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_dashboard import rendered, severe_logs, wait_for  # the existing browser helpers
+
+pytestmark = pytest.mark.browser
+
+#: Every text box of a plotly graph by role: legend, titles, tick labels (rects in page pixels).
+_BOXES_JS = """
+const root = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+const r = (el) => { const b = el.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+const all = (sel) => Array.from(root.querySelectorAll(sel)).filter(e => {
+  const b = e.getBoundingClientRect(); return b.width > 0 && b.height > 0 && (e.textContent || '').trim() !== '' ||
+  e.classList.contains('legend'); }).map(e => ({box: r(e), text: e.textContent}));
+return {svg: r(root.querySelector('.main-svg')),
+        legend: all('g.legend'),
+        titles: all('.g-xtitle text, .g-ytitle text, [class^="g-y"][class$="title"] text, .g-gtitle text'),
+        ticks: all('.xtick text, .ytick text, [class^="y"][class$="tick"] text')};
+"""
+
+
+def _hit(a: list[float], b: list[float], pad: float = 0.5) -> bool:
+    return a[0] < b[2] - pad and b[0] < a[2] - pad and a[1] < b[3] - pad and b[1] < a[3] - pad
+
+
+def label_problems(driver: Any, graph_id: str) -> list[str]:
+    """Text boxes of ``graph_id`` that overlap another label or stick out of the figure."""
+    b = driver.execute_script(_BOXES_JS, graph_id)
+    out = []
+    svg = b["svg"]
+    for item in b["titles"] + b["ticks"] + b["legend"]:
+        x0, y0, x1, y1 = item["box"]
+        if x0 < svg[0] - 1 or y0 < svg[1] - 1 or x1 > svg[2] + 1 or y1 > svg[3] + 1:
+            out.append(f"{graph_id}: {item['text'][:40]!r} clipped at the figure's edge")
+    for leg in b["legend"]:
+        for item in b["titles"] + b["ticks"]:
+            if _hit(leg["box"], item["box"]):
+                out.append(f"{graph_id}: legend over {item['text']!r}")
+    titles = b["titles"]
+    for t in titles:
+        for tick in b["ticks"]:
+            if _hit(t["box"], tick["box"]):
+                out.append(f"{graph_id}: title {t['text']!r} over tick {tick['text']!r}")
+    return out
+
+
+def tick_texts(driver: Any, graph_id: str) -> list[str]:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#' + arguments[0] + ' .ytick text, #' + arguments[0] +"
+        " ' .xtick text')).map(e => e.textContent);", graph_id)
+
+
+def hover_text(driver: Any, graph_id: str, point: int = 3) -> str:
+    """The hover label plotly draws for the ``point``-th point of the first trace."""
+    return driver.execute_script(
+        "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+        "Plotly.Fx.hover(g, [{curveNumber: 0, pointNumber: arguments[1]}]);"
+        "return Array.from(g.querySelectorAll('.hoverlayer text')).map(e => e.textContent).join(' | ');",
+        graph_id, point)
+
+
+LABELLED = ("memory-graph", "memory-at-graph", "step-time-graph", "rates-graph", "phases-graph", "host-graph",
+            "loss-graph", "signals-graph", "segment-map", "activations-graph")
+
+
+def test_units_on_ticks_and_hover(driver: Any, served: tuple[str, Path]) -> None:
+    url, _ = served
+    driver.get(url + "run/rich")
+    for g in LABELLED:
+        wait_for(lambda g=g: rendered(driver, g), what=f"{g} rendered")
+    mem_ticks = tick_texts(driver, "memory-graph")
+    assert any(t.endswith(("KiB", "MiB")) for t in mem_ticks), mem_ticks
+    for g in ("memory-graph", "memory-at-graph", "host-graph", "segment-map", "activations-graph"):
+        ticks = tick_texts(driver, g)
+        assert not [t for t in ticks if t.endswith(("kB", "MB", "GB", "B")) and not t.endswith("iB")
+                    and t != "0 B"], (g, ticks)  # no decimal SI bytes, no "0.00B"
+    hover = hover_text(driver, "memory-graph")
+    assert "KiB" in hover or "MiB" in hover, hover
+    step_hover = hover_text(driver, "step-time-graph")
+    assert " ms" in step_hover or " µs" in step_hover, step_hover  # not raw seconds such as 0.00516177
+    names = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#host-graph .legendtext')).map(e => e.textContent);")
+    assert names and not [n for n in names if "_" in n], names  # "process RSS", not rss_bytes
+    assert severe_logs(driver) == []
+
+
+def test_no_label_overlaps_or_clipping(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.get(url + "run/rich")
+    for g in LABELLED:
+        wait_for(lambda g=g: rendered(driver, g), what=f"{g} rendered")
+    problems = [p for g in LABELLED for p in label_problems(driver, g)]
+    driver.save_screenshot(str(artifacts / "run-page-labels.png"))
+    assert problems == []
