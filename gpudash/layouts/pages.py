@@ -13,7 +13,7 @@ import pandas as pd
 from dash import html
 from gpudash.layouts import events, hotspots, memory, ranks
 from gpudash.layouts.common import source_reason
-from gpudash.layouts.data import RunView, downsample_frame, load_view, rolled_frame
+from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.live import initial_state
@@ -179,7 +179,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     }
     state = initial_state(run_id, view, specs, rank)
     state["downsampled"] = any(view.levels.values()) or any(
-        len(view.frame(t)) >= MAX_POINTS for t in NUMERIC_TABLES)
+        len(view.frame(t)) >= MAX_POINTS or len(view.full.get(t, ())) > len(view.frame(t)) for t in NUMERIC_TABLES)
     return run_page(run_id, view, rank, figs, specs, state, extra)
 
 
@@ -208,6 +208,17 @@ def range_view(reader: RunReader, base: RunView, x0: float, x1: float, xmode: st
     frames = dict(base.frames)
     levels = dict(base.levels)
     for table in NUMERIC_TABLES:
+        whole = base.full.get(table)
+        if table in STEP_TABLES and whole is not None:  # step charts: the full-resolution rows of the range
+            key, lo, hi = ("step", x0, x1) if xmode == "step" else ("time", t0, t1)
+            if key in whole and len(whole):
+                v = pd.to_numeric(whole[key], errors="coerce")
+                part = whole[(v >= lo) & (v <= hi)].reset_index(drop=True)
+            else:
+                part = whole
+            frames[table] = downsample_frame(part, table, MAX_POINTS)
+            levels[table] = 0
+            continue
         df, level = reader.read_range(table, t0, t1, max_rows=MAX_POINTS)
         if level:
             df = rolled_frame(df)
@@ -219,5 +230,5 @@ def range_view(reader: RunReader, base: RunView, x0: float, x1: float, xmode: st
         frames[table] = downsample_frame(df, table, MAX_POINTS)
         levels[table] = level
     return RunView(path=base.path, meta=base.meta, status=base.status, frames=frames, levels=levels,
-                   problems=base.problems, cursor=base.cursor, last=base.last, t0=base.t0)
+                   problems=base.problems, cursor=base.cursor, last=base.last, t0=base.t0, full=base.full)
 

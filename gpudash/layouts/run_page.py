@@ -73,6 +73,7 @@ def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int
     if spec is None or trace is None or "loss" not in steps or "step" not in steps:
         return
     rows = steps[steps["rank"] == spec.rank] if "rank" in steps else steps
+    rows = rows[rows["step"].isin(list(spikes))]
     loss = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")["loss"]
     shown = [int(s) for s in spikes if s in loss.index]
     trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
@@ -95,8 +96,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig = throughput.phase_figure(view.frame("steps"), specs, live)
     elif graph == "loss-graph":
         fig = stability.loss_figure(view.frame("steps"), specs, live)
-        if spikes is not None:
-            _mark_spikes(fig, specs, view.frame("steps"), spikes)
+        if spikes is not None:  # looked up in every row: a downsampled frame may have dropped a spike's row
+            _mark_spikes(fig, specs, view.full.get("steps", view.frame("steps")), spikes)
     elif graph == "signals-graph":
         _, titles = stability.signal_series(view.frame("steps"), view.frame("memory"), rank)
         fig = device.panels_figure("Stability signals", f, specs, view.t0, live, axis_titles=titles, xaxis_title="step")
@@ -157,7 +158,9 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     rows, hot-spot rows, the summary verdicts (or None), the snapshot options, the ranks box's children and the
     run's :class:`gpudash.analysis.facts.Facts` (the lights render them)."""
     meta = view.meta
-    last = view.last_step
+    facts = extra.get("facts")
+    # the header's step is the run's facts (the summary says the same), the view's only before they exist
+    last = facts.steps - 1 if facts is not None and facts.steps else view.last_step
     first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
     stats = throughput.throughput_stats(view.frame("steps"), meta)
     lights = stability.stability_lights(extra.get("facts"))

@@ -101,3 +101,32 @@ def test_no_label_overlaps_or_clipping(driver: Any, served: tuple[str, Path], ar
     problems = [p for g in LABELLED for p in label_problems(driver, g)]
     driver.save_screenshot(str(artifacts / "run-page-labels.png"))
     assert problems == []
+
+
+def test_long_run_drawn_whole_with_spike(driver: Any, tmp_path: Path, artifacts: Path) -> None:
+    """200,000 short steps: the charts start at step 0 and show the spike at step 150,000; the header says the
+    run's last step."""
+    from runmaker import long_run
+
+    from gpudash.app import serve_in_thread
+
+    long_run(tmp_path / "long")
+    url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
+    trace = ("const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+             "const t = g.data.find(t => t.name === arguments[1]); return t ? [t.x, t.y] : null;")
+    try:
+        driver.get(url + "run/long")
+        for g in ("memory-graph", "loss-graph"):
+            wait_for(lambda g=g: rendered(driver, g), what=f"{g} rendered")
+        x, y = driver.execute_script(trace, "memory-graph", "activations")
+        assert x[0] == 0 and x[-1] == 199_999 and 150_000 in x
+        assert y[x.index(150_000)] > 50 * sorted(y)[len(y) // 2]  # the spike stands out, drawn at its height
+        rng = driver.execute_script("return document.querySelector('#memory-graph .js-plotly-plot')"
+                                    "._fullLayout.xaxis.range")
+        assert rng[0] <= 0 and rng[1] >= 199_999
+        assert driver.execute_script(trace, "loss-graph", "spike")[0] == [150_000]
+        assert driver.find_element("id", "last-step").text == "199999"
+        driver.save_screenshot(str(artifacts / "run-page-long.png"))
+        assert severe_logs(driver) == []
+    finally:
+        stop()
