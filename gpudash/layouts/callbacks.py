@@ -158,6 +158,27 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     def route(pathname: str | None, search: str | None) -> Any:
         return page_for(pathname or "/", search or "", runs_dir, readers)
 
+    @app.callback(Output("runs-table-box", "children"), Output("runs-count", "children"), Output("runs-shown", "data"),
+                  Input("runs-interval", "n_intervals"), Input("runs-search", "value"), Input("runs-status", "value"),
+                  State({"type": "compare-pick", "run": ALL}, "value"), State("runs-shown", "data"),
+                  prevent_initial_call=True)
+    def runs_refresh(_n: int | None, query: str | None, status: str | None, picks: list[Any] | None,
+                     shown: Any) -> Any:
+        # the runs list is live: new runs appear, steps / status / duration move; ticked compare boxes stay ticked
+        if not isinstance(query, str | None) or len(query or "") > 500:
+            raise BadInput("the search must be a short string")
+        if status not in (None, *(v for v, _ in runs.STATUS_FILTERS)):
+            raise BadInput("unknown status filter")
+        if not isinstance(picks, list | None) or not all(isinstance(v, list | None) for v in picks or []):
+            raise BadInput("compare picks must be lists of run ids")
+        every = runs.list_runs(runs_dir)
+        rows = runs.filter_runs(every, query, status)
+        sig = runs.row_signature(rows)
+        if dash.ctx.triggered_id == "runs-interval" and sig == shown:
+            raise PreventUpdate
+        picked = {v for vals in picks or [] for v in (vals or []) if isinstance(v, str)}
+        return runs.runs_table(runs_dir, rows, picked, len(every)), runs.runs_count(runs_dir, len(rows), len(every)), sig
+
     @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
     def compare_href(values: list[list[str]]) -> str:
         if not isinstance(values, list) or not all(isinstance(v, list | None) for v in values):

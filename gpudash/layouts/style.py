@@ -33,6 +33,9 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .sev { font-size: 12px; padding: 0 6px; border-radius: 8px; margin-right: 6px; color: #fff; background: #888; }
 .sev-bad { background: #d62728; } .sev-warn { background: #ffb000; } .sev-ok { background: #2ca02c; }
 #last-step { font-weight: 600; }
+.runs-tools { display: flex; gap: 10px; align-items: center; margin: 8px 0; }
+.status-filter label { margin-right: 10px; font-size: 13px; }
+.runs-tools .search { padding: 6px 8px; border: 1px solid #bbb; border-radius: 4px; width: 280px; font-size: 14px; }
 .rank-link { margin-right: 6px; color: #1f77b4; } .rank-link.current { font-weight: 700; color: #222; }
 """
 

@@ -129,4 +129,51 @@ def test_long_run_drawn_whole_with_spike(driver: Any, tmp_path: Path, artifacts:
         driver.save_screenshot(str(artifacts / "run-page-long.png"))
         assert severe_logs(driver) == []
     finally:
+        driver.get("about:blank")  # no request of this page reaches the stopped server
         stop()
+
+
+def test_runs_list_is_live_with_search_and_filter(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    """A run started after the page opened appears by itself; its steps move; search and status filter the rows."""
+    from runmaker import LiveRun
+
+    url, root = served
+    driver.get(url)
+    wait_for(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), what="runs table")
+    driver.execute_script("window.__gpudashNoReload = 1;")
+    before = len(driver.find_elements("css selector", "#runs-table tbody tr"))
+    boxes = driver.find_elements("css selector", "#runs-table input[type=checkbox]")
+    ticked = boxes[0].get_attribute("value")
+    boxes[0].click()  # a ticked compare box survives the refreshes
+    row_sel = "#runs-table tr[id*='appeared']"
+    with LiveRun(root / "appeared", delay=0.05, name="appeared-later"):
+        row = wait_for(lambda: driver.find_elements("css selector", row_sel), timeout=15, what="new run's row")
+        assert "live" in row[0].text
+        cells = lambda: driver.find_elements("css selector", row_sel + " td")  # noqa: E731
+
+        def steps_now() -> int:
+            return int(cells()[6].text.replace(",", ""))
+
+        first = wait_for(steps_now, what="steps shown")
+        wait_for(lambda: steps_now() > first, what="steps of the live run moving")
+        assert len(driver.find_elements("css selector", "#runs-table tbody tr")) == before + 1
+        assert [b.get_attribute("value") for b in driver.find_elements("css selector", "#runs-table input[type=checkbox]")
+                if b.is_selected()] == [ticked]
+        search = driver.find_element("id", "runs-search")
+        search.send_keys("appeared")
+        wait_for(lambda: len(driver.find_elements("css selector", "#runs-table tbody tr")) == 1, what="search")
+        search.clear()
+        search.send_keys("no such run")
+        wait_for(lambda: not driver.find_elements("css selector", "#runs-table tbody tr"), what="nothing matches")
+        assert "no run matches" in driver.find_element("id", "runs-table-box").text
+        driver.execute_script("arguments[0].value = ''", search)
+        search.send_keys(" ")
+        wait_for(lambda: len(driver.find_elements("css selector", "#runs-table tbody tr")) == before + 1,
+                 what="search cleared")
+        driver.find_element("css selector", "#runs-status input[value='live']").click()
+        wait_for(lambda: [r.text for r in driver.find_elements("css selector", "#runs-table tbody tr")] and all(
+            "live" in r.text for r in driver.find_elements("css selector", "#runs-table tbody tr")), what="live only")
+        driver.save_screenshot(str(artifacts / "runs-page-live.png"))
+    wait_for(lambda: not driver.find_elements("css selector", "#runs-table tbody tr"), what="finished run leaves 'live'")
+    assert driver.execute_script("return window.__gpudashNoReload") == 1  # no reload
+    assert severe_logs(driver) == []

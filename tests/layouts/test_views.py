@@ -288,3 +288,18 @@ def test_cpu_time_columns_are_not_phases() -> None:
 
     steps = pd.DataFrame({"duration_s": [1.0], "forward_s": [0.4], "thread_cpu_s": [0.9], "forward_gpu_s": [0.3]})
     assert throughput.phase_columns(steps) == ["forward_s"]
+
+
+def test_runs_filter_and_signature() -> None:
+    from gpudash.layouts.runs import filter_runs, row_signature
+
+    rows = [{"id": "a", "name": "GPT small", "status": "live", "device": "NVIDIA H100", "steps": 5},
+            {"id": "b", "name": "tiny mlp", "status": "finished", "device": "cpu", "steps": 40},
+            {"id": "c", "name": "gpt big", "status": "crashed", "device": "NVIDIA A100", "steps": 9}]
+    assert [r["id"] for r in filter_runs(rows, "gpt")] == ["a", "c"]  # any case
+    assert [r["id"] for r in filter_runs(rows, "gpt a100")] == ["c"]  # every word
+    assert [r["id"] for r in filter_runs(rows, "", "finished")] == ["b"]
+    assert [r["id"] for r in filter_runs(rows, None, "all")] == ["a", "b", "c"]
+    assert filter_runs(rows, "h100", "crashed") == []
+    moved = [dict(rows[0], steps=6), *rows[1:]]
+    assert row_signature(moved) != row_signature(rows)  # a step more redraws the table
