@@ -76,7 +76,8 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
     app = dash.Dash(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
                     assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"))
     app.index_string = index_string()
-    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), html.Div(id="page")])
+    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), dcc.Store(id="shown-page"),
+                           html.Div(id="page")])
     readers = ReaderCache(runs_dir)
     app.server.wsgi_app = guard(app.server.wsgi_app, token=token,  # type: ignore[method-assign]
                                 hosts=allowed_hosts(host, allow_hosts), browser=True)

@@ -39,7 +39,8 @@ from gpudash.layouts.pages import (
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.store.reader import RunReader
 
-__all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "zoom_range"]
+__all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
+           "view_search", "zoom_range"]
 
 _ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph": "step", "phases-graph": "step",
                 "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
@@ -117,6 +118,39 @@ def event_inputs(click: Any, cell: Any, rows: Any) -> tuple[dict[str, Any] | Non
     return clean_click, clean_cell, clean_rows
 
 
+def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, float] | None]:
+    """The replay cursor and the step range zoomed to, from the address (``?cursor=N&x0=A&x1=B``); a value
+    that is not a number is ignored (the page opens as if it were absent)."""
+    cursor: int | None = None
+    xrange: tuple[float, float] | None = None
+    try:
+        cursor = as_int(query["cursor"][0], "cursor", lo=0) if "cursor" in query else None
+    except BadInput:
+        cursor = None
+    try:
+        if "x0" in query and "x1" in query:
+            a, b = as_float(query["x0"][0], "x0"), as_float(query["x1"][0], "x1")
+            xrange = (a, b) if a < b else None
+    except BadInput:
+        xrange = None
+    return cursor, xrange
+
+
+def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None) -> str:
+    """``search`` with the cursor (None: removed) and the zoom (a range; True: reset; None: unchanged) written in."""
+    query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+    if cursor is None:
+        query.pop("cursor", None)
+    else:
+        query["cursor"] = str(cursor)
+    if zoom is True:
+        query.pop("x0", None)
+        query.pop("x1", None)
+    elif isinstance(zoom, tuple):
+        query["x0"], query["x1"] = (f"{v:.6g}" for v in zoom)
+    return "?" + urlencode(query) if query else ""
+
+
 def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -> Any:
     if not isinstance(pathname, str) or not isinstance(search, str):
         raise BadInput("the page address must be a string")
@@ -129,12 +163,14 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         except (InvalidRunId, RunError):
             return html.Div([dcc.Link("← all runs", href="/"), note(f"no run named {run_id!r} in {runs_dir}")],
                             id="not-found")
+        query = parse_qs(search.lstrip("?"))
         try:  # a rank typed into the address: the first rank when it is not one
-            rank = rank_of(parse_qs(search.lstrip("?")).get("rank", ["0"])[0])
+            rank = rank_of(query.get("rank", ["0"])[0])
         except BadInput:
             rank = 0
+        cursor, xrange = view_params(query)
         with lock:
-            return build_run_page(run_id, reader, rank)
+            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange)
     if pathname == "/compare":
         wanted = [r for r in ",".join(parse_qs(search.lstrip("?")).get("runs", [])).split(",") if r]
         views, missing = [], []
@@ -154,9 +190,40 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
 def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> None:
     graphs = run_page.LIVE_GRAPHS
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
-    def route(pathname: str | None, search: str | None) -> Any:
-        return page_for(pathname or "/", search or "", runs_dir, readers)
+    @app.callback(Output("page", "children"), Output("shown-page", "data"), Input("url", "pathname"),
+                  Input("url", "search"), State("shown-page", "data"))
+    def route(pathname: str | None, search: str | None, shown: Any) -> Any:
+        # the view's own address changes (cursor, zoom) keep the page that wrote them
+        pathname, search = pathname or "/", search or ""
+        if not isinstance(pathname, str) or not isinstance(search, str):
+            raise BadInput("the page address must be a string")
+        query = parse_qs(search.lstrip("?"))
+        here = {"path": pathname, "rank": query.get("rank", ["0"])[0]}
+        if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here and pathname.startswith("/run/"):
+            raise PreventUpdate
+        return page_for(pathname, search, runs_dir, readers), here
+
+    @app.callback(Output("url", "search"),
+                  Input("cursor-slider", "value"), *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
+                  State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
+                  prevent_initial_call=True)
+    def view_to_url(cursor: Any, *rest: Any) -> str:
+        # the view in the address: a copied link opens the same cursor and zoom (a live run's end is not a cursor)
+        *relayouts, search, status, hi = rest
+        if not isinstance(search, str | None) or not isinstance(status, str | None):
+            raise BadInput("search and status must be strings")
+        cursor = None if cursor is None else as_int(cursor, "cursor")
+        hi = None if hi is None else as_int(hi, "slider max")
+        if status == "live" and cursor is not None and hi is not None and cursor >= hi:
+            cursor = None
+        trig = dash.ctx.triggered_id
+        zoom = None
+        if trig in run_page.STEP_GRAPHS:
+            zoom = zoom_range(relayouts[run_page.STEP_GRAPHS.index(trig)])
+        out = view_search(search or "", cursor, zoom)
+        if out == (search or ""):
+            raise PreventUpdate
+        return out
 
     @app.callback(Output("runs-table-box", "children"), Output("runs-count", "children"), Output("runs-shown", "data"),
                   Input("runs-interval", "n_intervals"), Input("runs-search", "value"), Input("runs-status", "value"),
@@ -266,20 +333,24 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     @app.callback(
         Output("cursor-slider", "value"),
         Input("play-interval", "n_intervals"), Input("prev-event", "n_clicks"), Input("next-event", "n_clicks"),
-        Input("events-graph", "clickData"), Input("events-table", "active_cell"),
+        Input("events-graph", "clickData"), Input("events-table", "active_cell"), Input("cursor-input", "n_submit"),
         State("cursor-slider", "value"), State("cursor-slider", "min"), State("cursor-slider", "max"),
-        State("speed", "value"), State("page-run", "data"), State("events-table", "data"),
+        State("speed", "value"), State("page-run", "data"), State("events-table", "data"), State("cursor-input", "value"),
         prevent_initial_call=True,
     )
-    def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, value: int | None, lo: int, hi: int,
-                    speed: int, page: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, _enter: int | None, value: int | None, lo: int,
+                    hi: int, speed: int, page: dict[str, Any], rows: list[dict[str, Any]], typed: Any) -> int:
         trigger = dash.ctx.triggered_id
         lo, hi = as_int(lo or 0, "slider min"), as_int(hi or 0, "slider max")
         value = as_int(value if value is not None else lo, "cursor")
+        if trigger == "cursor-input":  # Enter in the step box: that step, within the run
+            if typed is None or typed == "":
+                raise PreventUpdate
+            return min(max(round(as_float(typed, "step")), lo), hi)
         click, cell, rows = event_inputs(click, cell, rows)
         if trigger == "play-interval":
             step_s = as_float((page or {}).get("step_s") or 0.1, "step_s") if isinstance(page, dict | None) else 0.1
-            per_tick = min(0.5 * as_float(speed or 1, "speed") / max(step_s, 1e-6), float(2**53))
+            per_tick = min(run_page.TICK_MS / 1000 * as_float(speed or 1, "speed") / max(step_s, 1e-6), float(2**53))
             nxt = value + max(1, round(per_tick))
             return lo if value >= hi else min(nxt, hi)
         if trigger in ("prev-event", "next-event"):
@@ -325,6 +396,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             rows = memory_row_at(reader, step, rank)
             maps = load_snapshots(reader)
             acts = activations_at(reader, step, rank)
+            has_acts = bool(len(acts)) or (rank in reader.ranks and reader.ranks[rank].max_rowid("activations") > 0)
             meta = dict(reader.run_meta(), **(reader.rank_meta().get(rank) or {}))
         snap_key = [len(maps), pick, getattr(pick_snapshot(maps, step, pick), "step", None)]
         act_key = int(acts["step"].max()) if len(acts) else None
@@ -334,7 +406,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             seg_child = note(seg) if isinstance(seg, str) else \
                 dcc.Graph(id="segment-map", figure=seg, config=run_page.GRAPH_CONFIG)
         act_child: Any = no_update
-        if len(acts) and not (follow and prev.get("act") == act_key):
+        if (len(acts) or has_acts) and not (follow and prev.get("act") == act_key):
+            # before the first sampled step the chart says so (it does not keep showing another step's)
             act_child = dcc.Graph(id="activations-graph", figure=memory.activations_figure(acts, step, rank),
                                   config=run_page.GRAPH_CONFIG)
         patches: list[Any] = []

@@ -17,7 +17,7 @@ from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_vi
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import LIVE_GRAPHS, build_graph, run_page
+from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, build_graph, run_page
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
@@ -153,25 +153,40 @@ def facts_for(path: Any) -> Any | None:
         return None
 
 
-def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None) -> html.Div:
+def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None,
+                   cursor: int | None = None, xrange: tuple[float, float] | None = None) -> html.Div:
+    """The run page; ``cursor`` and ``xrange`` (a step range) come from the page's address, so a link
+    reproduces the view it was copied from."""
     view = view if view is not None else load_view(reader)
     if rank not in view.ranks:
         rank = view.ranks[0]
     facts = facts_for(reader.path)
     spikes = list(facts.loss_spike_steps) if facts is not None else None
+    last = view.last_step
+    if cursor is not None and last is not None:
+        first = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
+        cursor = min(max(cursor, first), last)
+    elif cursor is not None:
+        cursor = None
+    zoomed = range_view(reader, view, xrange[0], xrange[1]) if xrange is not None else view
     figs, specs = {}, {}
     for g in LIVE_GRAPHS:
-        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step,
-                                        spikes=spikes)
+        at = cursor if cursor is not None else None if view.status == "live" else last
+        src = zoomed if g in STEP_GRAPHS else view
+        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes)
+        if xrange is not None and g in STEP_GRAPHS:
+            figs[g].update_xaxes(range=list(xrange))
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
-    mem_now = memory.memory_at(view.frame("memory"), None, rank)
+    mem_now = memory.memory_at(view.full.get("memory", view.frame("memory")), cursor, rank)
     extra: dict[str, Any] = {
+        "cursor": cursor,
         "memory_at": memory.memory_at_figure(mem_now),
-        "segment_map": segment_map_view(maps, view.last_step, "cursor", view.meta, view.frame("events")),
+        "segment_map": segment_map_view(maps, cursor if cursor is not None else last, "cursor", view.meta,
+                                        view.frame("events")),
         "snapshot_options": snapshot_options(maps),
-        "activations": memory.activations_figure(view.frame("activations"), None, rank),
+        "activations": memory.activations_figure(view.frame("activations"), cursor, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
         "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory")),

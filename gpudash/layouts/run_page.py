@@ -14,7 +14,8 @@ from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import Series
 
-__all__ = ["LIVE_GRAPHS", "SPEEDS", "build_graph", "graph_specs", "run_page", "summary_children"]
+__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
+           "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
 LIVE_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph", "loss-graph", "signals-graph",
@@ -22,6 +23,24 @@ LIVE_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph",
 #: Graphs that carry the replay cursor as their first layout shape.
 CURSOR_GRAPHS = ("memory-graph", "step-time-graph", "loss-graph", "phases-graph")
 SPEEDS = (1, 2, 5, 10, 20, 50, 100)
+#: Graphs whose x axis is the step (a zoom in the address applies to them).
+STEP_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph", "loss-graph", "signals-graph")
+#: Seconds the default replay speed takes to play a whole run.
+REPLAY_S = 30.0
+#: Milliseconds between replay ticks (the cursor moves this often while playing).
+TICK_MS = 500
+
+
+def replay_speed(n_steps: int, step_s: float, seconds: float = REPLAY_S) -> float:
+    """The speed (× real time) at which ``n_steps`` of ``step_s`` seconds play in about ``seconds``."""
+    return max(n_steps * max(step_s, 1e-6) / seconds, 1e-6)
+
+
+def speed_options(auto: float) -> list[dict[str, Any]]:
+    """The fixed speeds and ``auto`` (the run in about 30 s), in order."""
+    opts = [{"label": f"{s}x", "value": s} for s in SPEEDS if abs(s - auto) > 1e-9]
+    opts.append({"label": f"{auto:.3g}x (whole run in {REPLAY_S:.0f} s)", "value": auto})
+    return sorted(opts, key=lambda o: float(o["value"]))
 GRAPH_CONFIG: Any = {"displaylogo": False, "scrollZoom": False}
 
 
@@ -182,17 +201,23 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
                  style={} if extra.get("verdicts") else {"display": "none"}),
     ], className="run-header")
+    cursor = extra.get("cursor")
+    at = cursor if cursor is not None else last
+    n_steps = (last or 0) - first_step + 1
+    auto = replay_speed(n_steps, stats.get("median_s") or 0.1)
     replay = html.Div([
         html.Button("▶ play", id="play-button", n_clicks=0, className="button"),
-        dcc.Dropdown(id="speed", options=[{"label": f"{s}x", "value": s} for s in SPEEDS], value=10, clearable=False,
-                     style={"width": "90px"}),
+        dcc.Dropdown(id="speed", options=speed_options(auto), value=auto, clearable=False, style={"width": "230px"}),
         html.Button("« prev event", id="prev-event", n_clicks=0, className="button"),
         html.Button("next event »", id="next-event", n_clicks=0, className="button"),
-        html.Span("cursor: ", className="muted"), html.Span("-" if last is None else str(last), id="cursor-label"),
+        html.Span("cursor: ", className="muted"), html.Span("-" if at is None else str(at), id="cursor-label"),
+        html.Span(" go to step ", className="muted"),
+        dcc.Input(id="cursor-input", type="number", min=first_step, max=max(last or 0, first_step + 1), step=1,
+                  debounce=True, className="step-box", placeholder=str(at if at is not None else "")),
         html.Div(dcc.Slider(id="cursor-slider", min=first_step, max=max(last or 0, first_step + 1),
-                            value=last if last is not None else 0, step=1, updatemode="mouseup", marks=None,
+                            value=at if at is not None else 0, step=1, updatemode="mouseup", marks=None,
                             tooltip={"placement": "bottom", "always_visible": False}), className="slider"),
-        dcc.Interval(id="play-interval", interval=500, disabled=True),
+        dcc.Interval(id="play-interval", interval=TICK_MS, disabled=True),
     ], className="replay-bar", id="replay-bar")
     acts_reason = None if len(view.frame("activations")) else source_reason("activations", meta, view.frame("events"))
     snap = extra.get("segment_map")

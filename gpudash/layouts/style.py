@@ -23,6 +23,7 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
   cursor: pointer; text-decoration: none; color: #222; font-size: 13px; }
 .replay-bar { display: flex; align-items: center; gap: 8px; flex-wrap: wrap; background: #fff; border: 1px solid #e3e5e8;
   border-radius: 6px; padding: 8px 14px; position: sticky; top: 0; z-index: 10; }
+.replay-bar .step-box { width: 110px; padding: 3px 6px; border: 1px solid #bbb; border-radius: 4px; }
 .replay-bar .slider { flex: 1 1 400px; min-width: 300px; }
 .lights { display: flex; gap: 18px; flex-wrap: wrap; margin: 6px 0; font-size: 13px; }
 .light { display: inline-block; width: 12px; height: 12px; border-radius: 6px; margin-right: 5px; vertical-align: -1px; }

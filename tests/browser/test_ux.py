@@ -177,3 +177,54 @@ def test_runs_list_is_live_with_search_and_filter(driver: Any, served: tuple[str
     wait_for(lambda: not driver.find_elements("css selector", "#runs-table tbody tr"), what="finished run leaves 'live'")
     assert driver.execute_script("return window.__gpudashNoReload") == 1  # no reload
     assert severe_logs(driver) == []
+
+
+def _acts_title(driver: Any) -> str:
+    return driver.execute_script(
+        "const g = document.querySelector('#activations-graph .js-plotly-plot');"
+        "return g ? (g.layout.title.text || '') + ' | ' + (g.layout.annotations || []).map(a => a.text).join(' ') : '';")
+
+
+def test_replay_step_box_url_and_speed(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    """Enter in the step box moves the cursor; activations follow it; cursor and zoom go into the address and a
+    copied link reopens them; the default speed plays the run in about 30 s."""
+    from gpudash.store.reader import RunReader
+
+    url, root = served
+    sampled = sorted(int(s) for s in RunReader(root / "rich").read_table("activations")["step"].unique())
+    assert sampled and sampled[0] > 0, sampled  # the toy run samples activations after its first step
+    driver.get(url + "run/rich")
+    for g in ("memory-graph", "activations-graph", "loss-graph"):
+        wait_for(lambda g=g: rendered(driver, g), what=f"{g} rendered")
+    speed = driver.execute_script("return document.querySelector('#speed').textContent")
+    assert "whole run in 30 s" in speed, speed
+    box = driver.find_element("id", "cursor-input")
+    box.send_keys("0\n")  # before the run's first sampled activation step
+    wait_for(lambda: driver.find_element("id", "cursor-label").text == "0", what="cursor at step 0 after Enter")
+    wait_for(lambda: "no sampled step at or before" in _acts_title(driver), what="activations follow to step 0")
+    wait_for(lambda: "cursor=0" in driver.current_url, what="cursor in the address")
+    box.clear()
+    box.send_keys("20\n")
+    wait_for(lambda: driver.find_element("id", "cursor-label").text == "20", what="cursor at step 20")
+    want = f"(step {max(s for s in sampled if s <= 20)},"
+    wait_for(lambda: want in _acts_title(driver), what="activations of the last sampled step again")
+    for _ in range(3):  # the graph binds its relayout handler a moment after the first draw
+        driver.execute_script("Plotly.relayout(document.querySelector('#loss-graph .js-plotly-plot'), "
+                              "{'xaxis.range[0]': 5, 'xaxis.range[1]': 25});")
+        try:
+            wait_for(lambda: "x0=5" in driver.current_url and "x1=25" in driver.current_url, timeout=5, what="zoom")
+            break
+        except AssertionError:
+            continue
+    link = driver.current_url
+    assert "cursor=20" in link and "x0=5" in link
+    driver.get("about:blank")
+    driver.get(link)  # the copied link
+    wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph from the link")
+    assert driver.find_element("id", "cursor-label").text == "20"
+    rng = driver.execute_script("return document.querySelector('#memory-graph .js-plotly-plot')._fullLayout.xaxis.range")
+    assert [round(v) for v in rng] == [5, 25]
+    line = driver.execute_script("return document.querySelector('#loss-graph .js-plotly-plot').layout.shapes[0]")
+    assert line["x0"] == 20 and line["visible"]
+    driver.save_screenshot(str(artifacts / "run-page-from-link.png"))
+    assert severe_logs(driver) == []

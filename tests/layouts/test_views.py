@@ -303,3 +303,26 @@ def test_runs_filter_and_signature() -> None:
     assert filter_runs(rows, "h100", "crashed") == []
     moved = [dict(rows[0], steps=6), *rows[1:]]
     assert row_signature(moved) != row_signature(rows)  # a step more redraws the table
+
+
+def test_view_in_the_address_round_trips() -> None:
+    from urllib.parse import parse_qs
+
+    from gpudash.layouts.callbacks import view_params, view_search
+
+    search = view_search("?rank=1", 120, (100.0, 250.5))
+    assert parse_qs(search[1:]) == {"rank": ["1"], "cursor": ["120"], "x0": ["100"], "x1": ["250.5"]}
+    assert view_params(parse_qs(search[1:])) == (120, (100.0, 250.5))
+    assert view_search(search, None, True) == "?rank=1"  # zoom reset and a followed live end leave the address
+    assert view_search(search, 7, None).count("x0=100") == 1  # a cursor move keeps the zoom
+    assert view_params({"cursor": ["abc"], "x0": ["5"], "x1": ["1"]}) == (None, None)  # nonsense is ignored
+
+
+def test_replay_speed_plays_any_run_in_about_30_s() -> None:
+    from gpudash.layouts.run_page import REPLAY_S, TICK_MS, replay_speed, speed_options
+
+    for n, step_s in ((40, 0.002), (200_000, 0.001), (10_000_000, 0.3), (12, 5.0)):
+        speed = replay_speed(n, step_s)
+        per_tick = (TICK_MS / 1000) * speed / step_s  # what the play callback advances per tick
+        assert n / per_tick * TICK_MS / 1000 == pytest.approx(REPLAY_S)
+        assert any(o["value"] == speed for o in speed_options(speed))
