@@ -172,8 +172,9 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         with lock:
             return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange)
     if pathname == "/compare":
-        wanted = [r for r in ",".join(parse_qs(search.lstrip("?")).get("runs", [])).split(",") if r]
-        views, missing = [], []
+        query = parse_qs(search.lstrip("?"))
+        wanted = [r for r in ",".join(query.get("runs", [])).split(",") if r]
+        views, missing, facts = [], [], []
         for run_id in wanted[:8]:
             try:
                 reader, lock = readers.get(run_id)
@@ -183,7 +184,12 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
             with lock:
                 view = load_view(reader)
             views.append((str(view.meta.get("name") or run_id), view))
-        return compare.compare_page(views, missing)
+            facts.append(facts_for(reader.path))
+        try:
+            baseline = as_int(query.get("base", ["0"])[0], "baseline", lo=0, hi=len(views))
+        except BadInput:
+            baseline = 0
+        return compare.compare_page(views, missing, facts, baseline)
     return html.Div([dcc.Link("← all runs", href="/"), note(f"no page {pathname}")], id="not-found")
 
 
@@ -245,6 +251,20 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             raise PreventUpdate
         picked = {v for vals in picks or [] for v in (vals or []) if isinstance(v, str)}
         return runs.runs_table(runs_dir, rows, picked, len(every)), runs.runs_count(runs_dir, len(rows), len(every)), sig
+
+    @app.callback(Output("url", "search", allow_duplicate=True), Input("compare-baseline", "value"),
+                  State("url", "search"), prevent_initial_call=True)
+    def compare_baseline(baseline: Any, search: str | None) -> str:
+        # the baseline in the address: the page redraws its table against it, and a link keeps it
+        baseline = as_int(baseline, "baseline", lo=0, hi=64)
+        if not isinstance(search, str | None):
+            raise BadInput("search must be a string")
+        query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+        query["base"] = str(baseline)
+        out = "?" + urlencode(query)
+        if out == search:
+            raise PreventUpdate
+        return out
 
     @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
     def compare_href(values: list[list[str]]) -> str:

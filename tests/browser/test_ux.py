@@ -228,3 +228,29 @@ def test_replay_step_box_url_and_speed(driver: Any, served: tuple[str, Path], ar
     assert line["x0"] == 20 and line["visible"]
     driver.save_screenshot(str(artifacts / "run-page-from-link.png"))
     assert severe_logs(driver) == []
+
+
+def test_compare_baseline_and_overlays(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    """Loss, throughput, memory and step time overlaid; the baseline is chosen, and the ratios follow it."""
+    url, _ = served
+    driver.get(url + "compare?runs=rich,plain")
+    for g in ("compare-loss", "compare-throughput", "compare-memory", "compare-step-time"):
+        wait_for(lambda g=g: rendered(driver, g), what=f"{g} rendered")
+        n = driver.execute_script(f"return document.querySelector('#{g} .js-plotly-plot').data.length")
+        assert n == 2, g
+
+    def first_col() -> list[str]:
+        return [c.text for c in driver.find_elements("css selector", "#compare-table td[data-dash-column='run']")]
+
+    assert wait_for(first_col, what="compare table")[0].endswith("(baseline)")
+    driver.find_element("css selector", "#compare-baseline").click()
+    option = wait_for(lambda: [e for e in driver.find_elements("css selector", "[role=option]")
+                               if e.is_displayed() and e.text.strip() == "plain"], what="baseline option")
+    option[0].click()
+    wait_for(lambda: "base=1" in driver.current_url, what="baseline in the address")
+    wait_for(lambda: first_col() and first_col()[1].endswith("(baseline)"), what="table against the new baseline")
+    ratios = [c.text for c in driver.find_elements("css selector",
+                                                   "#compare-table td[data-dash-column='step time vs baseline']")]
+    assert ratios[1] == "1.00x"
+    driver.save_screenshot(str(artifacts / "compare-baseline.png"))
+    assert severe_logs(driver) == []

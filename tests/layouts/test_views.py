@@ -9,7 +9,7 @@ import plotly
 import pytest
 
 from gpudash.layouts import compare, events, hotspots, memory, run_page, runs, stability, throughput
-from gpudash.layouts.common import source_reason
+from gpudash.layouts.common import fmt_s, source_reason
 from gpudash.layouts.data import load_view
 from gpudash.layouts.pages import build_run_page, facts_for, load_snapshots, pick_snapshot, range_view
 from gpudash.layouts.series import Series, series_xy, spike_mask
@@ -158,12 +158,23 @@ def test_runs_list_and_page(runs_dir: Path) -> None:
 
 
 def test_compare(runs_dir: Path) -> None:
+    from gpudash.analysis.runcache import shared_cache
+
     views = [(rid, load_view(RunReader(runs_dir / rid))) for rid in ("rich", "plain")]
-    rows = compare.compare_rows(views)
-    assert rows[0]["peak vs first"] == "1.00x" and rows[0]["step vs first"] == "1.00x"
+    facts = [shared_cache().get(runs_dir / rid).facts for rid in ("rich", "plain")]
+    rows = compare.compare_rows(views, facts)
+    assert rows[0]["peak vs baseline"] == "1.00x" and rows[0]["step time vs baseline"] == "1.00x"
+    assert rows[0]["run"] == "rich (baseline)"
     assert rows[1]["run"] == "plain" and rows[1]["parameters"] == rows[0]["parameters"]
-    mem, st = compare.compare_figures(views)
-    assert len(mem.data) == 2 and len(st.data) == 2
+    # the table renders the facts: the same median step time as every other surface
+    assert rows[1]["median step"] == fmt_s(facts[1].headline["step_time_median_s"])
+    other = compare.compare_rows(views, facts, baseline=1)
+    assert other[1]["run"] == "plain (baseline)" and other[1]["step time vs baseline"] == "1.00x"
+    ratio = facts[0].headline["step_time_median_s"] / facts[1].headline["step_time_median_s"]
+    assert other[0]["step time vs baseline"] == f"{ratio:.2f}x"
+    loss, rate, mem, st = compare.compare_figures(views)
+    assert len(loss.data) == len(rate.data) == len(mem.data) == len(st.data) == 2
+    assert mem.layout["yaxis"]["ticksuffix"].endswith("iB")
 
 
 def test_range_view_requery(rich) -> None:  # type: ignore[no-untyped-def]
