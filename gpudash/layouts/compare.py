@@ -71,7 +71,7 @@ def compare_figures(views: list[tuple[str, RunView]]) -> tuple[Fig, Fig, Fig, Fi
     """(loss, throughput, memory, step time) with one line per run (rank 0), by step."""
     mems = [total_memory(_full(v, "memory")) for _, v in views]
     unit, scale = byte_unit(max((float(m.max()) for m in mems if len(m) and m.notna().any()), default=None))
-    durs = [pd.to_numeric(_full(v, "steps").get("duration_s"), errors="coerce") for _, v in views
+    durs = [pd.to_numeric(_full(v, "steps")["duration_s"], errors="coerce") for _, v in views
             if "duration_s" in _full(v, "steps")]
     t_unit, t_scale = time_unit(float(pd.concat(durs).median()) if durs else None)
     loss = base_figure("Loss", height=320, yaxis_title="loss")
