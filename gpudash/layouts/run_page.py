@@ -14,7 +14,7 @@ from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import Series
 
-__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
+__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
@@ -167,8 +167,22 @@ def summary_children(verdicts: list[Any]) -> list[Any]:
     return out
 
 
-def _section(title: str, children: list[Any], sid: str) -> html.Section:
-    return html.Section([html.H3(title), *children], id=sid, className="view")
+#: (anchor, label) of the section navigation, in page order; "ranks-view" only exists with more than one rank.
+SECTIONS = (("run-header", "Summary"), ("memory-view", "Memory"), ("throughput-view", "Throughput"),
+            ("ranks-view", "Ranks"), ("device-view", "Device"), ("stability-view", "Stability"),
+            ("events-view", "Events"), ("hotspots-view", "Hot spots"))
+
+
+def _section(title: str, children: list[Any], sid: str) -> html.Details:
+    """A section of the page that folds away (click its title); open at first."""
+    return html.Details([html.Summary(html.H3(title)), *children], id=sid, className="view", open=True)
+
+
+def section_nav(ranks: int) -> html.Nav:
+    """Links to every section, in the replay bar that stays on screen."""
+    return html.Nav([html.A(label, href=f"#{sid}", className="nav-link")
+                     for sid, label in SECTIONS if sid != "ranks-view" or ranks > 1],
+                    id="section-nav", className="section-nav")
 
 
 def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
@@ -200,7 +214,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         html.Div([note(p) for p in view.problems], id="run-problems"),
         html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
                  style={} if extra.get("verdicts") else {"display": "none"}),
-    ], className="run-header")
+    ], className="run-header", id="run-header")
     cursor = extra.get("cursor")
     at = cursor if cursor is not None else last
     n_steps = (last or 0) - first_step + 1
@@ -218,6 +232,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                             value=at if at is not None else 0, step=1, updatemode="mouseup", marks=None,
                             tooltip={"placement": "bottom", "always_visible": False}), className="slider"),
         dcc.Interval(id="play-interval", interval=TICK_MS, disabled=True),
+        section_nav(len(view.ranks)),
     ], className="replay-bar", id="replay-bar")
     acts_reason = None if len(view.frame("activations")) else source_reason("activations", meta, view.frame("events"))
     snap = extra.get("segment_map")

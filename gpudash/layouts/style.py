@@ -12,7 +12,11 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .muted { color: #666; }
 .note { color: #555; background: #fff; border: 1px dashed #bbb; padding: 10px 12px; margin: 6px 0; font-size: 14px; }
 .view { background: #fff; border: 1px solid #e3e5e8; border-radius: 6px; padding: 8px 14px; margin: 14px 0; }
-.view h3 { margin: 6px 0; font-size: 16px; }
+.view h3 { margin: 6px 0; font-size: 16px; display: inline-block; }
+.view > summary { cursor: pointer; list-style-position: outside; }
+.view, .run-header { scroll-margin-top: 120px; }
+.section-nav { flex-basis: 100%; display: flex; gap: 14px; font-size: 13px; border-top: 1px solid #eee; padding-top: 4px; }
+.section-nav a { color: #1f77b4; text-decoration: none; } .section-nav a:hover { text-decoration: underline; }
 .row { display: flex; gap: 12px; flex-wrap: wrap; }
 .half { flex: 1 1 480px; min-width: 0; }
 .status { padding: 1px 8px; border-radius: 10px; font-size: 13px; color: #fff; background: #888; }

@@ -254,3 +254,25 @@ def test_compare_baseline_and_overlays(driver: Any, served: tuple[str, Path], ar
     assert ratios[1] == "1.00x"
     driver.save_screenshot(str(artifacts / "compare-baseline.png"))
     assert severe_logs(driver) == []
+
+
+def test_section_navigation_stays_on_screen(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.get(url + "run/rich")
+    wait_for(lambda: rendered(driver, "loss-graph"), what="loss graph")
+    labels = [a.text for a in driver.find_elements("css selector", "#section-nav a")]
+    assert labels == ["Summary", "Memory", "Throughput", "Device", "Stability", "Events", "Hot spots"]  # one rank
+    driver.find_element("link text", "Stability").click()
+    top = lambda sel: driver.execute_script(  # noqa: E731
+        "return document.querySelector(arguments[0]).getBoundingClientRect().top", sel)
+    wait_for(lambda: 0 <= top("#stability-view") < 250, what="scrolled to the Stability section")
+    assert 0 <= top("#section-nav") < 120  # the navigation is still on screen
+    driver.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+    wait_for(lambda: 0 <= top("#section-nav") < 120, what="navigation on screen at the bottom")
+    driver.find_element("link text", "Memory").click()
+    wait_for(lambda: 0 <= top("#memory-view") < 250, what="back up to Memory")
+    driver.find_element("css selector", "#memory-view > summary").click()  # sections fold away
+    wait_for(lambda: not driver.find_element("id", "memory-graph").is_displayed(), what="memory section folded")
+    assert driver.find_element("id", "step-time-graph").is_displayed()
+    driver.save_screenshot(str(artifacts / "run-page-nav.png"))
+    assert severe_logs(driver) == []
