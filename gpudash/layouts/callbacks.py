@@ -37,6 +37,7 @@ from gpudash.layouts.pages import (
     verdicts_for,
 )
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
+from gpudash.layouts.series import SMOOTHING
 from gpudash.store.reader import RunReader
 
 __all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
@@ -118,9 +119,18 @@ def event_inputs(click: Any, cell: Any, rows: Any) -> tuple[dict[str, Any] | Non
     return clean_click, clean_cell, clean_rows
 
 
-def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, float] | None]:
-    """The replay cursor and the step range zoomed to, from the address (``?cursor=N&x0=A&x1=B``); a value
-    that is not a number is ignored (the page opens as if it were absent)."""
+def smoothing_of(value: Any) -> float:
+    """One of the smoothing control's choices (anything else: off)."""
+    try:
+        v = as_float(value, "smoothing") if value is not None else 0.0
+    except BadInput:
+        return 0.0
+    return v if v in SMOOTHING else 0.0
+
+
+def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, float] | None, float]:
+    """The replay cursor, the step range zoomed to and the smoothing, from the address
+    (``?cursor=N&x0=A&x1=B&smooth=0.9``); a value that is not one is ignored (the page opens as if it were absent)."""
     cursor: int | None = None
     xrange: tuple[float, float] | None = None
     try:
@@ -133,12 +143,17 @@ def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, f
             xrange = (a, b) if a < b else None
     except BadInput:
         xrange = None
-    return cursor, xrange
+    return cursor, xrange, smoothing_of(query.get("smooth", [None])[0])
 
 
-def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None) -> str:
-    """``search`` with the cursor (None: removed) and the zoom (a range; True: reset; None: unchanged) written in."""
+def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None, smooth: float = 0.0) -> str:
+    """``search`` with the cursor (None: removed), the zoom (a range; True: reset; None: unchanged) and the
+    smoothing (0: removed) written in."""
     query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+    if smooth:
+        query["smooth"] = f"{smooth:g}"
+    else:
+        query.pop("smooth", None)
     if cursor is None:
         query.pop("cursor", None)
     else:
@@ -168,9 +183,9 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
             rank = rank_of(query.get("rank", ["0"])[0])
         except BadInput:
             rank = 0
-        cursor, xrange = view_params(query)
+        cursor, xrange, smooth = view_params(query)
         with lock:
-            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange)
+            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth)
     if pathname == "/compare":
         query = parse_qs(search.lstrip("?"))
         wanted = [r for r in ",".join(query.get("runs", [])).split(",") if r]
@@ -210,10 +225,11 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         return page_for(pathname, search, runs_dir, readers), here
 
     @app.callback(Output("url", "search"),
-                  Input("cursor-slider", "value"), *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
+                  Input("cursor-slider", "value"), Input("smoothing", "value"),
+                  *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
                   State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
                   prevent_initial_call=True)
-    def view_to_url(cursor: Any, *rest: Any) -> str:
+    def view_to_url(cursor: Any, smooth: Any, *rest: Any) -> str:
         # the view in the address: a copied link opens the same cursor and zoom (a live run's end is not a cursor)
         *relayouts, search, status, hi = rest
         if not isinstance(search, str | None) or not isinstance(status, str | None):
@@ -226,7 +242,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         zoom = None
         if trig in run_page.STEP_GRAPHS:
             zoom = zoom_range(relayouts[run_page.STEP_GRAPHS.index(trig)])
-        out = view_search(search or "", cursor, zoom)
+        out = view_search(search or "", cursor, zoom, smoothing_of(smooth))
         if out == (search or ""):
             raise PreventUpdate
         return out
@@ -282,12 +298,12 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
          Output("events-graph", "figure"), Output("events-table", "data"), Output("live-interval", "max_intervals")],
         Input("live-interval", "n_intervals"),
         State("live-state", "data"), State("cursor-slider", "value"), State("cursor-slider", "max"),
-        State("page-run", "data"),
+        State("page-run", "data"), State("smoothing", "value"),
         running=[(Output("live-interval", "disabled"), True, False)],
         prevent_initial_call=True,
     )
     def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None,
-             page: dict[str, Any] | None) -> Any:
+             page: dict[str, Any] | None, smooth: Any = None) -> Any:
         if not state or not isinstance(state, dict) or not state.get("run"):
             raise PreventUpdate
         state = live_state(state)
@@ -313,7 +329,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             for i, g in enumerate(graphs):
                 if g in res.rebuild:
                     fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
-                                                      spikes=list(facts.loss_spike_steps) if facts else None)
+                                                      spikes=list(facts.loss_spike_steps) if facts else None,
+                                                      smooth=smoothing_of(smooth))
                     figures[i] = fig
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
@@ -458,6 +475,36 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             status = reader.status()
         return snapshots.ask(run_id, reader.path, status)
 
+    @app.callback(Output("loss-graph", "figure", allow_duplicate=True), Output("rates-graph", "figure", allow_duplicate=True),
+                  Output("live-state", "data", allow_duplicate=True),
+                  Input("smoothing", "value"), State("live-state", "data"), State("cursor-slider", "value"),
+                  prevent_initial_call=True)
+    def smoothing(value: Any, state: Any, cursor: Any) -> Any:
+        # raw drawn faint under its EMA; the live tick extends the new traces (their specs go into the state)
+        if not state or not isinstance(state, dict) or not state.get("run"):
+            raise PreventUpdate
+        state = live_state(state)
+        smooth = smoothing_of(value)
+        cursor = None if cursor is None else as_int(cursor, "cursor")
+        try:
+            reader, lock = readers.get(state["run"])
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+        with lock:
+            view = load_view(reader)
+        facts = facts_for(reader.path)
+        out: list[Any] = []
+        new = dict(state, specs=dict(state.get("specs") or {}), points=dict(state.get("points") or {}))
+        for g in ("loss-graph", "rates-graph"):
+            fig, specs = run_page.build_graph(g, view, int(state.get("rank", 0)),
+                                              cursor if g in run_page.CURSOR_GRAPHS else None,
+                                              spikes=list(facts.loss_spike_steps) if facts is not None else None,
+                                              smooth=smooth)
+            new["specs"][g] = [s.as_dict() for s in specs]
+            new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
+            out.append(fig)
+        return [*out, new]
+
     snapshots = SnapshotRequests()
     for graph_id, xmode in _ZOOM_GRAPHS.items():
         _register_zoom(app, readers, graph_id, xmode)
@@ -518,8 +565,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | 
 
 def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: str) -> None:
     @app.callback(Output(graph_id, "figure", allow_duplicate=True), Input(graph_id, "relayoutData"),
-                  State("live-state", "data"), State("cursor-slider", "value"), prevent_initial_call=True)
-    def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None) -> Any:
+                  State("live-state", "data"), State("cursor-slider", "value"), State("smoothing", "value"),
+                  prevent_initial_call=True)
+    def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None, smooth: Any = None) -> Any:
         rng = zoom_range(relayout)
         if rng is None or not state or not isinstance(state, dict) or not state.get("downsampled"):
             raise PreventUpdate
@@ -534,7 +582,7 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
             if isinstance(rng, tuple):
                 view = range_view(reader, view, rng[0], rng[1], xmode)
         facts = facts_for(reader.path)
-        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor,
+        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor, smooth=smoothing_of(smooth),
                                       spikes=list(facts.loss_spike_steps) if facts is not None else None)
         if isinstance(rng, tuple):
             fig.update_xaxes(range=list(rng))

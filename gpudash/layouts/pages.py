@@ -154,7 +154,8 @@ def facts_for(path: Any) -> Any | None:
 
 
 def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None,
-                   cursor: int | None = None, xrange: tuple[float, float] | None = None) -> html.Div:
+                   cursor: int | None = None, xrange: tuple[float, float] | None = None,
+                   smooth: float = 0.0) -> html.Div:
     """The run page; ``cursor`` and ``xrange`` (a step range) come from the page's address, so a link
     reproduces the view it was copied from."""
     view = view if view is not None else load_view(reader)
@@ -173,7 +174,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     for g in LIVE_GRAPHS:
         at = cursor if cursor is not None else None if view.status == "live" else last
         src = zoomed if g in STEP_GRAPHS else view
-        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes)
+        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes, smooth=smooth)
         if xrange is not None and g in STEP_GRAPHS:
             figs[g].update_xaxes(range=list(xrange))
     problems = list(view.problems)
@@ -182,6 +183,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     mem_now = memory.memory_at(view.full.get("memory", view.frame("memory")), cursor, rank)
     extra: dict[str, Any] = {
         "cursor": cursor,
+        "smooth": smooth,
         "memory_at": memory.memory_at_figure(mem_now),
         "segment_map": segment_map_view(maps, cursor if cursor is not None else last, "cursor", view.meta,
                                         view.frame("events")),

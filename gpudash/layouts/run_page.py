@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
 from gpudash.layouts.common import fmt_bytes, note, source_reason
 from gpudash.layouts.data import RunView
+from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
-from gpudash.layouts.series import Series
+from gpudash.layouts.series import SMOOTHING, Series, series_xy
 
 __all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
@@ -52,7 +54,8 @@ def _ranks(frames: dict[str, Any]) -> list[int]:
     return sorted(ranks) or [0]
 
 
-def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[str, Any] | None = None) -> list[Series]:
+def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[str, Any] | None = None,
+                smooth: float = 0.0) -> list[Series]:
     """The series ``graph`` shows for these frames (the same function decides rebuilds while live);
     ``meta["phases"]`` is the run's phase set."""
     import pandas as pd
@@ -65,11 +68,11 @@ def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[st
     if graph == "step-time-graph":
         return throughput.step_time_series(steps, ranks)
     if graph == "rates-graph":
-        return throughput.rate_series(steps, ranks)
+        return throughput.rate_series(steps, ranks, smooth)
     if graph == "phases-graph":
         return throughput.phase_series(steps, rank, meta)
     if graph == "loss-graph":
-        return stability.loss_series(steps, ranks)
+        return stability.loss_series(steps, ranks, smooth)
     if graph == "signals-graph":
         return stability.signal_series(steps, mem, rank)[0]
     if graph == "device-graph":
@@ -98,13 +101,29 @@ def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int
     trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
 
 
+def _full_ema(fig: Fig, specs: list[Series], view: RunView) -> None:
+    """Averages over every step, not over the downsampled rows: recompute EMA traces on the full frame."""
+    full = view.full.get("steps")
+    if full is None or len(full) <= len(view.frame("steps")):
+        return
+    for s in specs:
+        if s.fn not in ("ema", "rate_ema"):
+            continue
+        trace = next((t for t in fig.data if t.get("uid") == s.key), None)
+        if trace is None:
+            continue
+        x, y = series_xy(s, full)
+        idx = downsample_indices(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+        trace["x"], trace["y"] = [x[i] for i in idx], [y[i] for i in idx]
+
+
 def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None,
-                spikes: Sequence[int] | None = None) -> tuple[Fig, list[Series]]:
+                spikes: Sequence[int] | None = None, smooth: float = 0.0) -> tuple[Fig, list[Series]]:
     """A whole figure for ``graph`` from the view's (downsampled) frames; ``spikes`` (the run's facts)
-    are the loss chart's markers when given."""
+    are the loss chart's markers when given; ``smooth`` > 0 adds EMA lines to loss and throughput."""
     live = view.status == "live"
     f = view.frames
-    specs = graph_specs(graph, f, rank, view.meta)
+    specs = graph_specs(graph, f, rank, view.meta, smooth)
     if graph == "memory-graph":
         fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
     elif graph == "step-time-graph":
@@ -126,6 +145,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig = device.panels_figure("Host (CPU, process memory)", f, specs, view.t0, live)
     else:
         raise KeyError(graph)
+    if smooth > 0:
+        _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
         fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
     return fig, specs
@@ -232,6 +253,9 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                             value=at if at is not None else 0, step=1, updatemode="mouseup", marks=None,
                             tooltip={"placement": "bottom", "always_visible": False}), className="slider"),
         dcc.Interval(id="play-interval", interval=TICK_MS, disabled=True),
+        html.Span(" smoothing ", className="muted"),
+        dcc.Dropdown(id="smoothing", options=[{"label": "off" if v == 0 else f"EMA {v:g}", "value": v} for v in SMOOTHING],
+                     value=extra.get("smooth") or 0.0, clearable=False, searchable=False, style={"width": "110px"}),
         section_nav(len(view.ranks)),
     ], className="replay-bar", id="replay-bar")
     acts_reason = None if len(view.frame("activations")) else source_reason("activations", meta, view.frame("events"))

@@ -73,14 +73,23 @@ def step_time_figure(steps: pd.DataFrame, specs: list[Series], live: bool = Fals
     return fig
 
 
-def rate_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
+def rate_series(steps: pd.DataFrame, ranks: list[int], smooth: float = 0.0) -> list[Series]:
+    """samples/s (left axis) and tokens/s (right); with ``smooth`` > 0 each drawn faint under its EMA."""
     out = []
-    for col, label, axis in (("samples", "samples/s", "y"), ("tokens", "tokens/s", "y2")):
+    for col, label, axis, color in (("samples", "samples/s", "y", "#1f77b4"), ("tokens", "tokens/s", "y2", "#ff7f0e")):
         if col in steps and steps[col].notna().any():
             for r in ranks:
-                out.append(Series("steps", col, label + (f" r{r}" if len(ranks) > 1 else ""), rank=r, fn="rate",
-                                  yaxis=axis, unit=label))
+                sfx = f" r{r}" if len(ranks) > 1 else ""
+                c = color if len(ranks) == 1 else None
+                out.append(Series("steps", col, label + sfx, rank=r, fn="rate", yaxis=axis, unit=label,
+                                  color=(_FAINT[color] if smooth > 0 else color) if c else None))
+                if smooth > 0:
+                    out.append(Series("steps", col, f"{label} (EMA {smooth:g}){sfx}", rank=r, fn="rate_ema",
+                                      yaxis=axis, unit=label, smooth=smooth, color=c))
     return out
+
+
+_FAINT = {"#1f77b4": "#c6dbef", "#ff7f0e": "#fdd0a2"}
 
 
 def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:

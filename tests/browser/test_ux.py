@@ -276,3 +276,25 @@ def test_section_navigation_stays_on_screen(driver: Any, served: tuple[str, Path
     assert driver.find_element("id", "step-time-graph").is_displayed()
     driver.save_screenshot(str(artifacts / "run-page-nav.png"))
     assert severe_logs(driver) == []
+
+
+def test_smoothing_control_and_link(driver: Any, served: tuple[str, Path]) -> None:
+    url, _ = served
+    driver.get(url + "run/rich")
+    wait_for(lambda: rendered(driver, "loss-graph") and rendered(driver, "rates-graph"), what="loss and rates")
+    names = ("return Array.from(document.querySelector('#' + arguments[0] + ' .js-plotly-plot').data)"
+             ".map(t => t.name);")
+    assert "loss (EMA 0.9)" not in driver.execute_script(names, "loss-graph")
+    driver.find_element("css selector", "#smoothing").click()
+    option = wait_for(lambda: [e for e in driver.find_elements("css selector", "[role=option]")
+                               if e.is_displayed() and e.text.strip() == "EMA 0.9"], what="smoothing option")
+    option[0].click()
+    wait_for(lambda: "loss (EMA 0.9)" in driver.execute_script(names, "loss-graph"), what="EMA line on the loss")
+    wait_for(lambda: any("(EMA 0.9)" in n for n in driver.execute_script(names, "rates-graph")),
+             what="EMA line on the throughput")
+    wait_for(lambda: "smooth=0.9" in driver.current_url, what="smoothing in the address")
+    link = driver.current_url
+    driver.get("about:blank")
+    driver.get(link)
+    wait_for(lambda: "loss (EMA 0.9)" in driver.execute_script(names, "loss-graph"), what="EMA from the link")
+    assert severe_logs(driver) == []

@@ -59,3 +59,18 @@ def test_step_charts_are_never_time_rollups(long: Any) -> None:
     _, view = long
     assert view.levels["steps"] == 0 and view.levels["memory"] == 0
     assert Path(view.path).name == "long"
+
+
+def test_ema_over_every_step_of_a_long_run(long: Any) -> None:
+    """The EMA line of a downsampled chart averages every step (not the few thousand rows drawn)."""
+    import numpy as np
+    import pandas as pd
+
+    _, view = long
+    fig, _ = run_page.build_graph("loss-graph", view, smooth=0.99)
+    trace = next(t for t in fig.data if t.name.startswith("loss (EMA"))
+    full = view.full["steps"]["loss"].to_numpy(dtype=float)
+    want = pd.Series(full).ewm(alpha=0.01, adjust=False).mean().to_numpy()
+    got = dict(zip(trace.x, trace.y, strict=True))
+    assert len(trace.x) <= MAX_POINTS and got[199_999] == pytest.approx(want[-1], rel=1e-5)
+    assert got[150_000] == pytest.approx(want[150_000], rel=1e-5) and np.isfinite(list(got.values())).all()

@@ -323,10 +323,11 @@ def test_view_in_the_address_round_trips() -> None:
 
     search = view_search("?rank=1", 120, (100.0, 250.5))
     assert parse_qs(search[1:]) == {"rank": ["1"], "cursor": ["120"], "x0": ["100"], "x1": ["250.5"]}
-    assert view_params(parse_qs(search[1:])) == (120, (100.0, 250.5))
+    assert view_params(parse_qs(search[1:])) == (120, (100.0, 250.5), 0.0)
     assert view_search(search, None, True) == "?rank=1"  # zoom reset and a followed live end leave the address
     assert view_search(search, 7, None).count("x0=100") == 1  # a cursor move keeps the zoom
-    assert view_params({"cursor": ["abc"], "x0": ["5"], "x1": ["1"]}) == (None, None)  # nonsense is ignored
+    assert view_params({"cursor": ["abc"], "x0": ["5"], "x1": ["1"], "smooth": ["7"]}) == (None, None, 0.0)  # ignored
+    assert view_params(parse_qs(view_search("", None, None, 0.9)[1:]))[2] == 0.9
 
 
 def test_replay_speed_plays_any_run_in_about_30_s() -> None:
@@ -337,3 +338,23 @@ def test_replay_speed_plays_any_run_in_about_30_s() -> None:
         per_tick = (TICK_MS / 1000) * speed / step_s  # what the play callback advances per tick
         assert n / per_tick * TICK_MS / 1000 == pytest.approx(REPLAY_S)
         assert any(o["value"] == speed for o in speed_options(speed))
+
+
+def test_ema_smoothing_of_loss_and_throughput(rich) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from gpudash.layouts.series import ema
+
+    y = np.array([1.0, np.nan, 3.0, 5.0])
+    assert ema(y, 0.0) is y
+    # TensorBoard's rule: s_t = w * s_{t-1} + (1 - w) * y_t, missing values skipped
+    assert ema(y, 0.5).tolist()[2:] == [2.0, 3.5]
+    _, view = rich
+    fig, specs = run_page.build_graph("loss-graph", view, smooth=0.9)
+    names = [t.name for t in fig.data]
+    assert names[:2] == ["loss", "loss (EMA 0.9)"] and fig.data[0].line["color"] != fig.data[1].line["color"]
+    raw, smooth = fig.data[0].y, fig.data[1].y
+    assert np.std(np.diff(smooth)) < np.std(np.diff(raw))  # smoother than what it averages
+    rates, rspecs = run_page.build_graph("rates-graph", view, smooth=0.9)
+    assert any(s.fn == "rate_ema" for s in rspecs) and len(rates.data) == 2 * len(run_page.build_graph(
+        "rates-graph", view)[1])
