@@ -157,8 +157,9 @@ def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_t
         "height": height,
         "margin": {"l": 60, "r": 30, "t": 36, "b": 36},
         "uirevision": UIREVISION,
-        "paper_bgcolor": "white",
-        "plot_bgcolor": "white",
+        # transparent: the page's theme (light or dark, gpudash/layouts/style.py) shows through
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
         "colorway": _COLORWAY,
         # the legend sits under the x axis title (its top anchored below the plot's automargins)
         "legend": {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},

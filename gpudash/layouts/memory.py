@@ -266,6 +266,7 @@ def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 
     fig = base_figure("Activations per module", height=300, xaxis_title="", yaxis_title="saved for backward",
                       bytes_axis=unit)
     fig.update_layout(hovermode="closest", showlegend=False)
+    fig.update_xaxes(type="category")  # module names such as "0", "1" (nn.Sequential) are names, not numbers
     fig.update_layout(title={"text": f"Activations per module (step {last}, total "
                                      f"{fmt_bytes(float(a['bytes'].sum()))})"})
     fig.add_trace({"type": "bar", "x": [plot_text(m) for m in a["module"]], "y": (a["bytes"].astype(float) / scale).tolist(),

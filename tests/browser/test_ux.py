@@ -298,3 +298,45 @@ def test_smoothing_control_and_link(driver: Any, served: tuple[str, Path]) -> No
     driver.get(link)
     wait_for(lambda: "loss (EMA 0.9)" in driver.execute_script(names, "loss-graph"), what="EMA from the link")
     assert severe_logs(driver) == []
+
+
+def _dark(driver: Any) -> bool:
+    return bool(driver.execute_script("return document.body.classList.contains('dark')"))
+
+
+def _tick_fill(driver: Any, graph_id: str) -> int:
+    """The brightness (0-255) of a y tick label of ``graph_id`` as drawn."""
+    fill = driver.execute_script(
+        "const t = document.querySelector('#' + arguments[0] + ' .ytick text');"
+        "return t ? getComputedStyle(t).fill : '';", graph_id)
+    return int(sum(int(v) for v in fill[fill.index("(") + 1:fill.index(")")].split(",")[:3]) / 3)
+
+
+def test_dark_mode_follows_system_toggle_and_link(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    url, _ = served
+    driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
+                                                                        "value": "dark"}]})
+    try:
+        driver.get(url + "run/rich")
+        wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph")
+        assert _dark(driver)  # the system's choice
+        assert _tick_fill(driver, "memory-graph") > 170  # light text on the dark page
+        bg = driver.execute_script("return getComputedStyle(document.querySelector('#memory-view')).backgroundColor")
+        assert bg == "rgb(24, 27, 33)"
+        full = driver.execute_script("return document.body.scrollHeight")
+        driver.set_window_size(1400, min(int(full) + 40, 6000))
+        driver.save_screenshot(str(artifacts / "run-page-dark.png"))
+        driver.set_window_size(1400, 1000)
+        driver.find_element("id", "theme-toggle").click()  # the toggle wins over the system, and is remembered
+        assert not _dark(driver) and _tick_fill(driver, "memory-graph") < 120
+        driver.get(url + "run/rich")
+        wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph again")
+        assert not _dark(driver)
+        driver.get(url + "run/rich?theme=dark")  # a link that names the theme
+        wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph from a dark link")
+        assert _dark(driver)
+        assert severe_logs(driver) == []
+    finally:
+        driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
