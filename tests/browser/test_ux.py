@@ -54,9 +54,11 @@ def label_problems(driver: Any, graph_id: str) -> list[str]:
 
 
 def tick_texts(driver: Any, graph_id: str) -> list[str]:
+    """Every tick label of ``graph_id``: x, y and the y axes of stacked panels (y2, y3, ...)."""
     return driver.execute_script(
-        "return Array.from(document.querySelectorAll('#' + arguments[0] + ' .ytick text, #' + arguments[0] +"
-        " ' .xtick text')).map(e => e.textContent);", graph_id)
+        "const g = '#' + arguments[0];"
+        "return Array.from(document.querySelectorAll(g + ' .xtick text, ' + g + ' [class^=\"y\"][class$=\"tick\"] text'))"
+        ".map(e => e.textContent);", graph_id)
 
 
 def hover_text(driver: Any, graph_id: str, point: int = 3) -> str:
@@ -252,6 +254,11 @@ def test_compare_baseline_and_overlays(driver: Any, served: tuple[str, Path], ar
     ratios = [c.text for c in driver.find_elements("css selector",
                                                    "#compare-table td[data-dash-column='step time vs baseline']")]
     assert ratios[1] == "1.00x"
+    for g in ("compare-loss", "compare-throughput", "compare-memory", "compare-step-time"):
+        wait_for(lambda g=g: rendered(driver, g), what=f"{g} redrawn")
+    assert [p for g in ("compare-loss", "compare-throughput", "compare-memory", "compare-step-time")
+            for p in label_problems(driver, g)] == []
+    assert any(t.endswith("iB") for t in tick_texts(driver, "compare-memory"))
     driver.save_screenshot(str(artifacts / "compare-baseline.png"))
     assert severe_logs(driver) == []
 
@@ -340,3 +347,34 @@ def test_dark_mode_follows_system_toggle_and_link(driver: Any, served: tuple[str
     finally:
         driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")
         driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+def test_device_panels_labels_clear(driver: Any, tmp_path: Path) -> None:
+    """NVML-style panels (%, MiB/s, bytes, W, °C, MHz) stacked: no panel title over another's ticks."""
+    import time
+
+    from gpudash.app import serve_in_thread
+    from gpudash.store.writer import Recorder
+
+    rec = Recorder(tmp_path / "gpu", flush_interval=0.1, meta={"device": "cuda:0", "device_name": "H100"})
+    start = time.time()
+    for k in range(60):
+        rec.put("device", {"time": start + k * 0.1, "gpu": 0, "sm_active_pct": 50.0, "util_pct": 90.0,
+                           "pcie_tx_mib_s": 10.0 * k, "pcie_rx_mib_s": 5.0, "power_w": 300.0 + k,
+                           "temp_c": 60.0, "sm_clock_mhz": 1800.0, "used_bytes": 30e9 + 1e8 * k})
+        rec.put("steps", {"step": k, "time": start + k * 0.1, "duration_s": 0.1})
+    rec.close()
+    url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
+    try:
+        driver.get(url + "run/gpu")
+        wait_for(lambda: rendered(driver, "device-graph"), what="device graph")
+        assert label_problems(driver, "device-graph") == []
+        ticks = tick_texts(driver, "device-graph")
+        assert any(t.endswith(" GiB") for t in ticks), ticks
+        assert not any(t.endswith("GB") for t in ticks), ticks
+        names = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#device-graph .legendtext')).map(e => e.textContent);")
+        assert "SM active" in names and "PCIe TX" in names and not [n for n in names if "_" in n]
+    finally:
+        driver.get("about:blank")
+        stop()
