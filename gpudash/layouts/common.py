@@ -146,12 +146,11 @@ _AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb", "automa
 
 
 def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_title: str = "step",
-                bytes_axis: bool | str = False) -> Fig:
-    """``bytes_axis``: the y values are bytes already scaled to a binary unit (``bytes_axis="MiB"``) or raw bytes
-    (``True``: ticks placed by :func:`byte_unit` at the moment of drawing are not possible, so MiB is assumed)."""
+                bytes_axis: str = "") -> Fig:
+    """``bytes_axis``: the binary unit (from :func:`byte_unit`) the y values were scaled to, named on every tick."""
     yaxis: dict[str, Any] = {**_AXIS, "title": {"text": yaxis_title}}
     if bytes_axis:
-        yaxis.update(unit_axis(bytes_axis if isinstance(bytes_axis, str) else "B"))
+        yaxis.update(unit_axis(bytes_axis))
     return Fig({
         "title": {"text": title, "x": 0.01, "font": {"size": 14}},
         "height": height,
