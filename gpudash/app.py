@@ -81,7 +81,8 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
                     assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"),
                     requests_pathname_prefix=requests_pathname_prefix)
     app.index_string = index_string().replace("<a href='/'>", f"<a href='{quote(requests_pathname_prefix)}'>")
-    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), html.Div(id="page")])
+    app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), dcc.Store(id="shown-page"),
+                           html.Div(id="page")])
     readers = ReaderCache(runs_dir)
     app.server.wsgi_app = guard(app.server.wsgi_app, token=token,  # type: ignore[method-assign]
                                 hosts=allowed_hosts(host, allow_hosts), browser=True)

@@ -37,9 +37,11 @@ from gpudash.layouts.pages import (
     verdicts_for,
 )
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
+from gpudash.layouts.series import SMOOTHING
 from gpudash.store.reader import RunReader
 
-__all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "zoom_range"]
+__all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
+           "view_search", "zoom_range"]
 
 _ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph": "step", "phases-graph": "step",
                 "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
@@ -117,6 +119,53 @@ def event_inputs(click: Any, cell: Any, rows: Any) -> tuple[dict[str, Any] | Non
     return clean_click, clean_cell, clean_rows
 
 
+def smoothing_of(value: Any) -> float:
+    """One of the smoothing control's choices (anything else: off)."""
+    try:
+        v = as_float(value, "smoothing") if value is not None else 0.0
+    except BadInput:
+        return 0.0
+    return v if v in SMOOTHING else 0.0
+
+
+def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, float] | None, float]:
+    """The replay cursor, the step range zoomed to and the smoothing, from the address
+    (``?cursor=N&x0=A&x1=B&smooth=0.9``); a value that is not one is ignored (the page opens as if it were absent)."""
+    cursor: int | None = None
+    xrange: tuple[float, float] | None = None
+    try:
+        cursor = as_int(query["cursor"][0], "cursor", lo=0) if "cursor" in query else None
+    except BadInput:
+        cursor = None
+    try:
+        if "x0" in query and "x1" in query:
+            a, b = as_float(query["x0"][0], "x0"), as_float(query["x1"][0], "x1")
+            xrange = (a, b) if a < b else None
+    except BadInput:
+        xrange = None
+    return cursor, xrange, smoothing_of(query.get("smooth", [None])[0])
+
+
+def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None, smooth: float = 0.0) -> str:
+    """``search`` with the cursor (None: removed), the zoom (a range; True: reset; None: unchanged) and the
+    smoothing (0: removed) written in."""
+    query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+    if smooth:
+        query["smooth"] = f"{smooth:g}"
+    else:
+        query.pop("smooth", None)
+    if cursor is None:
+        query.pop("cursor", None)
+    else:
+        query["cursor"] = str(cursor)
+    if zoom is True:
+        query.pop("x0", None)
+        query.pop("x1", None)
+    elif isinstance(zoom, tuple):
+        query["x0"], query["x1"] = (f"{v:.6g}" for v in zoom)
+    return "?" + urlencode(query) if query else ""
+
+
 def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -> Any:
     if not isinstance(pathname, str) or not isinstance(search, str):
         raise BadInput("the page address must be a string")
@@ -129,15 +178,18 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         except (InvalidRunId, RunError):
             return html.Div([dcc.Link("← all runs", href="/"), note(f"no run named {run_id!r} in {runs_dir}")],
                             id="not-found")
+        query = parse_qs(search.lstrip("?"))
         try:  # a rank typed into the address: the first rank when it is not one
-            rank = rank_of(parse_qs(search.lstrip("?")).get("rank", ["0"])[0])
+            rank = rank_of(query.get("rank", ["0"])[0])
         except BadInput:
             rank = 0
+        cursor, xrange, smooth = view_params(query)
         with lock:
-            return build_run_page(run_id, reader, rank)
+            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth)
     if pathname == "/compare":
-        wanted = [r for r in ",".join(parse_qs(search.lstrip("?")).get("runs", [])).split(",") if r]
-        views, missing = [], []
+        query = parse_qs(search.lstrip("?"))
+        wanted = [r for r in ",".join(query.get("runs", [])).split(",") if r]
+        views, missing, facts = [], [], []
         for run_id in wanted[:8]:
             try:
                 reader, lock = readers.get(run_id)
@@ -147,7 +199,12 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
             with lock:
                 view = load_view(reader)
             views.append((str(view.meta.get("name") or run_id), view))
-        return compare.compare_page(views, missing)
+            facts.append(facts_for(reader.path))
+        try:
+            baseline = as_int(query.get("base", ["0"])[0], "baseline", lo=0, hi=len(views))
+        except BadInput:
+            baseline = 0
+        return compare.compare_page(views, missing, facts, baseline)
     return html.Div([dcc.Link("← all runs", href="/"), note(f"no page {pathname}")], id="not-found")
 
 
@@ -155,11 +212,78 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     graphs = run_page.LIVE_GRAPHS
     prefix = str(app.config.requests_pathname_prefix).rstrip("/")  # a proxy's path (notebook), else ""
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
-    def route(pathname: str | None, search: str | None) -> Any:
-        if prefix and isinstance(pathname, str) and (pathname + "/").startswith(prefix + "/"):
-            pathname = pathname[len(prefix):]
-        return page_for(pathname or "/", search or "", runs_dir, readers)
+    @app.callback(Output("page", "children"), Output("shown-page", "data"), Input("url", "pathname"),
+                  Input("url", "search"), State("shown-page", "data"))
+    def route(pathname: str | None, search: str | None, shown: Any) -> Any:
+        # the view's own address changes (cursor, zoom) keep the page that wrote them
+        pathname, search = pathname or "/", search or ""
+        if not isinstance(pathname, str) or not isinstance(search, str):
+            raise BadInput("the page address must be a string")
+        if prefix and (pathname + "/").startswith(prefix + "/"):
+            pathname = pathname[len(prefix):] or "/"
+        query = parse_qs(search.lstrip("?"))
+        here = {"path": pathname, "rank": query.get("rank", ["0"])[0]}
+        if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here and pathname.startswith("/run/"):
+            raise PreventUpdate
+        return page_for(pathname, search, runs_dir, readers), here
+
+    @app.callback(Output("url", "search"),
+                  Input("cursor-slider", "value"), Input("smoothing", "value"),
+                  *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
+                  State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
+                  prevent_initial_call=True)
+    def view_to_url(cursor: Any, smooth: Any, *rest: Any) -> str:
+        # the view in the address: a copied link opens the same cursor and zoom (a live run's end is not a cursor)
+        *relayouts, search, status, hi = rest
+        if not isinstance(search, str | None) or not isinstance(status, str | None):
+            raise BadInput("search and status must be strings")
+        cursor = None if cursor is None else as_int(cursor, "cursor")
+        hi = None if hi is None else as_int(hi, "slider max")
+        if status == "live" and cursor is not None and hi is not None and cursor >= hi:
+            cursor = None
+        trig = dash.ctx.triggered_id
+        zoom = None
+        if trig in run_page.STEP_GRAPHS:
+            zoom = zoom_range(relayouts[run_page.STEP_GRAPHS.index(trig)])
+        out = view_search(search or "", cursor, zoom, smoothing_of(smooth))
+        if out == (search or ""):
+            raise PreventUpdate
+        return out
+
+    @app.callback(Output("runs-table-box", "children"), Output("runs-count", "children"), Output("runs-shown", "data"),
+                  Input("runs-interval", "n_intervals"), Input("runs-search", "value"), Input("runs-status", "value"),
+                  State({"type": "compare-pick", "run": ALL}, "value"), State("runs-shown", "data"),
+                  prevent_initial_call=True)
+    def runs_refresh(_n: int | None, query: str | None, status: str | None, picks: list[Any] | None,
+                     shown: Any) -> Any:
+        # the runs list is live: new runs appear, steps / status / duration move; ticked compare boxes stay ticked
+        if not isinstance(query, str | None) or len(query or "") > 500:
+            raise BadInput("the search must be a short string")
+        if status not in (None, *(v for v, _ in runs.STATUS_FILTERS)):
+            raise BadInput("unknown status filter")
+        if not isinstance(picks, list | None) or not all(isinstance(v, list | None) for v in picks or []):
+            raise BadInput("compare picks must be lists of run ids")
+        every = runs.list_runs(runs_dir)
+        rows = runs.filter_runs(every, query, status)
+        sig = runs.row_signature(rows)
+        if dash.ctx.triggered_id == "runs-interval" and sig == shown:
+            raise PreventUpdate
+        picked = {v for vals in picks or [] for v in (vals or []) if isinstance(v, str)}
+        return runs.runs_table(runs_dir, rows, picked, len(every)), runs.runs_count(runs_dir, len(rows), len(every)), sig
+
+    @app.callback(Output("url", "search", allow_duplicate=True), Input("compare-baseline", "value"),
+                  State("url", "search"), prevent_initial_call=True)
+    def compare_baseline(baseline: Any, search: str | None) -> str:
+        # the baseline in the address: the page redraws its table against it, and a link keeps it
+        baseline = as_int(baseline, "baseline", lo=0, hi=64)
+        if not isinstance(search, str | None):
+            raise BadInput("search must be a string")
+        query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+        query["base"] = str(baseline)
+        out = "?" + urlencode(query)
+        if out == search:
+            raise PreventUpdate
+        return out
 
     @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
     def compare_href(values: list[list[str]]) -> str:
@@ -177,12 +301,12 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
          Output("events-graph", "figure"), Output("events-table", "data"), Output("live-interval", "max_intervals")],
         Input("live-interval", "n_intervals"),
         State("live-state", "data"), State("cursor-slider", "value"), State("cursor-slider", "max"),
-        State("page-run", "data"),
+        State("page-run", "data"), State("smoothing", "value"),
         running=[(Output("live-interval", "disabled"), True, False)],
         prevent_initial_call=True,
     )
     def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None,
-             page: dict[str, Any] | None) -> Any:
+             page: dict[str, Any] | None, smooth: Any = None) -> Any:
         if not state or not isinstance(state, dict) or not state.get("run"):
             raise PreventUpdate
         state = live_state(state)
@@ -208,7 +332,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             for i, g in enumerate(graphs):
                 if g in res.rebuild:
                     fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
-                                                      spikes=list(facts.loss_spike_steps) if facts else None)
+                                                      spikes=list(facts.loss_spike_steps) if facts else None,
+                                                      smooth=smoothing_of(smooth))
                     figures[i] = fig
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
@@ -248,20 +373,24 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     @app.callback(
         Output("cursor-slider", "value"),
         Input("play-interval", "n_intervals"), Input("prev-event", "n_clicks"), Input("next-event", "n_clicks"),
-        Input("events-graph", "clickData"), Input("events-table", "active_cell"),
+        Input("events-graph", "clickData"), Input("events-table", "active_cell"), Input("cursor-input", "n_submit"),
         State("cursor-slider", "value"), State("cursor-slider", "min"), State("cursor-slider", "max"),
-        State("speed", "value"), State("page-run", "data"), State("events-table", "data"),
+        State("speed", "value"), State("page-run", "data"), State("events-table", "data"), State("cursor-input", "value"),
         prevent_initial_call=True,
     )
-    def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, value: int | None, lo: int, hi: int,
-                    speed: int, page: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, _enter: int | None, value: int | None, lo: int,
+                    hi: int, speed: int, page: dict[str, Any], rows: list[dict[str, Any]], typed: Any) -> int:
         trigger = dash.ctx.triggered_id
         lo, hi = as_int(lo or 0, "slider min"), as_int(hi or 0, "slider max")
         value = as_int(value if value is not None else lo, "cursor")
+        if trigger == "cursor-input":  # Enter in the step box: that step, within the run
+            if typed is None or typed == "":
+                raise PreventUpdate
+            return min(max(round(as_float(typed, "step")), lo), hi)
         click, cell, rows = event_inputs(click, cell, rows)
         if trigger == "play-interval":
             step_s = as_float((page or {}).get("step_s") or 0.1, "step_s") if isinstance(page, dict | None) else 0.1
-            per_tick = min(0.5 * as_float(speed or 1, "speed") / max(step_s, 1e-6), float(2**53))
+            per_tick = min(run_page.TICK_MS / 1000 * as_float(speed or 1, "speed") / max(step_s, 1e-6), float(2**53))
             nxt = value + max(1, round(per_tick))
             return lo if value >= hi else min(nxt, hi)
         if trigger in ("prev-event", "next-event"):
@@ -307,6 +436,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             rows = memory_row_at(reader, step, rank)
             maps = load_snapshots(reader)
             acts = activations_at(reader, step, rank)
+            has_acts = bool(len(acts)) or (rank in reader.ranks and reader.ranks[rank].max_rowid("activations") > 0)
             meta = dict(reader.run_meta(), **(reader.rank_meta().get(rank) or {}))
         snap_key = [len(maps), pick, getattr(pick_snapshot(maps, step, pick), "step", None)]
         act_key = int(acts["step"].max()) if len(acts) else None
@@ -316,7 +446,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             seg_child = note(seg) if isinstance(seg, str) else \
                 dcc.Graph(id="segment-map", figure=seg, config=run_page.GRAPH_CONFIG)
         act_child: Any = no_update
-        if len(acts) and not (follow and prev.get("act") == act_key):
+        if (len(acts) or has_acts) and not (follow and prev.get("act") == act_key):
+            # before the first sampled step the chart says so (it does not keep showing another step's)
             act_child = dcc.Graph(id="activations-graph", figure=memory.activations_figure(acts, step, rank),
                                   config=run_page.GRAPH_CONFIG)
         patches: list[Any] = []
@@ -346,6 +477,36 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         with lock:
             status = reader.status()
         return snapshots.ask(run_id, reader.path, status)
+
+    @app.callback(Output("loss-graph", "figure", allow_duplicate=True), Output("rates-graph", "figure", allow_duplicate=True),
+                  Output("live-state", "data", allow_duplicate=True),
+                  Input("smoothing", "value"), State("live-state", "data"), State("cursor-slider", "value"),
+                  prevent_initial_call=True)
+    def smoothing(value: Any, state: Any, cursor: Any) -> Any:
+        # raw drawn faint under its EMA; the live tick extends the new traces (their specs go into the state)
+        if not state or not isinstance(state, dict) or not state.get("run"):
+            raise PreventUpdate
+        state = live_state(state)
+        smooth = smoothing_of(value)
+        cursor = None if cursor is None else as_int(cursor, "cursor")
+        try:
+            reader, lock = readers.get(state["run"])
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+        with lock:
+            view = load_view(reader)
+        facts = facts_for(reader.path)
+        out: list[Any] = []
+        new = dict(state, specs=dict(state.get("specs") or {}), points=dict(state.get("points") or {}))
+        for g in ("loss-graph", "rates-graph"):
+            fig, specs = run_page.build_graph(g, view, int(state.get("rank", 0)),
+                                              cursor if g in run_page.CURSOR_GRAPHS else None,
+                                              spikes=list(facts.loss_spike_steps) if facts is not None else None,
+                                              smooth=smooth)
+            new["specs"][g] = [s.as_dict() for s in specs]
+            new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
+            out.append(fig)
+        return [*out, new]
 
     snapshots = SnapshotRequests()
     for graph_id, xmode in _ZOOM_GRAPHS.items():
@@ -407,8 +568,9 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | 
 
 def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: str) -> None:
     @app.callback(Output(graph_id, "figure", allow_duplicate=True), Input(graph_id, "relayoutData"),
-                  State("live-state", "data"), State("cursor-slider", "value"), prevent_initial_call=True)
-    def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None) -> Any:
+                  State("live-state", "data"), State("cursor-slider", "value"), State("smoothing", "value"),
+                  prevent_initial_call=True)
+    def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None, smooth: Any = None) -> Any:
         rng = zoom_range(relayout)
         if rng is None or not state or not isinstance(state, dict) or not state.get("downsampled"):
             raise PreventUpdate
@@ -423,7 +585,7 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
             if isinstance(rng, tuple):
                 view = range_view(reader, view, rng[0], rng[1], xmode)
         facts = facts_for(reader.path)
-        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor,
+        fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor, smooth=smoothing_of(smooth),
                                       spikes=list(facts.loss_spike_steps) if facts is not None else None)
         if isinstance(rng, tuple):
             fig.update_xaxes(range=list(rng))

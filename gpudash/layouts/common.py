@@ -18,6 +18,9 @@ from gpudash.units import fmt_duration, human_bytes
 __all__ = [
     "UIREVISION",
     "base_figure",
+    "byte_unit",
+    "hover_template",
+    "time_unit",
     "fmt_bytes",
     "fmt_num",
     "fmt_s",
@@ -103,25 +106,62 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
+#: Binary byte units (as torch's OOM message): plotly's own ``s`` tick format would say "MB" for MiB values.
+BYTE_UNITS: tuple[tuple[str, float], ...] = (("B", 1.0), ("KiB", 2.0**10), ("MiB", 2.0**20), ("GiB", 2.0**30),
+                                             ("TiB", 2.0**40))
+
+
+def byte_unit(top: float | None) -> tuple[str, float]:
+    """The binary unit a bytes axis whose largest value is ``top`` is drawn in: ``(name, bytes per unit)``."""
+    if top is None or not math.isfinite(top):
+        return "MiB", 2.0**20
+    for name, size in reversed(BYTE_UNITS):
+        if abs(top) >= size:
+            return name, size
+    return "B", 1.0
+
+
+def time_unit(typical_s: float | None) -> tuple[str, float]:
+    """``s``, ``ms`` or ``µs`` for durations around ``typical_s`` seconds: ``(name, seconds per unit)``."""
+    if typical_s is None or not math.isfinite(typical_s) or typical_s >= 1.0:
+        return "s", 1.0
+    if typical_s >= 1e-3:
+        return "ms", 1e-3
+    return "µs", 1e-6
+
+
+def hover_template(unit: str) -> str:
+    """Hover text of a value already scaled to ``unit``: four significant digits, the unit named."""
+    return f"%{{y:.4~g}} {unit}"
+
+
+def unit_axis(unit: str) -> dict[str, Any]:
+    """Axis settings for values already scaled to ``unit``: plain numbers (no SI "k"/"M"), unit on every tick."""
+    return {"tickformat": ",~r" if unit == "B" else ",", "ticksuffix": f" {unit}", "exponentformat": "none"}
+
+
 _COLORWAY = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
              "#17becf"]
 _AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb", "automargin": True}
 
 
 def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_title: str = "step",
-                bytes_axis: bool = False) -> Fig:
+                bytes_axis: str = "") -> Fig:
+    """``bytes_axis``: the binary unit (from :func:`byte_unit`) the y values were scaled to, named on every tick."""
     yaxis: dict[str, Any] = {**_AXIS, "title": {"text": yaxis_title}}
     if bytes_axis:
-        yaxis.update(tickformat=".3s", ticksuffix="B")
+        yaxis.update(unit_axis(bytes_axis))
     return Fig({
         "title": {"text": title, "x": 0.01, "font": {"size": 14}},
         "height": height,
-        "margin": {"l": 60, "r": 20, "t": 36, "b": 36},
+        "margin": {"l": 60, "r": 30, "t": 36, "b": 36},
         "uirevision": UIREVISION,
-        "paper_bgcolor": "white",
-        "plot_bgcolor": "white",
+        # transparent: the page's theme (light or dark, gpudash/layouts/style.py) shows through
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
         "colorway": _COLORWAY,
-        "legend": {"orientation": "h", "y": -0.18, "font": {"size": 11}},
+        # the legend sits under the x axis title (its top anchored below the plot's automargins)
+        "legend": {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         "hovermode": "x unified",
         "xaxis": {**_AXIS, "title": {"text": xaxis_title}},
         "yaxis": yaxis,

@@ -19,11 +19,14 @@ from gpudash.store.reader import RunReader
 from gpudash.store.run import merged_meta, parse_json
 from gpudash.store.schema import NUMERIC_TABLES
 
-__all__ = ["RAW_LIMIT", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta", "time_bounds"]
+__all__ = ["RAW_LIMIT", "STEP_TABLES", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta", "time_bounds"]
 
 #: Tables with more rows than this are read through the 1 s / 60 s roll-ups.
 RAW_LIMIT = 50_000
 LIVE_TABLES = NUMERIC_TABLES + ("events", "activations")
+#: Tables charted by step: always read at full resolution (columnar chunks) and downsampled by step, so a
+#: 200,000-step run of short steps is drawn whole; a roll-up by time would average steps away.
+STEP_TABLES = ("steps", "memory")
 
 
 def order_key(table: str) -> str:
@@ -42,6 +45,8 @@ class RunView:
     cursor: dict[str, int] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
     t0: float = 0.0
+    full: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+    """The step tables at full resolution (zoom re-reads a step range from them)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -56,7 +61,7 @@ class RunView:
 
     @property
     def last_step(self) -> int | None:
-        s = self.frame("steps")
+        s = self.full.get("steps", self.frame("steps"))
         if not len(s) or "step" not in s:
             return None
         return int(np.nanmax(s["step"].to_numpy(dtype=float)))
@@ -86,7 +91,8 @@ def downsample_frame(df: pd.DataFrame, table: str, n: int = MAX_POINTS) -> pd.Da
             continue
         cols = [c for c in _ENVELOPE.get(table, ()) if c in g and g[c].notna().any()] or \
                [c for c in g.columns if c not in ("rank", "gpu", "time", "step")][:1]
-        x = g["time"].to_numpy(dtype=float) if "time" in g else np.arange(len(g), dtype=float)
+        key = "step" if table in STEP_TABLES and "step" in g else "time" if "time" in g else None
+        x = g[key].to_numpy() if key is not None else np.arange(len(g), dtype=np.int64)
         per = max(n // max(len(cols), 1), 100)
         idx = np.unique(np.concatenate([downsample_indices(x, g[c].to_numpy(dtype=float), per) for c in cols]))
         parts.append(g.iloc[idx])
@@ -127,7 +133,13 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     meta = run_meta(reader)
     frames: dict[str, pd.DataFrame] = {}
     levels: dict[str, int] = {}
+    full: dict[str, pd.DataFrame] = {}
     for table in NUMERIC_TABLES:
+        if table in STEP_TABLES:
+            full[table] = reader.read_table(table)
+            frames[table] = downsample_frame(full[table], table, max_points)
+            levels[table] = 0
+            continue
         total = sum(r.count(table, None, None) for r in reader.ranks.values())
         if total > raw_limit:
             lo, hi = time_bounds(reader, table)
@@ -161,4 +173,4 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     if status == "crashed" and not meta.get("end_reason"):
         meta["end_reason"] = "process died (no heartbeat)"
     return RunView(path=reader.path, meta=meta, status=status, frames=frames, levels=levels,
-                   problems=reader.all_problems(), cursor=cursor, last=last, t0=t0)
+                   problems=reader.all_problems(), cursor=cursor, last=last, t0=t0, full=full)

@@ -19,7 +19,8 @@ __all__ = ["MAX_INT", "MAX_RANK", "BadInput", "as_float", "as_int", "live_state"
 MAX_INT = 2**53
 MAX_RANK = 2**31 - 1
 _SERIES_FIELDS = {f.name: f.type for f in fields(Series)}
-_CHOICES = {"x": ("step", "elapsed"), "fn": ("raw", "cache", "rate", "median", "p95", "spike", "frag"),
+_CHOICES = {"x": ("step", "elapsed"), "fn": ("raw", "cache", "rate", "median", "p95", "spike", "frag", "ema",
+                                             "rate_ema"),
             "style": ("line", "area", "bar", "markers")}
 
 
@@ -79,6 +80,12 @@ def _series(d: Any) -> dict[str, Any]:
         if k in ("rank", "gpu"):
             if not (k == "gpu" and v is None):
                 as_int(v, f"series {k}", lo=0, hi=MAX_RANK)
+        elif k == "scale":
+            if as_float(v, "series scale") <= 0:
+                raise BadInput("series scale must be positive")
+        elif k == "smooth":
+            if not 0 <= as_float(v, "series smoothing") < 1:
+                raise BadInput("series smoothing must be in [0, 1)")
         elif k == "color":
             if v is not None and not isinstance(v, str):
                 raise BadInput("series color must be a string")

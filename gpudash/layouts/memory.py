@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from gpudash.layouts.common import base_figure, fmt_bytes, plot_text, waiting_figure
+from gpudash.layouts.common import base_figure, byte_unit, fmt_bytes, plot_text, unit_axis, waiting_figure
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import Series, add_series, series_xy
 from gpudash.units import human_bytes
@@ -47,17 +47,32 @@ PEAK_LINES: tuple[tuple[str, str, str], ...] = (
 STATE_COLORS = {"active_allocated": "#d62728", "active_pending_free": "#ff9896", "inactive": "#c7c7c7"}
 
 
+def _memory_top(memory: pd.DataFrame) -> float | None:
+    """The largest byte value the memory chart draws: the stack's top or a peak line, whichever is higher."""
+    if not len(memory):
+        return None
+    cols = [c for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+                        "non_pytorch_bytes") if c in memory]
+    tops = [float(np.nanmax(np.nansum(memory[cols].to_numpy(dtype=float), axis=1), initial=0.0))] if cols else []
+    for c in ("reserved_bytes", "allocated_bytes", *(c for c, *_ in PEAK_LINES)):
+        if c in memory and memory[c].notna().any():
+            tops.append(float(np.nanmax(memory[c].to_numpy(dtype=float))))
+    return max(tops) if tops else None
+
+
 def memory_series(memory: pd.DataFrame, rank: int = 0) -> list[Series]:
+    unit, scale = byte_unit(_memory_top(memory))
+    kw = {"rank": rank, "unit": unit, "scale": scale}
     out = []
     for col, label, color, fn in CATEGORIES:
         need = ("reserved_bytes", "allocated_bytes") if fn == "cache" else (col,)
         if all(c in memory and memory[c].notna().any() for c in need):
-            out.append(Series("memory", col, label, rank=rank, fn=fn, style="area", color=color))
+            out.append(Series("memory", col, label, fn=fn, style="area", color=color, **kw))  # type: ignore[arg-type]
     if not out and "allocated_bytes" in memory and memory["allocated_bytes"].notna().any():
-        out.append(Series("memory", "allocated_bytes", "allocated", rank=rank, style="area", color="#1f77b4"))
+        out.append(Series("memory", "allocated_bytes", "allocated", style="area", color="#1f77b4", **kw))  # type: ignore[arg-type]
     for col, label, color in PEAK_LINES:
         if col in memory and memory[col].notna().any():
-            out.append(Series("memory", col, label, rank=rank, style="line", color=color))
+            out.append(Series("memory", col, label, style="line", color=color, **kw))  # type: ignore[arg-type]
     return out
 
 
@@ -103,15 +118,16 @@ def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
 def memory_figure(memory: pd.DataFrame, meta: dict[str, Any], events: pd.DataFrame, rank: int = 0,
                   specs: list[Series] | None = None, live: bool = False) -> tuple[Fig, list[Series]]:
     """Stacked area of memory by category against capacity / budget / prediction, OOMs marked."""
-    fig = base_figure("Memory by category", height=340, yaxis_title="bytes", bytes_axis=True)
     specs = memory_series(memory, rank) if specs is None else specs
+    unit, scale = (specs[0].unit, specs[0].scale) if specs else byte_unit(None)
+    fig = base_figure("Memory by category", height=340, yaxis_title="memory", bytes_axis=unit)
     for s in specs:
         add_series(fig, s, *series_xy(s, memory))
     per_step = {s.col for s in specs}
     for label, value, dash in capacity_lines(meta):
         if label == "estimate (peak)" and "predicted_peak_bytes" in per_step:
             continue  # drawn per step, at each step's real shape
-        fig.add_hline(value, dash=dash, text=f"{label} {human_bytes(value, 2)}")
+        fig.add_hline(value / scale, dash=dash, text=f"{label} {human_bytes(value, 2)}")
     if len(events) and "kind" in events:
         for _, ev in events[events["kind"] == "oom"].iterrows():
             if pd.notna(ev.get("step")):
@@ -154,10 +170,11 @@ def memory_at_figure(values: dict[str, float]) -> Fig:
     if peak is not None:
         where.append(f"measured peak {human_bytes(peak, 2)}")
     title = "Memory at the cursor" + (f" ({', '.join(where)})" if where else "")
-    fig = base_figure(title, height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
     colors = {label: color for _, label, color, _ in CATEGORIES}
     labels = [k for k in values if k not in ("step", "peak")]
-    fig.add_trace({"type": "bar", "x": labels, "y": [values[k] for k in labels],
+    unit, scale = byte_unit(max((values[k] for k in labels), default=None))
+    fig = base_figure(title, height=300, xaxis_title="", yaxis_title="memory", bytes_axis=unit)
+    fig.add_trace({"type": "bar", "x": labels, "y": [values[k] / scale for k in labels],
                    "marker": {"color": [colors.get(k, "#888") for k in labels]},
                    "text": [fmt_bytes(values[k]) for k in labels], "textposition": "auto", "hoverinfo": "x+text"})
     fig.update_layout(hovermode="closest", showlegend=False)
@@ -184,9 +201,8 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     reason = getattr(mm, "reason", None)
     title = "Allocator segment map" + (f" (step {plot_text(step)})" if step is not None else "") \
         + (f" - {plot_text(reason)}" if reason else "")
-    fig = base_figure(title, height=360, xaxis_title="bytes within segment", yaxis_title="")
+    fig = base_figure(title, height=360, xaxis_title="offset within segment", yaxis_title="")
     fig.update_layout(hovermode="closest", barmode="overlay")
-    fig.update_xaxes(tickformat=".3s", ticksuffix="B")
     size_c = _col(blocks, "size", "bytes", "total_size")
     state_c = _col(blocks, "state")
     if not len(segs) or not len(blocks) or size_c is None:
@@ -205,6 +221,8 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     else:
         blocks["_seg"] = 0
     sizes = segs[seg_size].to_numpy(dtype=float) if seg_size else np.zeros(len(segs))
+    unit, scale = byte_unit(float(sizes.max()) if len(sizes) else None)
+    fig.update_xaxes(**unit_axis(unit))
     keep = list(np.argsort(-sizes)[:max_segments]) if len(segs) else []
     blocks = blocks[blocks["_seg"].isin(keep)]
     labels = {i: f"seg {i} ({fmt_bytes(sizes[i])})" for i in keep}
@@ -218,7 +236,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
         hover = [f"{plot_text(state)} {fmt_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
                  for sz, fr in zip(b[size_c], b[frame_c] if frame_c else [None] * len(b), strict=False)]
         fig.add_trace({"type": "bar", "orientation": "h", "y": [labels[int(s)] for s in b["_seg"]],
-                       "x": b[size_c].astype(float).tolist(), "base": b["_offset"].astype(float).tolist(),
+                       "x": (b[size_c].astype(float) / scale).tolist(), "base": (b["_offset"].astype(float) / scale).tolist(),
                        "name": plot_text(state),
                        "marker": {"color": STATE_COLORS.get(state, "#7f7f7f"), "line": {"width": 0.5, "color": "#fff"}},
                        "hovertext": hover, "hoverinfo": "text"})
@@ -226,7 +244,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     if len(free):
         big = free.loc[free[size_c].idxmax()]
         total_free = float(free[size_c].sum())
-        fig.add_annotation(x=float(big["_offset"]) + float(big[size_c]) / 2, y=labels[int(big["_seg"])],
+        fig.add_annotation(x=(float(big["_offset"]) + float(big[size_c]) / 2) / scale, y=labels[int(big["_seg"])],
                            text=f"largest free block {fmt_bytes(float(big[size_c]))} of {fmt_bytes(total_free)} free",
                            showarrow=True, arrowhead=2, ax=40, ay=-30)
     fig.update_yaxes(autorange="reversed")
@@ -238,15 +256,20 @@ def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 
     a = acts[acts["rank"] == rank] if "rank" in acts else acts
     if step is not None:
         a = a[a["step"] <= step]
-    fig = base_figure("Activations per module", height=300, xaxis_title="", yaxis_title="bytes", bytes_axis=True)
-    fig.update_layout(hovermode="closest", showlegend=False)
     if not len(a):
-        return waiting_figure(fig, "no sampled step yet")
+        fig = base_figure("Activations per module", height=300, xaxis_title="", yaxis_title="saved for backward")
+        fig.update_layout(hovermode="closest", showlegend=False)
+        return waiting_figure(fig, "no sampled step at or before the cursor" if step is not None else "no sampled step yet")
     last = int(a["step"].max())
     a = a[a["step"] == last]
+    unit, scale = byte_unit(float(a["bytes"].max()))
+    fig = base_figure("Activations per module", height=300, xaxis_title="", yaxis_title="saved for backward",
+                      bytes_axis=unit)
+    fig.update_layout(hovermode="closest", showlegend=False)
+    fig.update_xaxes(type="category")  # module names such as "0", "1" (nn.Sequential) are names, not numbers
     fig.update_layout(title={"text": f"Activations per module (step {last}, total "
                                      f"{fmt_bytes(float(a['bytes'].sum()))})"})
-    fig.add_trace({"type": "bar", "x": [plot_text(m) for m in a["module"]], "y": a["bytes"].astype(float).tolist(),
+    fig.add_trace({"type": "bar", "x": [plot_text(m) for m in a["module"]], "y": (a["bytes"].astype(float) / scale).tolist(),
                    "text": [fmt_bytes(float(b)) for b in a["bytes"]], "hoverinfo": "x+text",
                    "marker": {"color": "#d62728"}})
     return fig

@@ -13,11 +13,11 @@ import pandas as pd
 from dash import html
 from gpudash.layouts import events, hotspots, memory, ranks
 from gpudash.layouts.common import source_reason
-from gpudash.layouts.data import RunView, downsample_frame, load_view, rolled_frame
+from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import LIVE_GRAPHS, build_graph, run_page
+from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, build_graph, run_page
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
@@ -153,25 +153,42 @@ def facts_for(path: Any) -> Any | None:
         return None
 
 
-def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None) -> html.Div:
+def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None,
+                   cursor: int | None = None, xrange: tuple[float, float] | None = None,
+                   smooth: float = 0.0) -> html.Div:
+    """The run page; ``cursor`` and ``xrange`` (a step range) come from the page's address, so a link
+    reproduces the view it was copied from."""
     view = view if view is not None else load_view(reader)
     if rank not in view.ranks:
         rank = view.ranks[0]
     facts = facts_for(reader.path)
     spikes = list(facts.loss_spike_steps) if facts is not None else None
+    last = view.last_step
+    if cursor is not None and last is not None:
+        first = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
+        cursor = min(max(cursor, first), last)
+    elif cursor is not None:
+        cursor = None
+    zoomed = range_view(reader, view, xrange[0], xrange[1]) if xrange is not None else view
     figs, specs = {}, {}
     for g in LIVE_GRAPHS:
-        figs[g], specs[g] = build_graph(g, view, rank, cursor=None if view.status == "live" else view.last_step,
-                                        spikes=spikes)
+        at = cursor if cursor is not None else None if view.status == "live" else last
+        src = zoomed if g in STEP_GRAPHS else view
+        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes, smooth=smooth)
+        if xrange is not None and g in STEP_GRAPHS:
+            figs[g].update_xaxes(range=list(xrange))
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
-    mem_now = memory.memory_at(view.frame("memory"), None, rank)
+    mem_now = memory.memory_at(view.full.get("memory", view.frame("memory")), cursor, rank)
     extra: dict[str, Any] = {
+        "cursor": cursor,
+        "smooth": smooth,
         "memory_at": memory.memory_at_figure(mem_now),
-        "segment_map": segment_map_view(maps, view.last_step, "cursor", view.meta, view.frame("events")),
+        "segment_map": segment_map_view(maps, cursor if cursor is not None else last, "cursor", view.meta,
+                                        view.frame("events")),
         "snapshot_options": snapshot_options(maps),
-        "activations": memory.activations_figure(view.frame("activations"), None, rank),
+        "activations": memory.activations_figure(view.frame("activations"), cursor, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
         "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta())),
@@ -179,7 +196,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     }
     state = initial_state(run_id, view, specs, rank)
     state["downsampled"] = any(view.levels.values()) or any(
-        len(view.frame(t)) >= MAX_POINTS for t in NUMERIC_TABLES)
+        len(view.frame(t)) >= MAX_POINTS or len(view.full.get(t, ())) > len(view.frame(t)) for t in NUMERIC_TABLES)
     return run_page(run_id, view, rank, figs, specs, state, extra)
 
 
@@ -208,6 +225,17 @@ def range_view(reader: RunReader, base: RunView, x0: float, x1: float, xmode: st
     frames = dict(base.frames)
     levels = dict(base.levels)
     for table in NUMERIC_TABLES:
+        whole = base.full.get(table)
+        if table in STEP_TABLES and whole is not None:  # step charts: the full-resolution rows of the range
+            key, lo, hi = ("step", x0, x1) if xmode == "step" else ("time", t0, t1)
+            if key in whole and len(whole):
+                v = pd.to_numeric(whole[key], errors="coerce")
+                part = whole[(v >= lo) & (v <= hi)].reset_index(drop=True)
+            else:
+                part = whole
+            frames[table] = downsample_frame(part, table, MAX_POINTS)
+            levels[table] = 0
+            continue
         df, level = reader.read_range(table, t0, t1, max_rows=MAX_POINTS)
         if level:
             df = rolled_frame(df)
@@ -219,5 +247,5 @@ def range_view(reader: RunReader, base: RunView, x0: float, x1: float, xmode: st
         frames[table] = downsample_frame(df, table, MAX_POINTS)
         levels[table] = level
     return RunView(path=base.path, meta=base.meta, status=base.status, frames=frames, levels=levels,
-                   problems=base.problems, cursor=base.cursor, last=base.last, t0=base.t0)
+                   problems=base.problems, cursor=base.cursor, last=base.last, t0=base.t0, full=base.full)
 

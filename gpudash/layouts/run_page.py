@@ -6,15 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
 from gpudash.layouts.common import fmt_bytes, note, source_reason
 from gpudash.layouts.data import RunView
+from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
-from gpudash.layouts.series import Series
+from gpudash.layouts.series import SMOOTHING, Series, series_xy
 
-__all__ = ["LIVE_GRAPHS", "SPEEDS", "build_graph", "graph_specs", "run_page", "summary_children"]
+__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
+           "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
 LIVE_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph", "loss-graph", "signals-graph",
@@ -22,6 +25,24 @@ LIVE_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph",
 #: Graphs that carry the replay cursor as their first layout shape.
 CURSOR_GRAPHS = ("memory-graph", "step-time-graph", "loss-graph", "phases-graph")
 SPEEDS = (1, 2, 5, 10, 20, 50, 100)
+#: Graphs whose x axis is the step (a zoom in the address applies to them).
+STEP_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph", "loss-graph", "signals-graph")
+#: Seconds the default replay speed takes to play a whole run.
+REPLAY_S = 30.0
+#: Milliseconds between replay ticks (the cursor moves this often while playing).
+TICK_MS = 500
+
+
+def replay_speed(n_steps: int, step_s: float, seconds: float = REPLAY_S) -> float:
+    """The speed (× real time) at which ``n_steps`` of ``step_s`` seconds play in about ``seconds``."""
+    return max(n_steps * max(step_s, 1e-6) / seconds, 1e-6)
+
+
+def speed_options(auto: float) -> list[dict[str, Any]]:
+    """The fixed speeds and ``auto`` (the run in about 30 s), in order."""
+    opts = [{"label": f"{s}x", "value": s} for s in SPEEDS if abs(s - auto) > 1e-9]
+    opts.append({"label": f"{auto:.3g}x (whole run in {REPLAY_S:.0f} s)", "value": auto})
+    return sorted(opts, key=lambda o: float(o["value"]))
 GRAPH_CONFIG: Any = {"displaylogo": False, "scrollZoom": False}
 
 
@@ -33,7 +54,8 @@ def _ranks(frames: dict[str, Any]) -> list[int]:
     return sorted(ranks) or [0]
 
 
-def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[str, Any] | None = None) -> list[Series]:
+def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[str, Any] | None = None,
+                smooth: float = 0.0) -> list[Series]:
     """The series ``graph`` shows for these frames (the same function decides rebuilds while live);
     ``meta["phases"]`` is the run's phase set."""
     import pandas as pd
@@ -46,11 +68,11 @@ def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[st
     if graph == "step-time-graph":
         return throughput.step_time_series(steps, ranks)
     if graph == "rates-graph":
-        return throughput.rate_series(steps, ranks)
+        return throughput.rate_series(steps, ranks, smooth)
     if graph == "phases-graph":
         return throughput.phase_series(steps, rank, meta)
     if graph == "loss-graph":
-        return stability.loss_series(steps, ranks)
+        return stability.loss_series(steps, ranks, smooth)
     if graph == "signals-graph":
         return stability.signal_series(steps, mem, rank)[0]
     if graph == "device-graph":
@@ -73,18 +95,35 @@ def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int
     if spec is None or trace is None or "loss" not in steps or "step" not in steps:
         return
     rows = steps[steps["rank"] == spec.rank] if "rank" in steps else steps
+    rows = rows[rows["step"].isin(list(spikes))]
     loss = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")["loss"]
     shown = [int(s) for s in spikes if s in loss.index]
     trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
 
 
+def _full_ema(fig: Fig, specs: list[Series], view: RunView) -> None:
+    """Averages over every step, not over the downsampled rows: recompute EMA traces on the full frame."""
+    full = view.full.get("steps")
+    if full is None or len(full) <= len(view.frame("steps")):
+        return
+    for s in specs:
+        if s.fn not in ("ema", "rate_ema"):
+            continue
+        trace = next((t for t in fig.data if t.get("uid") == s.key), None)
+        if trace is None:
+            continue
+        x, y = series_xy(s, full)
+        idx = downsample_indices(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+        trace["x"], trace["y"] = [x[i] for i in idx], [y[i] for i in idx]
+
+
 def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None,
-                spikes: Sequence[int] | None = None) -> tuple[Fig, list[Series]]:
+                spikes: Sequence[int] | None = None, smooth: float = 0.0) -> tuple[Fig, list[Series]]:
     """A whole figure for ``graph`` from the view's (downsampled) frames; ``spikes`` (the run's facts)
-    are the loss chart's markers when given."""
+    are the loss chart's markers when given; ``smooth`` > 0 adds EMA lines to loss and throughput."""
     live = view.status == "live"
     f = view.frames
-    specs = graph_specs(graph, f, rank, view.meta)
+    specs = graph_specs(graph, f, rank, view.meta, smooth)
     if graph == "memory-graph":
         fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
     elif graph == "step-time-graph":
@@ -95,8 +134,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig = throughput.phase_figure(view.frame("steps"), specs, live)
     elif graph == "loss-graph":
         fig = stability.loss_figure(view.frame("steps"), specs, live)
-        if spikes is not None:
-            _mark_spikes(fig, specs, view.frame("steps"), spikes)
+        if spikes is not None:  # looked up in every row: a downsampled frame may have dropped a spike's row
+            _mark_spikes(fig, specs, view.full.get("steps", view.frame("steps")), spikes)
     elif graph == "signals-graph":
         _, titles = stability.signal_series(view.frame("steps"), view.frame("memory"), rank)
         fig = device.panels_figure("Stability signals", f, specs, view.t0, live, axis_titles=titles, xaxis_title="step")
@@ -106,6 +145,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig = device.panels_figure("Host (CPU, process memory)", f, specs, view.t0, live)
     else:
         raise KeyError(graph)
+    if smooth > 0:
+        _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
         fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
     return fig, specs
@@ -147,8 +188,22 @@ def summary_children(verdicts: list[Any]) -> list[Any]:
     return out
 
 
-def _section(title: str, children: list[Any], sid: str) -> html.Section:
-    return html.Section([html.H3(title), *children], id=sid, className="view")
+#: (anchor, label) of the section navigation, in page order; "ranks-view" only exists with more than one rank.
+SECTIONS = (("run-header", "Summary"), ("memory-view", "Memory"), ("throughput-view", "Throughput"),
+            ("ranks-view", "Ranks"), ("device-view", "Device"), ("stability-view", "Stability"),
+            ("events-view", "Events"), ("hotspots-view", "Hot spots"))
+
+
+def _section(title: str, children: list[Any], sid: str) -> html.Details:
+    """A section of the page that folds away (click its title); open at first."""
+    return html.Details([html.Summary(html.H3(title)), *children], id=sid, className="view", open=True)
+
+
+def section_nav(ranks: int) -> html.Nav:
+    """Links to every section, in the replay bar that stays on screen."""
+    return html.Nav([html.A(label, href=f"#{sid}", className="nav-link")
+                     for sid, label in SECTIONS if sid != "ranks-view" or ranks > 1],
+                    id="section-nav", className="section-nav")
 
 
 def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
@@ -157,7 +212,9 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     rows, hot-spot rows, the summary verdicts (or None), the snapshot options, the ranks box's children and the
     run's :class:`gpudash.analysis.facts.Facts` (the lights render them)."""
     meta = view.meta
-    last = view.last_step
+    facts = extra.get("facts")
+    # the header's step is the run's facts (the summary says the same), the view's only before they exist
+    last = facts.steps - 1 if facts is not None and facts.steps else view.last_step
     first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
     stats = throughput.throughput_stats(view.frame("steps"), meta)
     lights = stability.stability_lights(extra.get("facts"))
@@ -178,18 +235,28 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         html.Div([note(p) for p in view.problems], id="run-problems"),
         html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
                  style={} if extra.get("verdicts") else {"display": "none"}),
-    ], className="run-header")
+    ], className="run-header", id="run-header")
+    cursor = extra.get("cursor")
+    at = cursor if cursor is not None else last
+    n_steps = (last or 0) - first_step + 1
+    auto = replay_speed(n_steps, stats.get("median_s") or 0.1)
     replay = html.Div([
         html.Button("▶ play", id="play-button", n_clicks=0, className="button"),
-        dcc.Dropdown(id="speed", options=[{"label": f"{s}x", "value": s} for s in SPEEDS], value=10, clearable=False,
-                     style={"width": "90px"}),
+        dcc.Dropdown(id="speed", options=speed_options(auto), value=auto, clearable=False, style={"width": "230px"}),
         html.Button("« prev event", id="prev-event", n_clicks=0, className="button"),
         html.Button("next event »", id="next-event", n_clicks=0, className="button"),
-        html.Span("cursor: ", className="muted"), html.Span("-" if last is None else str(last), id="cursor-label"),
+        html.Span("cursor: ", className="muted"), html.Span("-" if at is None else str(at), id="cursor-label"),
+        html.Span(" go to step ", className="muted"),
+        dcc.Input(id="cursor-input", type="number", min=first_step, max=max(last or 0, first_step + 1), step=1,
+                  debounce=True, className="step-box", placeholder=str(at if at is not None else "")),
         html.Div(dcc.Slider(id="cursor-slider", min=first_step, max=max(last or 0, first_step + 1),
-                            value=last if last is not None else 0, step=1, updatemode="mouseup", marks=None,
+                            value=at if at is not None else 0, step=1, updatemode="mouseup", marks=None,
                             tooltip={"placement": "bottom", "always_visible": False}), className="slider"),
-        dcc.Interval(id="play-interval", interval=500, disabled=True),
+        dcc.Interval(id="play-interval", interval=TICK_MS, disabled=True),
+        html.Span(" smoothing ", className="muted"),
+        dcc.Dropdown(id="smoothing", options=[{"label": "off" if v == 0 else f"EMA {v:g}", "value": v} for v in SMOOTHING],
+                     value=extra.get("smooth") or 0.0, clearable=False, searchable=False, style={"width": "110px"}),
+        section_nav(len(view.ranks)),
     ], className="replay-bar", id="replay-bar")
     acts_reason = None if len(view.frame("activations")) else source_reason("activations", meta, view.frame("events"))
     snap = extra.get("segment_map")

@@ -17,7 +17,14 @@ from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.runid import list_run_dirs
 
-__all__ = ["cached_summary", "device_label", "list_runs", "run_stamp", "run_summary", "runs_page"]
+__all__ = ["REFRESH_MS", "STATUS_FILTERS", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature",
+           "run_stamp", "run_summary", "runs_page", "runs_table"]
+
+#: The runs page's status filter: (value, label).
+STATUS_FILTERS = (("all", "all runs"), ("live", "live"), ("finished", "finished"), ("crashed", "crashed"),
+                  ("unreadable", "unreadable"))
+#: How often the runs page asks for the list again (a run started after the page opened appears within ~2 s).
+REFRESH_MS = 1000
 
 
 def _num(v: Any) -> float | None:
@@ -106,13 +113,41 @@ def _started(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def runs_page(runs_dir: Path, rows: list[dict[str, Any]]) -> html.Div:
+def filter_runs(rows: list[dict[str, Any]], query: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    """The rows whose name, id or device contains every word of ``query`` (any case), of ``status`` ("all": any)."""
+    words = [w for w in str(query or "").lower().split() if w]
+    out = []
+    for r in rows:
+        if status and status != "all" and r.get("status") != status:
+            continue
+        hay = " ".join(str(r.get(k) or "") for k in ("name", "id", "device")).lower()
+        if all(w in hay for w in words):
+            out.append(r)
+    return out
+
+
+def row_signature(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """What the table shows of each row: the table is redrawn only when this changes."""
+    keys = ("id", "name", "status", "device", "started", "duration_s", "steps", "peak_bytes", "tokens_per_s",
+            "samples_per_s", "end_reason")
+    return [[r.get(k) for k in keys] for r in rows]
+
+
+def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | None = None,
+               total: int | None = None) -> Any:
+    """The table of ``rows`` (``picked``: run ids whose compare box stays ticked), or a line saying why it is empty."""
+    picked = picked or set()
+    if not rows:
+        if total:
+            return note(f"no run matches the search or status filter ({total} run(s) in {runs_dir})")
+        return note(f"no runs in {runs_dir} yet (start one: gpudash demo, or wrap a loop in Monitor); "
+                    "this list updates by itself")
     head = ["", "run", "status", "device", "started", "duration", "steps", "peak memory", "tokens/s", "samples/s"]
     body = []
     for r in rows:
         body.append(html.Tr([
             html.Td(dcc.Checklist(id={"type": "compare-pick", "run": r["id"]}, options=[{"label": "", "value": r["id"]}],
-                                  value=[], inline=True)),
+                                  value=[r["id"]] if r["id"] in picked else [], inline=True)),
             html.Td(dcc.Link(r["name"], href=f"/run/{r['id']}", className="run-link")),
             html.Td(html.Span(r["status"], className=f"status {_STATUS_CLASS.get(r['status'], '')}"),
                     title=r.get("end_reason") or ""),
@@ -123,14 +158,28 @@ def runs_page(runs_dir: Path, rows: list[dict[str, Any]]) -> html.Div:
             html.Td(fmt_bytes(r.get("peak_bytes"))),
             html.Td(fmt_num(r.get("tokens_per_s"))),
             html.Td(fmt_num(r.get("samples_per_s"))),
-        ], className="run-row"))
-    table = html.Table([html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(body)], id="runs-table",
-                       className="runs-table") if rows else note(f"no runs in {runs_dir} yet "
-                                                                 "(start one: gpudash demo, or wrap a loop in Monitor)")
+        ], className="run-row", id={"type": "run-row", "run": r["id"]}))
+    return html.Table([html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(body)], id="runs-table",
+                      className="runs-table")
+
+
+def runs_count(runs_dir: Path, shown: int, total: int) -> str:
+    return f"{total} run(s) in {runs_dir}" + (f", {shown} shown" if shown != total else "")
+
+
+def runs_page(runs_dir: Path, rows: list[dict[str, Any]]) -> html.Div:
     return html.Div([
         html.H2("Runs"),
-        html.Div(f"{len(rows)} run(s) in {runs_dir}", className="muted"),
-        table,
+        html.Div([
+            dcc.Input(id="runs-search", type="search", placeholder="search name, id or device", debounce=False,
+                      value="", className="search"),
+            dcc.RadioItems(id="runs-status", options=[{"label": label, "value": v} for v, label in STATUS_FILTERS],
+                           value="all", inline=True, className="status-filter"),
+            html.Span(runs_count(runs_dir, len(rows), len(rows)), id="runs-count", className="muted"),
+        ], className="runs-tools"),
+        html.Div(runs_table(runs_dir, rows), id="runs-table-box"),
+        dcc.Store(id="runs-shown", data=row_signature(rows)),
+        dcc.Interval(id="runs-interval", interval=REFRESH_MS),
         html.Div([dcc.Link("Compare selected runs", id="compare-link", href="/compare", className="button"),
                   html.Span(" tick two or more runs", className="muted")], className="compare-bar"),
     ], id="runs-page")

@@ -15,10 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from gpudash.analysis.stability import SPIKE_WINDOW, spike_mask
-from gpudash.layouts.common import plot_text
+from gpudash.layouts.common import hover_template, plot_text
 from gpudash.layouts.fig import Fig
 
-__all__ = ["WINDOW", "Series", "add_series", "series_xy", "spike_mask"]
+__all__ = ["SMOOTHING", "WINDOW", "Series", "add_series", "ema", "series_xy", "spike_mask"]
+
+#: The smoothing control's choices (0: off).
+SMOOTHING = (0.0, 0.6, 0.8, 0.9, 0.95, 0.99)
 
 #: Steps in the rolling window for median / p95 step time; a live extend of spike markers also needs the
 #: trailing window of the one spike rule (:func:`gpudash.analysis.stability.spike_mask`).
@@ -33,11 +36,14 @@ class Series:
     rank: int = 0
     gpu: int | None = None
     x: str = "step"  # "step" or "elapsed" (seconds since the run started)
-    fn: str = "raw"  # raw | cache | rate | median | p95 | spike | frag
+    fn: str = "raw"  # raw | cache | rate | median | p95 | spike | frag | ema | rate_ema
     style: str = "line"  # line | area | bar | markers
     yaxis: str = "y"
     color: str | None = None
     stack: str = "mem"
+    unit: str = ""  # what the drawn values are in ("MiB", "ms", ...): named on hover
+    scale: float = 1.0  # recorded value / scale = drawn value (bytes -> MiB, seconds -> ms)
+    smooth: float = 0.0  # ema / rate_ema: the weight of the previous average (TensorBoard's smoothing)
 
     @property
     def key(self) -> str:
@@ -52,7 +58,7 @@ class Series:
 
     @property
     def windowed(self) -> bool:
-        return self.fn in ("median", "p95", "spike")
+        return self.fn in ("median", "p95", "spike", "ema", "rate_ema")
 
 
 def _num(df: pd.DataFrame, col: str, mask: np.ndarray | None) -> np.ndarray | None:
@@ -80,12 +86,16 @@ def _y(spec: Series, get: Any) -> np.ndarray | None:
     y = get(spec.col)
     if y is None:
         return None
-    if fn == "rate":
+    if fn in ("rate", "rate_ema"):
         dur = get("duration_s")
         if dur is None:
             return None
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(dur > 0, y / dur, np.nan)
+            y = np.where(dur > 0, y / dur, np.nan)
+        if fn == "rate":
+            return y
+    if fn in ("ema", "rate_ema"):
+        return ema(y, spec.smooth)
     if fn == "median":
         return pd.Series(y).rolling(WINDOW, min_periods=1).median().to_numpy()
     if fn == "p95":
@@ -93,6 +103,14 @@ def _y(spec: Series, get: Any) -> np.ndarray | None:
     if fn == "spike":
         return np.where(spike_mask(y), y, np.nan)
     return y
+
+
+def ema(y: np.ndarray, smooth: float) -> np.ndarray:
+    """Exponential moving average, ``smooth`` the weight of the previous average (0: the values themselves);
+    missing values are skipped, not averaged in as zeros."""
+    if smooth <= 0:
+        return y
+    return pd.Series(y).ewm(alpha=1.0 - min(smooth, 0.999), adjust=False, ignore_na=True).mean().to_numpy()
 
 
 def _round(y: np.ndarray, digits: int = 6) -> np.ndarray:
@@ -142,6 +160,8 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
             n = len(df) if mask is None else int(mask.sum())
             x = np.arange(n, dtype=float)
     y = y[skip:]
+    if spec.scale != 1.0:
+        y = y / spec.scale
     ok = np.isfinite(y) & np.isfinite(x)
     xs, ys = x[ok], _round(y[ok])
     if spec.x == "step" and np.all(xs == np.round(xs)):
@@ -152,6 +172,8 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
 def add_series(fig: Fig, spec: Series, x: list[Any], y: list[Any]) -> None:
     """Append the trace for ``spec`` (``uid`` = its key) to ``fig``; data as plain lists."""
     t: dict[str, Any] = {"x": x, "y": y, "name": plot_text(spec.name), "uid": spec.key, "yaxis": spec.yaxis}
+    if spec.unit:
+        t["hovertemplate"] = hover_template(spec.unit)
     color = {"color": spec.color} if spec.color else {}
     if spec.style == "bar":
         t.update(type="bar", marker=color)

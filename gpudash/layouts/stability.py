@@ -27,14 +27,20 @@ def _has(df: pd.DataFrame, col: str) -> bool:
     return col in df and bool(pd.to_numeric(df[col], errors="coerce").notna().any())
 
 
-def loss_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
+def loss_series(steps: pd.DataFrame, ranks: list[int], smooth: float = 0.0) -> list[Series]:
+    """Loss per rank and its spike markers; with ``smooth`` > 0 the raw loss is drawn faint under its EMA."""
     if not _has(steps, "loss"):
         return []
     out = []
+    one = len(ranks) == 1
     for r in ranks:
         sfx = f" r{r}" if len(ranks) > 1 else ""
-        out += [Series("steps", "loss", "loss" + sfx, rank=r, color="#1f77b4" if len(ranks) == 1 else None),
-                Series("steps", "loss", "spike" + sfx, rank=r, fn="spike", style="markers")]
+        out.append(Series("steps", "loss", "loss" + sfx, rank=r,
+                          color=("#c6dbef" if smooth > 0 else "#1f77b4") if one else None))
+        if smooth > 0:
+            out.append(Series("steps", "loss", f"loss (EMA {smooth:g}){sfx}", rank=r, fn="ema", smooth=smooth,
+                              color="#1f77b4" if one else None))
+        out.append(Series("steps", "loss", "spike" + sfx, rank=r, fn="spike", style="markers"))
     return out
 
 

@@ -12,7 +12,11 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .muted { color: #666; }
 .note { color: #555; background: #fff; border: 1px dashed #bbb; padding: 10px 12px; margin: 6px 0; font-size: 14px; }
 .view { background: #fff; border: 1px solid #e3e5e8; border-radius: 6px; padding: 8px 14px; margin: 14px 0; }
-.view h3 { margin: 6px 0; font-size: 16px; }
+.view h3 { margin: 6px 0; font-size: 16px; display: inline-block; }
+.view > summary { cursor: pointer; list-style-position: outside; }
+.view, .run-header { scroll-margin-top: 120px; }
+.section-nav { flex-basis: 100%; display: flex; gap: 14px; font-size: 13px; border-top: 1px solid #eee; padding-top: 4px; }
+.section-nav a { color: #1f77b4; text-decoration: none; } .section-nav a:hover { text-decoration: underline; }
 .row { display: flex; gap: 12px; flex-wrap: wrap; }
 .half { flex: 1 1 480px; min-width: 0; }
 .status { padding: 1px 8px; border-radius: 10px; font-size: 13px; color: #fff; background: #888; }
@@ -23,6 +27,7 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
   cursor: pointer; text-decoration: none; color: #222; font-size: 13px; }
 .replay-bar { display: flex; align-items: center; gap: 8px; flex-wrap: wrap; background: #fff; border: 1px solid #e3e5e8;
   border-radius: 6px; padding: 8px 14px; position: sticky; top: 0; z-index: 10; }
+.replay-bar .step-box { width: 110px; padding: 3px 6px; border: 1px solid #bbb; border-radius: 4px; }
 .replay-bar .slider { flex: 1 1 400px; min-width: 300px; }
 .lights { display: flex; gap: 18px; flex-wrap: wrap; margin: 6px 0; font-size: 13px; }
 .light { display: inline-block; width: 12px; height: 12px; border-radius: 6px; margin-right: 5px; vertical-align: -1px; }
@@ -33,11 +38,62 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .sev { font-size: 12px; padding: 0 6px; border-radius: 8px; margin-right: 6px; color: #fff; background: #888; }
 .sev-bad { background: #d62728; } .sev-warn { background: #ffb000; } .sev-ok { background: #2ca02c; }
 #last-step { font-weight: 600; }
+.theme-toggle { float: right; background: none; border: 1px solid #556; color: #fff; border-radius: 4px;
+  font-size: 12px; cursor: pointer; padding: 1px 8px; }
+/* dark mode: follows the system unless toggled (the choice is remembered) or set by ?theme=dark|light */
+body.dark { background: #0f1115; color: #ddd; }
+body.dark .view, body.dark .replay-bar, body.dark .runs-table, body.dark .verdict, body.dark .note {
+  background: #181b21; border-color: #2a2e36; color: #ddd; }
+body.dark .topbar { background: #000; }
+body.dark .muted, body.dark .note { color: #9aa3ad; }
+body.dark a, body.dark .section-nav a, body.dark .rank-link { color: #7fb3e6; }
+body.dark .rank-link.current { color: #fff; }
+body.dark .button, body.dark input, body.dark .step-box, body.dark .search { background: #222730; color: #ddd;
+  border-color: #3a3f48; }
+body.dark .runs-table th, body.dark .runs-table td { border-color: #2a2e36; }
+body.dark .section-nav { border-color: #2a2e36; }
+body.dark .js-plotly-plot .main-svg text { fill: #d0d4da !important; }
+body.dark .js-plotly-plot .gridlayer path, body.dark .js-plotly-plot .zerolinelayer path { stroke: #2c313a !important; }
+body.dark .dash-spreadsheet td, body.dark .dash-spreadsheet th { background: #181b21 !important; color: #ddd !important; }
+.runs-tools { display: flex; gap: 10px; align-items: center; margin: 8px 0; }
+.status-filter label { margin-right: 10px; font-size: 13px; }
+.runs-tools .search { padding: 6px 8px; border: 1px solid #bbb; border-radius: 4px; width: 280px; font-size: 14px; }
 .rank-link { margin-right: 6px; color: #1f77b4; } .rank-link.current { font-weight: 700; color: #222; }
 """
 
 
+#: Light or dark: ``?theme=dark|light`` in the address, else the last choice of the toggle, else the system's.
+THEME_JS = """(function () {
+  var q = new URLSearchParams(location.search).get('theme');
+  q = (q === 'dark' || q === 'light') ? q : null;
+  var saved = null;
+  try { saved = localStorage.getItem('gpudash-theme'); } catch (e) {}
+  var mq = window.matchMedia ? window.matchMedia('(prefers-color-scheme: dark)') : null;
+  var theme = q || saved || (mq && mq.matches ? 'dark' : 'light');
+  function apply(t) {
+    theme = t;
+    document.body.classList.toggle('dark', t === 'dark');
+    var b = document.getElementById('theme-toggle');
+    if (b) { b.textContent = t === 'dark' ? 'light mode' : 'dark mode'; }
+  }
+  apply(theme);
+  if (mq && mq.addEventListener) {
+    mq.addEventListener('change', function (e) { if (!q && !saved) { apply(e.matches ? 'dark' : 'light'); } });
+  }
+  window.gpudashTheme = {
+    get: function () { return theme; },
+    toggle: function () {
+      saved = theme === 'dark' ? 'light' : 'dark';
+      try { localStorage.setItem('gpudash-theme', saved); } catch (e) {}
+      apply(saved);
+    }
+  };
+})();"""
+
+
 def index_string(title: str = "gpudash") -> str:
     return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>{%favicon%}{%css%}<style>" + CSS
-            + "</style></head><body><div class='topbar'><a href='/'>gpudash</a></div>{%app_entry%}<footer>"
+            + "</style></head><body><div class='topbar'><a href='/'>gpudash</a>"
+            "<button id='theme-toggle' class='theme-toggle' type='button' onclick='gpudashTheme.toggle()'>"
+            "dark mode</button></div><script>" + THEME_JS + "</script>{%app_entry%}<footer>"
             "{%config%}{%scripts%}{%renderer%}</footer></body></html>")

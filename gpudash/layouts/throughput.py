@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from gpudash.analysis.phases import phase_columns as analysis_phase_columns
-from gpudash.layouts.common import base_figure, fmt_num, fmt_s, waiting_figure
+from gpudash.layouts.common import base_figure, fmt_num, fmt_s, time_unit, unit_axis, waiting_figure
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import WINDOW, Series, add_series, series_xy
 
@@ -36,22 +36,36 @@ def phase_columns(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> li
     return analysis_phase_columns(steps, meta)
 
 
+def seconds_unit(steps: pd.DataFrame) -> tuple[str, float]:
+    """The unit step durations are drawn in: by the median step time (``ms`` for 5 ms steps)."""
+    if "duration_s" not in steps or not steps["duration_s"].notna().any():
+        return "s", 1.0
+    return time_unit(float(pd.to_numeric(steps["duration_s"], errors="coerce").median()))
+
+
+def _seconds_axis(fig: Fig, specs: list[Series]) -> None:
+    fig.update_layout(yaxis=unit_axis(specs[0].unit if specs else "s"))
+
+
 def step_time_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
     if "duration_s" not in steps or not steps["duration_s"].notna().any():
         return []
+    unit, scale = seconds_unit(steps)
     out = []
     for r in ranks:
         suffix = f" r{r}" if len(ranks) > 1 else ""
-        out += [Series("steps", "duration_s", f"step time{suffix}", rank=r, color="#aec7e8" if len(ranks) == 1 else None),
+        out += [Series("steps", "duration_s", f"step time{suffix}", rank=r, color="#aec7e8" if len(ranks) == 1 else None,
+                       unit=unit, scale=scale),
                 Series("steps", "duration_s", f"median ({WINDOW}){suffix}", rank=r, fn="median",
-                       color="#1f77b4" if len(ranks) == 1 else None),
+                       color="#1f77b4" if len(ranks) == 1 else None, unit=unit, scale=scale),
                 Series("steps", "duration_s", f"p95 ({WINDOW}){suffix}", rank=r, fn="p95",
-                       color="#ff7f0e" if len(ranks) == 1 else None)]
+                       color="#ff7f0e" if len(ranks) == 1 else None, unit=unit, scale=scale)]
     return out
 
 
 def step_time_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
-    fig = base_figure("Step time", yaxis_title="seconds")
+    fig = base_figure("Step time", yaxis_title="step time")
+    _seconds_axis(fig, specs)
     for s in specs:
         add_series(fig, s, *series_xy(s, steps))
     if not specs and live:
@@ -59,19 +73,30 @@ def step_time_figure(steps: pd.DataFrame, specs: list[Series], live: bool = Fals
     return fig
 
 
-def rate_series(steps: pd.DataFrame, ranks: list[int]) -> list[Series]:
+def rate_series(steps: pd.DataFrame, ranks: list[int], smooth: float = 0.0) -> list[Series]:
+    """samples/s (left axis) and tokens/s (right); with ``smooth`` > 0 each drawn faint under its EMA."""
     out = []
-    for col, label, axis in (("samples", "samples/s", "y"), ("tokens", "tokens/s", "y2")):
+    for col, label, axis, color in (("samples", "samples/s", "y", "#1f77b4"), ("tokens", "tokens/s", "y2", "#ff7f0e")):
         if col in steps and steps[col].notna().any():
             for r in ranks:
-                out.append(Series("steps", col, label + (f" r{r}" if len(ranks) > 1 else ""), rank=r, fn="rate",
-                                  yaxis=axis))
+                sfx = f" r{r}" if len(ranks) > 1 else ""
+                c = color if len(ranks) == 1 else None
+                out.append(Series("steps", col, label + sfx, rank=r, fn="rate", yaxis=axis, unit=label,
+                                  color=(_FAINT[color] if smooth > 0 else color) if c else None))
+                if smooth > 0:
+                    out.append(Series("steps", col, f"{label} (EMA {smooth:g}){sfx}", rank=r, fn="rate_ema",
+                                      yaxis=axis, unit=label, smooth=smooth, color=c))
     return out
+
+
+_FAINT = {"#1f77b4": "#c6dbef", "#ff7f0e": "#fdd0a2"}
 
 
 def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
     fig = base_figure("Samples/s and tokens/s", yaxis_title="samples/s")
-    fig.update_layout(yaxis2={"title": "tokens/s", "overlaying": "y", "side": "right", "showgrid": False})
+    fig.update_layout(yaxis2={"title": {"text": "tokens/s"}, "overlaying": "y", "side": "right", "showgrid": False,
+                              "automargin": True, "zeroline": False, "rangemode": "tozero"},
+                      yaxis={"rangemode": "tozero"})
     for s in specs:
         add_series(fig, s, *series_xy(s, steps))
     if not specs:
@@ -87,12 +112,15 @@ MAX_BARS = 300
 def phase_series(steps: pd.DataFrame, rank: int = 0, meta: dict[str, Any] | None = None) -> list[Series]:
     n = int((steps["rank"] == rank).sum()) if "rank" in steps and len(steps) else len(steps)
     style = "bar" if n <= MAX_BARS else "area"
+    unit, scale = seconds_unit(steps)
     return [Series("steps", c, c.removesuffix("_s"), rank=rank, style=style, stack="phases",
-                   color=PHASE_COLORS.get(c.removesuffix("_s"))) for c in phase_columns(steps, meta)]
+                   color=PHASE_COLORS.get(c.removesuffix("_s")), unit=unit, scale=scale)
+            for c in phase_columns(steps, meta)]
 
 
 def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -> Fig:
-    fig = base_figure("Phase breakdown per step", yaxis_title="seconds")
+    fig = base_figure("Phase breakdown per step", yaxis_title="time in phase")
+    _seconds_axis(fig, specs)
     fig.update_layout(barmode="stack", bargap=0)
     for s in specs:
         add_series(fig, s, *series_xy(s, steps))

@@ -81,3 +81,19 @@ class LiveRun:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def long_run(run_dir: Path, steps: int = 200_000, spike: int = 150_000, step_s: float = 0.001) -> Path:
+    """A run of many short steps (a roll-up by time would hold a handful of buckets) with one loss spike and
+    one activation-memory spike at step ``spike``, written through the real Recorder."""
+    from gpudash.store.writer import Recorder
+
+    rec = Recorder(run_dir, flush_interval=0.2, capacity=2 * steps + 10, meta={"name": run_dir.name, "device": "cpu"})
+    for s in range(steps):
+        t = 1000.0 + step_s * s
+        rec.put("steps", {"step": s, "time": t, "duration_s": step_s,
+                          "loss": 2.0 + 0.01 * ((s * 7919) % 13) / 13 + (30.0 if s == spike else 0.0)})
+        rec.put("memory", {"step": s, "time": t, "params_bytes": 1e6,
+                           "activations_bytes": 3e6 + (4e8 if s == spike else 0.0)})
+    rec.close()
+    return run_dir

@@ -49,7 +49,7 @@ def test_column_names_escaped_in_device_panels() -> None:
     fig = device.panels_figure("Device", {"device": df}, specs, 0.0)
     assert not _markup(fig)
     names = {t.name for t in fig.data}
-    assert "x&amp;y_pct" in names and any("&lt;a" in n for n in names)
+    assert "x&amp;y" in names and any("&lt;a" in n for n in names)  # legend names lose the unit suffix
 
 
 def test_phase_names_escaped() -> None:

@@ -12,10 +12,11 @@ import pytest
 from gpudash.access import allowed_hosts, host_name
 from gpudash.app import create_app, serve_in_thread
 
-CALLBACK = {"output": "page.children", "outputs": {"id": "page", "property": "children"},
+CALLBACK = {"output": "..page.children...shown-page.data..",
+            "outputs": [{"id": "page", "property": "children"}, {"id": "shown-page", "property": "data"}],
             "inputs": [{"id": "url", "property": "pathname", "value": "/"},
                        {"id": "url", "property": "search", "value": ""}],
-            "changedPropIds": ["url.pathname"], "state": []}
+            "changedPropIds": ["url.pathname"], "state": [{"id": "shown-page", "property": "data", "value": None}]}
 
 
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:8050", "localhost.evil.example",

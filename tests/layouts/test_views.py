@@ -9,7 +9,7 @@ import plotly
 import pytest
 
 from gpudash.layouts import compare, events, hotspots, memory, run_page, runs, stability, throughput
-from gpudash.layouts.common import source_reason
+from gpudash.layouts.common import fmt_s, source_reason
 from gpudash.layouts.data import load_view
 from gpudash.layouts.pages import build_run_page, facts_for, load_snapshots, pick_snapshot, range_view
 from gpudash.layouts.series import Series, series_xy, spike_mask
@@ -48,7 +48,8 @@ def test_memory_by_category(rich) -> None:  # type: ignore[no-untyped-def]
     assert "allocator cache" in names and "activations" in names
     cache = next(s for s in specs if s.name == "allocator cache")
     x, y = series_xy(cache, view.frame("memory"))
-    assert y and all(v == 200_000 for v in y)  # reserved - allocated as logged
+    assert cache.unit == "KiB" and fig.layout["yaxis"]["ticksuffix"] == " KiB"  # binary units, not plotly's SI "kB"
+    assert y and all(v * cache.scale == pytest.approx(200_000, rel=1e-5) for v in y)  # reserved - allocated
     texts = [a.text for a in fig.layout.annotations]
     assert any("budget" in t for t in texts) and any("estimate" in t for t in texts)
     assert any(t == "OOM" for t in texts)
@@ -157,12 +158,23 @@ def test_runs_list_and_page(runs_dir: Path) -> None:
 
 
 def test_compare(runs_dir: Path) -> None:
+    from gpudash.analysis.runcache import shared_cache
+
     views = [(rid, load_view(RunReader(runs_dir / rid))) for rid in ("rich", "plain")]
-    rows = compare.compare_rows(views)
-    assert rows[0]["peak vs first"] == "1.00x" and rows[0]["step vs first"] == "1.00x"
+    facts = [shared_cache().get(runs_dir / rid).facts for rid in ("rich", "plain")]
+    rows = compare.compare_rows(views, facts)
+    assert rows[0]["peak vs baseline"] == "1.00x" and rows[0]["step time vs baseline"] == "1.00x"
+    assert rows[0]["run"] == "rich (baseline)"
     assert rows[1]["run"] == "plain" and rows[1]["parameters"] == rows[0]["parameters"]
-    mem, st = compare.compare_figures(views)
-    assert len(mem.data) == 2 and len(st.data) == 2
+    # the table renders the facts: the same median step time as every other surface
+    assert rows[1]["median step"] == fmt_s(facts[1].headline["step_time_median_s"])
+    other = compare.compare_rows(views, facts, baseline=1)
+    assert other[1]["run"] == "plain (baseline)" and other[1]["step time vs baseline"] == "1.00x"
+    ratio = facts[0].headline["step_time_median_s"] / facts[1].headline["step_time_median_s"]
+    assert other[0]["step time vs baseline"] == f"{ratio:.2f}x"
+    loss, rate, mem, st = compare.compare_figures(views)
+    assert len(loss.data) == len(rate.data) == len(mem.data) == len(st.data) == 2
+    assert mem.layout["yaxis"]["ticksuffix"].endswith("iB")
 
 
 def test_range_view_requery(rich) -> None:  # type: ignore[no-untyped-def]
@@ -228,8 +240,8 @@ def test_two_ranks_side_by_side(tmp_path: Path) -> None:
     assert view.ranks == [0, 1]
     _, specs = run_page.build_graph("step-time-graph", view)
     assert {s.rank for s in specs} == {0, 1} and any(s.name.endswith("r1") for s in specs)
-    fig, _ = run_page.build_graph("memory-graph", view, rank=1)
-    assert fig.data[0].y[0] == 2000
+    fig, mspecs = run_page.build_graph("memory-graph", view, rank=1)
+    assert fig.data[0].y[0] * mspecs[0].scale == pytest.approx(2000, rel=1e-5) and mspecs[0].unit == "KiB"
     page = json.dumps(build_run_page("ddp", reader, rank=1), cls=plotly.utils.PlotlyJSONEncoder)
     assert "/run/ddp?rank=0" in page and '"rank": 1' in page
     reader.close()
@@ -257,7 +269,9 @@ def test_device_panels_per_gpu_and_unit(tmp_path: Path) -> None:
     assert axes["pcie_tx_mib_s"] == axes["pcie_rx_mib_s"] != axes["power_w"]
     assert len({axes["power_w"], axes["temp_c"], axes["sm_clock_mhz"], axes["memory_used_bytes"]}) == 4
     titles = {fig.layout[k]["title"]["text"] for k in fig.layout if k.startswith("yaxis")}
-    assert titles == {"%", "MiB/s", "bytes", "W", "°C", "MHz"}
+    assert titles == {"utilization", "bandwidth", "memory", "power", "temperature", "clock"}
+    suffixes = {fig.layout[k].get("ticksuffix") for k in fig.layout if k.startswith("yaxis")}
+    assert suffixes == {" %", " MiB/s", " MiB", " W", " °C", " MHz"}  # 1e9 bytes drawn in MiB, not "1G"
     assert len(fig.data) == len(specs) == 16
 
 
@@ -285,3 +299,62 @@ def test_cpu_time_columns_are_not_phases() -> None:
 
     steps = pd.DataFrame({"duration_s": [1.0], "forward_s": [0.4], "thread_cpu_s": [0.9], "forward_gpu_s": [0.3]})
     assert throughput.phase_columns(steps) == ["forward_s"]
+
+
+def test_runs_filter_and_signature() -> None:
+    from gpudash.layouts.runs import filter_runs, row_signature
+
+    rows = [{"id": "a", "name": "GPT small", "status": "live", "device": "NVIDIA H100", "steps": 5},
+            {"id": "b", "name": "tiny mlp", "status": "finished", "device": "cpu", "steps": 40},
+            {"id": "c", "name": "gpt big", "status": "crashed", "device": "NVIDIA A100", "steps": 9}]
+    assert [r["id"] for r in filter_runs(rows, "gpt")] == ["a", "c"]  # any case
+    assert [r["id"] for r in filter_runs(rows, "gpt a100")] == ["c"]  # every word
+    assert [r["id"] for r in filter_runs(rows, "", "finished")] == ["b"]
+    assert [r["id"] for r in filter_runs(rows, None, "all")] == ["a", "b", "c"]
+    assert filter_runs(rows, "h100", "crashed") == []
+    moved = [dict(rows[0], steps=6), *rows[1:]]
+    assert row_signature(moved) != row_signature(rows)  # a step more redraws the table
+
+
+def test_view_in_the_address_round_trips() -> None:
+    from urllib.parse import parse_qs
+
+    from gpudash.layouts.callbacks import view_params, view_search
+
+    search = view_search("?rank=1", 120, (100.0, 250.5))
+    assert parse_qs(search[1:]) == {"rank": ["1"], "cursor": ["120"], "x0": ["100"], "x1": ["250.5"]}
+    assert view_params(parse_qs(search[1:])) == (120, (100.0, 250.5), 0.0)
+    assert view_search(search, None, True) == "?rank=1"  # zoom reset and a followed live end leave the address
+    assert view_search(search, 7, None).count("x0=100") == 1  # a cursor move keeps the zoom
+    assert view_params({"cursor": ["abc"], "x0": ["5"], "x1": ["1"], "smooth": ["7"]}) == (None, None, 0.0)  # ignored
+    assert view_params(parse_qs(view_search("", None, None, 0.9)[1:]))[2] == 0.9
+
+
+def test_replay_speed_plays_any_run_in_about_30_s() -> None:
+    from gpudash.layouts.run_page import REPLAY_S, TICK_MS, replay_speed, speed_options
+
+    for n, step_s in ((40, 0.002), (200_000, 0.001), (10_000_000, 0.3), (12, 5.0)):
+        speed = replay_speed(n, step_s)
+        per_tick = (TICK_MS / 1000) * speed / step_s  # what the play callback advances per tick
+        assert n / per_tick * TICK_MS / 1000 == pytest.approx(REPLAY_S)
+        assert any(o["value"] == speed for o in speed_options(speed))
+
+
+def test_ema_smoothing_of_loss_and_throughput(rich) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from gpudash.layouts.series import ema
+
+    y = np.array([1.0, np.nan, 3.0, 5.0])
+    assert ema(y, 0.0) is y
+    # TensorBoard's rule: s_t = w * s_{t-1} + (1 - w) * y_t, missing values skipped
+    assert ema(y, 0.5).tolist()[2:] == [2.0, 3.5]
+    _, view = rich
+    fig, specs = run_page.build_graph("loss-graph", view, smooth=0.9)
+    names = [t.name for t in fig.data]
+    assert names[:2] == ["loss", "loss (EMA 0.9)"] and fig.data[0].line["color"] != fig.data[1].line["color"]
+    raw, smooth = fig.data[0].y, fig.data[1].y
+    assert np.std(np.diff(smooth)) < np.std(np.diff(raw))  # smoother than what it averages
+    rates, rspecs = run_page.build_graph("rates-graph", view, smooth=0.9)
+    assert any(s.fn == "rate_ema" for s in rspecs) and len(rates.data) == 2 * len(run_page.build_graph(
+        "rates-graph", view)[1])
