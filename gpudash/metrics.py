@@ -141,7 +141,8 @@ class RunsCollector:
         self.facts = facts
         self.max_age_s = max_age_s
         self.rescan_s = rescan_s
-        self._readers: dict[str, RunReader] = {}
+        #: run id -> run folder; readers are the one run cache's (analysis.runcache.shared_cache)
+        self._paths: dict[str, Path] = {}
         #: (run, rank, table, gpu) -> (rowid read up to, newest value of each column)
         self._carry: dict[tuple[str, int, str, int | None], tuple[int, dict[str, Any]]] = {}
         self._scanned = 0.0
@@ -149,7 +150,7 @@ class RunsCollector:
 
     def _discover(self) -> None:
         now = time.monotonic()
-        if now - self._scanned < self.rescan_s and self._readers:
+        if now - self._scanned < self.rescan_s and self._paths:
             return
         self._scanned = now
         found: dict[str, Path] = {}
@@ -158,32 +159,32 @@ class RunsCollector:
             found[root.name] = root  # the run this process writes (MetricsServer), named by its owner
         else:  # a runs folder: the dashboard's run ids, nothing that links out of it
             found = dict(list_nested_run_dirs(root))
-        for run_id, path in found.items():
-            if run_id not in self._readers:
-                try:
-                    self._readers[run_id] = RunReader(path)
-                except RunError:
-                    continue
-        for run_id in [r for r in self._readers if r not in found]:
-            self._readers.pop(run_id).close()
+        self._paths = found
 
     def collect(self) -> Iterator[Metric]:
+        from gpudash.analysis.runcache import shared_cache
+
         with self._lock:
             fams = _Families()
             self._discover()
             now = time.time()
-            for run_id, reader in sorted(self._readers.items()):
-                reader.refresh()
+            for run_id, path in sorted(self._paths.items()):
+                try:
+                    reader, reader_lock = shared_cache().reader(path)
+                except RunError:
+                    continue
                 tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
-                for rank, rr in sorted(reader.ranks.items()):
-                    try:
-                        tail = self._collect_rank(fams, run_id, rank, rr, now)
-                    except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
-                        fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
-                                 {"run": run_id, "rank": str(rank), "error": type(exc).__name__}, 1)
-                        continue
-                    if tail is not None:
-                        tails.append(tail)
+                with reader_lock:
+                    reader.refresh()
+                    for rank, rr in sorted(reader.ranks.items()):
+                        try:
+                            tail = self._collect_rank(fams, run_id, rank, rr, now)
+                        except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
+                            fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                                     {"run": run_id, "rank": str(rank), "error": type(exc).__name__}, 1)
+                            continue
+                        if tail is not None:
+                            tails.append(tail)
                 if len(tails) > 1:
                     self._skew(fams, run_id, tails)
                 if tails and self.facts:

@@ -156,3 +156,18 @@ def test_the_steps_table_has_one_writer() -> None:
                         and isinstance(node.args[0], ast.Constant) and node.args[0].value == "steps"):
                     writers.append(f"{name}.{fn.name}")
     assert writers == ["gpudash.monitor.put_step"]
+
+
+def test_the_server_opens_runs_in_one_place() -> None:
+    """Dashboard pages, the API, /metrics and the notebook read runs through analysis.runcache only
+    (issue 11: a run opened four ways told four stories)."""
+    root = Path(__file__).resolve().parents[1] / "gpudash"
+    server_side = [root / "app.py", root / "metrics.py", root / "notebook.py", *sorted((root / "layouts").glob("*.py"))]
+    offenders = []
+    for path in server_side:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in ("RunReader", "load_run", "RankReader"):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno} {name}(...)")
+    assert offenders == [], "open runs through gpudash.analysis.runcache.shared_cache(): " + ", ".join(offenders)

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpudash.analysis.facts import Facts, run_facts
 from gpudash.analysis.verdict import Verdict
+from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, load_run
 
 __all__ = ["Loaded", "RunCache", "run_stamp", "shared_cache"]
@@ -59,14 +60,34 @@ class Loaded:
 
 
 class RunCache:
-    """Loaded runs by path (bounded, least recently used dropped)."""
+    """Runs by path (bounded, least recently used dropped): the loaded run with its facts, and an
+    open reader for the pages' downsampled views and live tails."""
 
-    def __init__(self, size: int = 16, live_every_s: float = 2.0) -> None:
+    def __init__(self, size: int = 16, live_every_s: float = 2.0, readers: int = 32) -> None:
         self.size = size
         self.live_every_s = live_every_s
+        self.readers_size = readers
         self._items: OrderedDict[Path, Loaded] = OrderedDict()
         self._locks: dict[Path, threading.Lock] = {}
+        self._readers: OrderedDict[Path, tuple[RunReader, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def reader(self, path: str | Path) -> tuple[RunReader, threading.Lock]:
+        """An open reader of the run at ``path`` and its lock (hold it while reading: SQLite
+        connections are not shared mid-query). Raises :class:`gpudash.RunError` when it is not a run."""
+        key = Path(path).resolve()
+        with self._lock:
+            item = self._readers.get(key)
+            if item is not None:
+                self._readers.move_to_end(key)
+                return item
+            item = (RunReader(key), threading.Lock())
+            self._readers[key] = item
+            while len(self._readers) > self.readers_size:
+                old, old_lock = self._readers.popitem(last=False)[1]
+                with old_lock:
+                    old.close()
+            return item
 
     def get(self, path: str | Path) -> Loaded:
         """The run at ``path`` (raises :class:`gpudash.RunError` when it is not a run)."""
@@ -93,8 +114,12 @@ class RunCache:
     def clear(self) -> None:
         with self._lock:
             items, self._items = list(self._items.values()), OrderedDict()
+            readers, self._readers = list(self._readers.values()), OrderedDict()
         for it in items:
             it.run.close()
+        for reader, lock in readers:
+            with lock:
+                reader.close()
 
 
 _SHARED = RunCache()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -18,6 +17,7 @@ from urllib.parse import parse_qs, urlencode
 import dash
 from dash import ALL, Input, Output, Patch, State, dcc, html, no_update
 from dash.exceptions import PreventUpdate
+from gpudash.analysis.runcache import RunCache, shared_cache
 from gpudash.errors import RunError
 from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput
 from gpudash.layouts.common import note
@@ -50,27 +50,15 @@ RANKS_EVERY = 10
 
 
 class ReaderCache:
-    """Open readers by run id (bounded), one lock each: SQLite connections are not shared mid-query."""
+    """Open readers by run id: run ids resolved inside the runs folder, readers held by the one
+    run cache (:func:`gpudash.analysis.runcache.shared_cache`), one lock each."""
 
-    def __init__(self, runs_dir: Path, size: int = 32) -> None:
+    def __init__(self, runs_dir: Path, cache: RunCache | None = None) -> None:
         self.runs_dir = runs_dir
-        self.size = size
-        self._items: OrderedDict[str, tuple[RunReader, threading.Lock]] = OrderedDict()
-        self._lock = threading.Lock()
+        self.cache = cache or shared_cache()
 
     def get(self, run_id: str) -> tuple[RunReader, threading.Lock]:
-        path = resolve_run_dir(self.runs_dir, run_id)
-        with self._lock:
-            item = self._items.get(run_id)
-            if item is not None and item[0].path == path:
-                self._items.move_to_end(run_id)
-                return item
-            item = (RunReader(path), threading.Lock())
-            self._items[run_id] = item
-            while len(self._items) > self.size:
-                old, _ = self._items.popitem(last=False)[1]
-                old.close()
-            return item
+        return self.cache.reader(resolve_run_dir(self.runs_dir, run_id))
 
 
 class SnapshotRequests:
