@@ -67,6 +67,11 @@ class Facts:
     node_stragglers: tuple[str, ...] = ()
     """Nodes whose ranks are all slow while another node's are not (worst first): one slow machine."""
     rank_stragglers: tuple[int, ...] = ()
+    dropped_records: int = 0
+    """Records the writer's full buffer dropped (all ranks): ``steps`` counts step indices, so a run that
+    dropped step rows has fewer rows than ``steps`` says."""
+    dropped_values: int = 0
+    """Logged values that could not be stored (left empty), all ranks."""
     """Slow ranks on otherwise healthy nodes (worst first)."""
 
     def light(self, signal: str) -> Light | None:
@@ -200,6 +205,10 @@ def _headline(run: Run, steps: pd.DataFrame) -> dict[str, float | None]:
     return out
 
 
+def _count(v: Any) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else 0
+
+
 def run_facts(run: Run) -> Facts:
     """Every fact about ``run`` that more than one surface shows, derived once."""
     steps, mem = run.steps, run.memory
@@ -222,7 +231,9 @@ def run_facts(run: Run) -> Facts:
     headline["peak_memory_bytes"] = peak_memory(mem, peaks)
     nodes = rank_nodes(run.rank_meta)
     strag = node_stragglers(run, nodes) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
+    dropped = {k: sum(_count(m.get(k)) for m in run.rank_meta.values()) for k in ("dropped_records", "dropped_values")}
     return Facts(
+        dropped_records=dropped["dropped_records"], dropped_values=dropped["dropped_values"],
         status=run.status, steps=n, ranks=max(len(run.ranks), 1 if n else 0),
         phases=tuple(run_phases(run.meta, steps)),
         loss_spike_steps=tuple(spikes), nonfinite_steps=tuple(nonfinite), oom_count=ooms,
@@ -284,6 +295,9 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows.append(("non-finite", f"{len(facts.nonfinite_steps)} step(s)" +
                  (f" (steps {_steps_text(facts.nonfinite_steps)})" if facts.nonfinite_steps else "")))
     rows.append(("OOMs", str(facts.oom_count)))
+    if facts.dropped_records or facts.dropped_values:
+        rows.append(("not recorded", f"{facts.dropped_records:,} record(s) dropped (the writer's buffer was full), "
+                                     f"{facts.dropped_values:,} value(s) that could not be stored"))
     if facts.fragmentation_pct is not None:
         rows.append(("fragmentation", f"up to {facts.fragmentation_pct:.0f} % of reserved memory in split blocks"))
     return rows
