@@ -35,7 +35,7 @@ from gpudash.trainer.model import GPT, preset
 from gpudash.trainer.offload import OffloadOptimizer
 from gpudash.trainer.precision import Precision
 from gpudash.trainer.preflight import preflight
-from gpudash.units import human_bytes
+from gpudash.units import fmt_duration, human_bytes
 
 __all__ = ["Trainer", "train"]
 
@@ -455,16 +455,24 @@ class _Progress:
     def __init__(self, total: int) -> None:
         self.total = total
         self.last = 0.0
+        self.start = time.monotonic()
+
+    def line(self, done: int, loss: float, micro: int, tok_s: float, now: float) -> str:
+        """``[####....] step 3/10  loss 5.139  micro 2  296 tok/s  12.0 s elapsed, ETA 28.0 s``"""
+        width = 24
+        fill = int(width * done / self.total)
+        elapsed = now - self.start
+        eta = elapsed / done * (self.total - done) if done else None
+        timing = f"{fmt_duration(elapsed)} elapsed" + (f", ETA {fmt_duration(eta)}" if done < self.total else "")
+        return (f"[{'#' * fill}{'.' * (width - fill)}] step {done}/{self.total}  loss {loss:.3f}  "
+                f"micro {micro}  {tok_s:,.0f} tok/s  {timing} ")
 
     def update(self, done: int, loss: float, micro: int, tok_s: float) -> None:
         now = time.monotonic()
         if now - self.last < 0.1 and done < self.total:
             return
         self.last = now
-        width = 24
-        fill = int(width * done / self.total)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] step {done}/{self.total}  loss {loss:.3f}  "
-                         f"micro {micro}  {tok_s:,.0f} tok/s ")
+        sys.stderr.write("\r" + self.line(done, loss, micro, tok_s, now))
         sys.stderr.flush()
 
     def close(self) -> None:

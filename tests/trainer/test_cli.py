@@ -86,3 +86,14 @@ def test_estimate_takes_any_model_shape(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["estimate", "--preset", "tiny", "--json"]) == 0
     four = json.loads(capsys.readouterr().out)
     assert eight["params"] > four["params"] and eight["activations_bytes"] > four["activations_bytes"]
+
+
+def test_progress_line_has_elapsed_and_eta() -> None:
+    from gpudash.trainer.loop import _Progress
+
+    p = _Progress(10)
+    p.start = 100.0
+    mid = p.line(4, 5.0, 2, 300.0, now=112.0)  # 4 steps in 12 s: 6 steps left at 3 s each
+    assert "step 4/10" in mid and "12.00 s elapsed" in mid and "ETA 18.00 s" in mid
+    end = p.line(10, 4.0, 2, 300.0, now=130.0)
+    assert "30.00 s elapsed" in end and "ETA" not in end
