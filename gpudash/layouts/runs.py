@@ -240,7 +240,7 @@ def page_of(rows: list[dict[str, Any]], query: str | None = None, status: str | 
 
 
 def list_page(runs_dir: Path, query: str | None = None, status: str | None = None, page: int = 0,
-              per_page: int = PER_PAGE) -> RunsPage:
+              per_page: int | None = None) -> RunsPage:
     """Page ``page`` of the runs list, newest first, after the search and status filter; only its rows are
     summarised (:func:`cached_summary`)."""
     entries = scan_runs(runs_dir)
@@ -248,6 +248,7 @@ def list_page(runs_dir: Path, query: str | None = None, status: str | None = Non
         for e in entries:
             if e.status is None:  # the filter and the device search need the meta tables (kept per stamp)
                 read_meta(e)
+    per_page = per_page or PER_PAGE
     by_id = {e.id: e for e in entries}
     shown, page, pages, matching = page_of([e.row() for e in entries], query, status, page, per_page)
     rows = []
