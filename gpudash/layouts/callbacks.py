@@ -254,7 +254,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         return 0
 
     @app.callback(Output("runs-table-box", "children"), Output("runs-count", "children"), Output("runs-shown", "data"),
-                  Output("runs-page-label", "children"),
+                  Output("runs-page-label", "children"), Output("runs-prev", "disabled"), Output("runs-next", "disabled"),
                   Input("runs-interval", "n_intervals"), Input("runs-search", "value"), Input("runs-status", "value"),
                   Input("runs-page-no", "data"),
                   State({"type": "compare-pick", "run": ALL}, "value"), State("runs-shown", "data"),
@@ -276,7 +276,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             raise PreventUpdate
         picked = {v for vals in picks or [] for v in (vals or []) if isinstance(v, str)}
         return (runs.runs_table(runs_dir, listing.rows, picked, listing.total),
-                runs.runs_count(runs_dir, listing.matching, listing.total), sig, runs.page_label(listing))
+                runs.runs_count(runs_dir, listing.matching, listing.total), sig, runs.page_label(listing),
+                listing.page == 0, listing.page >= listing.pages - 1)
 
     @app.callback(Output("url", "search", allow_duplicate=True), Input("compare-baseline", "value"),
                   State("url", "search"), prevent_initial_call=True)

@@ -349,10 +349,11 @@ def runs_page(runs_dir: Path, rows: list[dict[str, Any]], listing: RunsPage | No
         ], className="runs-tools"),
         html.Div(runs_table(runs_dir, listing.rows, total=listing.total), id="runs-table-box"),
         html.Div([
-            html.Button("← newer", id="runs-prev", n_clicks=0, className="button"),
+            html.Button("← newer", id="runs-prev", n_clicks=0, className="button", disabled=listing.page == 0),
             html.Span(page_label(listing), id="runs-page-label", className="muted"),
-            html.Button("older →", id="runs-next", n_clicks=0, className="button"),
-        ], className="runs-pager"),
+            html.Button("older →", id="runs-next", n_clicks=0, className="button",
+                        disabled=listing.page >= listing.pages - 1),
+        ], className="runs-tools runs-pager"),  # laid out like the search bar
         dcc.Store(id="runs-page-no", data=listing.page),
         dcc.Store(id="runs-shown", data=shown_signature(listing)),
         dcc.Interval(id="runs-interval", interval=REFRESH_MS),

@@ -38,6 +38,8 @@ def test_pages_show_the_newest_runs_first(app: Any) -> None:
     assert first.status_code == second.status_code == 200
     assert _links(first) == ["/run/plain"] and _links(second) == ["/run/rich"]  # plain is the newer run
     assert first.json["response"]["runs-page-label"]["children"] == "1–1 of 2 · page 1 of 2"
+    assert first.json["response"]["runs-prev"]["disabled"] and not first.json["response"]["runs-next"]["disabled"]
+    assert second.json["response"]["runs-next"]["disabled"] and not second.json["response"]["runs-prev"]["disabled"]
     assert _links(_refresh(app, 7)) == ["/run/rich"]  # past the end: the last page
     found = _refresh(app, 1, query="RICH", trigger="runs-search.value")
     assert _links(found) == ["/run/rich"] and "1 match" in found.json["response"]["runs-count"]["children"]
