@@ -209,9 +209,10 @@ def scan_runs(runs_dir: Path) -> list[RunEntry]:
         elif entry.status == "live":
             entry.status = None  # read again when needed
         out.append(entry)
+    root = runs_dir.resolve()
     for gone in set(_ENTRIES) - seen:
-        if gone.is_relative_to(runs_dir.resolve()):
-            del _ENTRIES[gone]
+        if gone.parent == root:
+            _ENTRIES.pop(gone, None)  # a run deleted (another server thread may have dropped it already)
     return out
 
 
