@@ -1,11 +1,19 @@
 """The runs page: every run in RUNS_DIR with status, device, duration, steps, peak memory and
-tokens/s, newest first; tick two or more to compare them."""
+tokens/s, newest first, a page of :data:`PER_PAGE` at a time; tick two or more to compare them.
+
+A folder may hold thousands of runs, so the list is built in two steps. Every run gets a cheap
+entry (:func:`scan_runs`: its name and start time from ``run.json``, its files' stamp; its status
+and device from the rank files' meta tables only when a search or status filter needs them); the
+entries are searched, filtered, sorted and cut into pages, and only the rows of the page shown are
+summarised (:func:`cached_summary`: the run loaded once, its facts kept in memory and on disk)."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +24,20 @@ from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.runid import list_run_dirs
+from gpudash.store.reader import RunReader
+from gpudash.store.run import merged_meta
+from gpudash.store.schema import RUN_META_FILE, rank_from_db_name
 
-__all__ = ["REFRESH_MS", "STATUS_FILTERS", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature",
-           "run_stamp", "run_summary", "runs_page", "runs_table"]
+__all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
+           "page_label", "read_meta", "run_stamp", "run_summary", "runs_page", "runs_table"]
 
 #: The runs page's status filter: (value, label).
 STATUS_FILTERS = (("all", "all runs"), ("live", "live"), ("finished", "finished"), ("crashed", "crashed"),
                   ("unreadable", "unreadable"))
 #: How often the runs page asks for the list again (a run started after the page opened appears within ~2 s).
 REFRESH_MS = 1000
+#: Rows on one page of the runs list (only these are summarised).
+PER_PAGE = 50
 
 
 def _num(v: Any) -> float | None:
@@ -77,15 +90,21 @@ CACHE_RUNS = 20_000
 _CACHE: OrderedDict[Path, tuple[tuple[Any, ...], dict[str, Any]]] = OrderedDict()
 
 
-def cached_summary(run_id: str, path: Path) -> dict[str, Any]:
+def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None,
+                   status: str | None = None) -> dict[str, Any]:
     """:func:`run_summary`, kept per run until one of its files changes (a list of many finished runs
     must not keep the run cache busy loading them again); finished and crashed runs' summaries are also
-    kept on disk (:mod:`gpudash.analysis.summarystore`), so a restarted server lists them at once."""
-    stamp = run_stamp(path)
+    kept on disk (:mod:`gpudash.analysis.summarystore`), so a restarted server lists them at once.
+
+    ``stamp`` / ``status``: the run's stamp and cheap status when the caller has them (:class:`RunEntry`).
+    A live run whose files did not change is summarised again only when its status moved (its writer
+    stopped: the heartbeat went stale)."""
+    stamp = run_stamp(path) if stamp is None else stamp
     hit = _CACHE.get(path)
-    if hit is not None and hit[0] == stamp and hit[1]["status"] != "live":
-        _CACHE.move_to_end(path)
-        return dict(hit[1], id=run_id)
+    if hit is not None and hit[0] == stamp:
+        if hit[1]["status"] != "live" or (status or _read_status(path)) == "live":
+            _CACHE.move_to_end(path)
+            return dict(hit[1], id=run_id)
     out = summary_store().get(path, stamp)
     if out is None:
         out = run_summary(run_id, path)
@@ -100,10 +119,145 @@ def cached_summary(run_id: str, path: Path) -> dict[str, Any]:
 
 
 def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
-    """Summaries of every run in ``runs_dir``, newest first."""
+    """Summaries of every run in ``runs_dir``, newest first (``/api/runs``; the page summarises one page)."""
     rows = [cached_summary(run_id, path) for run_id, path in list_run_dirs(runs_dir)]
     rows.sort(key=lambda r: r.get("started") or 0.0, reverse=True)
     return rows
+
+
+# ---- the cheap list: every run, nothing loaded ----------------------------------------------------------
+
+@dataclass
+class RunEntry:
+    """What the runs list knows of a run without loading it: ``name`` and ``started`` from ``run.json``;
+    ``status`` and ``device`` (``None`` until read) from the rank files' meta tables (:func:`read_meta`)."""
+
+    id: str
+    path: Path
+    stamp: tuple[Any, ...]
+    name: str
+    started: float | None
+    status: str | None = None
+    device: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "started": self.started, "status": self.status,
+                "device": self.device}
+
+
+def _run_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((path / RUN_META_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _has_rank_files(stamp: tuple[Any, ...]) -> bool:
+    return any(rank_from_db_name(str(name).removesuffix("-wal")) is not None for name, *_ in stamp)
+
+
+def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
+    """The run's merged meta and status as the store decides them (the meta tables and heartbeats only:
+    no table is read)."""
+    try:
+        reader = RunReader(path)
+    except RunError:
+        return {}, "unreadable"
+    try:
+        rank_meta = reader.rank_meta()
+        return merged_meta(reader, rank_meta), reader.status()
+    finally:
+        reader.close()
+
+
+def _read_status(path: Path) -> str:
+    return _cheap_meta(path)[1]
+
+
+def read_meta(entry: RunEntry) -> RunEntry:
+    """Fill ``status``, ``device`` (and ``name`` / ``started`` where ``run.json`` lacks them) from the meta tables."""
+    meta, status = _cheap_meta(entry.path)
+    entry.status = status
+    entry.device = device_label(meta) if meta else "?"
+    entry.name = str(meta.get("name") or entry.name)
+    if entry.started is None:
+        entry.started = _num(meta.get("created_at") or meta.get("started_at"))
+    return entry
+
+
+_ENTRIES: dict[Path, RunEntry] = {}
+
+
+def scan_runs(runs_dir: Path) -> list[RunEntry]:
+    """A :class:`RunEntry` per run in ``runs_dir`` (its files stat'ed, ``run.json`` read when they changed).
+    Kept per run until a file changes; a live run's status is read again each scan that needs it (it turns
+    ``crashed`` when its heartbeat goes stale, without any file changing)."""
+    out = []
+    seen = set()
+    for run_id, path in list_run_dirs(runs_dir):
+        stamp = run_stamp(path)
+        seen.add(path)
+        entry = _ENTRIES.get(path)
+        if entry is None or entry.stamp != stamp or entry.id != run_id:
+            meta = _run_json(path)
+            entry = RunEntry(id=run_id, path=path, stamp=stamp, name=str(meta.get("name") or run_id),
+                             started=_num(meta.get("created_at") or meta.get("started_at")))
+            if entry.started is None and _has_rank_files(stamp):
+                read_meta(entry)  # the start time is only in the rank files
+            _ENTRIES[path] = entry
+        elif entry.status == "live":
+            entry.status = None  # read again when needed
+        out.append(entry)
+    root = runs_dir.resolve()
+    for gone in set(_ENTRIES) - seen:
+        if gone.parent == root:
+            _ENTRIES.pop(gone, None)  # a run deleted (another server thread may have dropped it already)
+    return out
+
+
+@dataclass
+class RunsPage:
+    """One page of the runs list: ``rows`` (page ``page`` of ``pages``, 0-based), ``matching`` runs pass the
+    search and status filter, ``total`` runs in the folder."""
+
+    rows: list[dict[str, Any]]
+    page: int
+    pages: int
+    matching: int
+    total: int
+    first: int  # index of the page's first row among the matching runs
+
+
+def page_of(rows: list[dict[str, Any]], query: str | None = None, status: str | None = None, page: int = 0,
+            per_page: int = PER_PAGE) -> tuple[list[dict[str, Any]], int, int, int]:
+    """Search and filter ``rows`` (:func:`filter_runs`), sort them newest first, cut page ``page`` (0-based,
+    clamped to the last page). Returns (the page's rows, the page, the number of pages, matching rows)."""
+    matching = filter_runs(rows, query, status)
+    matching.sort(key=lambda r: r.get("started") or 0.0, reverse=True)
+    pages = max(1, -(-len(matching) // per_page))
+    page = min(max(0, int(page)), pages - 1)
+    return matching[page * per_page:(page + 1) * per_page], page, pages, len(matching)
+
+
+def list_page(runs_dir: Path, query: str | None = None, status: str | None = None, page: int = 0,
+              per_page: int | None = None) -> RunsPage:
+    """Page ``page`` of the runs list, newest first, after the search and status filter; only its rows are
+    summarised (:func:`cached_summary`)."""
+    entries = scan_runs(runs_dir)
+    if (status and status != "all") or str(query or "").strip():
+        for e in entries:
+            if e.status is None:  # the filter and the device search need the meta tables (kept per stamp)
+                read_meta(e)
+    per_page = per_page or PER_PAGE
+    by_id = {e.id: e for e in entries}
+    shown, page, pages, matching = page_of([e.row() for e in entries], query, status, page, per_page)
+    rows = []
+    for r in shown:
+        e = by_id[r["id"]]
+        rows.append(cached_summary(e.id, e.path, e.stamp, e.status))
+    return RunsPage(rows=rows, page=page, pages=pages, matching=matching, total=len(entries),
+                    first=page * per_page)
 
 
 _STATUS_CLASS = {"live": "status-live", "finished": "status-finished", "crashed": "status-crashed"}
@@ -131,6 +285,11 @@ def row_signature(rows: list[dict[str, Any]]) -> list[list[Any]]:
     keys = ("id", "name", "status", "device", "started", "duration_s", "steps", "peak_bytes", "tokens_per_s",
             "samples_per_s", "end_reason")
     return [[r.get(k) for k in keys] for r in rows]
+
+
+def shown_signature(listing: RunsPage) -> list[Any]:
+    """What the page shows (the pager and the rows): the live refresh redraws only when this changes."""
+    return [listing.page, listing.pages, listing.matching, listing.total, row_signature(listing.rows)]
 
 
 def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | None = None,
@@ -164,10 +323,22 @@ def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | No
 
 
 def runs_count(runs_dir: Path, shown: int, total: int) -> str:
-    return f"{total} run(s) in {runs_dir}" + (f", {shown} shown" if shown != total else "")
+    """``1000 run(s) in RUNS_DIR``, and how many pass the search and status filter when not all do."""
+    return f"{total} run(s) in {runs_dir}" + (f", {shown} match" if shown != total else "")
 
 
-def runs_page(runs_dir: Path, rows: list[dict[str, Any]]) -> html.Div:
+def page_label(listing: RunsPage) -> str:
+    """``1–50 of 1000 · page 1 of 20``."""
+    if not listing.rows:
+        return ""
+    return (f"{listing.first + 1}–{listing.first + len(listing.rows)} of {listing.matching} · "
+            f"page {listing.page + 1} of {listing.pages}")
+
+
+def runs_page(runs_dir: Path, rows: list[dict[str, Any]], listing: RunsPage | None = None) -> html.Div:
+    """The page: ``listing`` (:func:`list_page`), or all of ``rows`` on one page."""
+    if listing is None:
+        listing = RunsPage(rows=rows, page=0, pages=1, matching=len(rows), total=len(rows), first=0)
     return html.Div([
         html.H2("Runs"),
         html.Div([
@@ -175,10 +346,17 @@ def runs_page(runs_dir: Path, rows: list[dict[str, Any]]) -> html.Div:
                       value="", className="search"),
             dcc.RadioItems(id="runs-status", options=[{"label": label, "value": v} for v, label in STATUS_FILTERS],
                            value="all", inline=True, className="status-filter"),
-            html.Span(runs_count(runs_dir, len(rows), len(rows)), id="runs-count", className="muted"),
+            html.Span(runs_count(runs_dir, listing.matching, listing.total), id="runs-count", className="muted"),
         ], className="runs-tools"),
-        html.Div(runs_table(runs_dir, rows), id="runs-table-box"),
-        dcc.Store(id="runs-shown", data=row_signature(rows)),
+        html.Div(runs_table(runs_dir, listing.rows, total=listing.total), id="runs-table-box"),
+        html.Div([
+            html.Button("← newer", id="runs-prev", n_clicks=0, className="button", disabled=listing.page == 0),
+            html.Span(page_label(listing), id="runs-page-label", className="muted"),
+            html.Button("older →", id="runs-next", n_clicks=0, className="button",
+                        disabled=listing.page >= listing.pages - 1),
+        ], className="runs-tools runs-pager"),  # laid out like the search bar
+        dcc.Store(id="runs-page-no", data=listing.page),
+        dcc.Store(id="runs-shown", data=shown_signature(listing)),
         dcc.Interval(id="runs-interval", interval=REFRESH_MS),
         html.Div([dcc.Link("Compare selected runs", id="compare-link", href="/compare", className="button"),
                   html.Span(" tick two or more runs", className="muted")], className="compare-bar"),

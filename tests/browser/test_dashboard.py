@@ -62,6 +62,35 @@ def test_runs_page(driver: Any, served: tuple[str, Path], artifacts: Path) -> No
     assert severe_logs(driver) == []
 
 
+def test_runs_pager(driver: Any, served: tuple[str, Path], artifacts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run a page: "older →" shows the older run, "← newer" the newer again; a search starts at page 1."""
+    from gpudash.layouts import runs
+
+    monkeypatch.setattr(runs, "PER_PAGE", 1)
+    url, _ = served
+    driver.get(url)
+
+    def links() -> list[str]:
+        return [str(a.get_attribute("href")).rsplit("/", 1)[-1]
+                for a in driver.find_elements("css selector", "#runs-table a.run-link")]
+
+    wait_for(lambda: links() == ["plain"], what="first page")
+    assert "page 1 of 2" in driver.find_element("id", "runs-page-label").text
+    assert not driver.find_element("id", "runs-prev").is_enabled()  # the newest page: nothing newer
+    driver.find_element("id", "runs-next").click()
+    wait_for(lambda: links() == ["rich"], what="older page")
+    assert "page 2 of 2" in driver.find_element("id", "runs-page-label").text
+    wait_for(lambda: not driver.find_element("id", "runs-next").is_enabled(), what="the last page")
+    driver.find_element("id", "runs-prev").click()
+    wait_for(lambda: links() == ["plain"], what="newer page")
+    driver.find_element("id", "runs-next").click()
+    wait_for(lambda: links() == ["rich"], what="older page again")
+    driver.find_element("id", "runs-search").send_keys("plain")
+    wait_for(lambda: links() == ["plain"], what="a search starts at page 1")
+    driver.save_screenshot(str(artifacts / "runs-pager.png"))
+    assert severe_logs(driver) == []
+
+
 def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
     url, _ = served
     driver.get(url + "run/rich")

@@ -94,3 +94,127 @@ def test_an_unusable_cache_folder_only_costs_speed(tmp_path: Path, counted: list
     assert len(runs.list_runs(folder)) == 2
     assert summarystore.summary_store().problem is not None
     assert not os.path.exists(blocker / "cache")
+
+
+# ---- pages: only the rows shown are summarised ---------------------------------------------------------------
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_runs" / "healthy"
+
+
+def test_search_and_status_filter_apply_before_paging_newest_first() -> None:
+    rows = [{"id": f"r{i:02d}", "name": "gpt" if i % 3 == 0 else "bert", "device": "cpu", "started": float(i),
+             "status": "live" if i % 2 else "finished"} for i in range(30)]
+    shown, page, pages, matching = runs.page_of(rows, "gpt", "finished", 0, per_page=2)
+    # gpt and finished: i % 6 == 0 -> 0, 6, 12, 18, 24; newest first, then cut
+    assert [r["id"] for r in shown] == ["r24", "r18"] and (page, pages, matching) == (0, 3, 5)
+    shown, page, pages, _ = runs.page_of(rows, "gpt", "finished", 2, per_page=2)
+    assert [r["id"] for r in shown] == ["r00"] and page == 2
+    shown, page, _, _ = runs.page_of(rows, "gpt", "finished", 99, per_page=2)
+    assert page == 2 and [r["id"] for r in shown] == ["r00"]  # past the end: the last page
+    shown, page, pages, matching = runs.page_of(rows, None, "all", 0, per_page=50)
+    assert [r["id"] for r in shown] == [f"r{i:02d}" for i in range(29, -1, -1)] and pages == 1
+    assert runs.page_of(rows, "nothing", None, 3) == ([], 0, 1, 0)
+
+
+@pytest.fixture(scope="module")
+def thousand(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1,000 copies of sample_runs/healthy (rank file hard-linked; each its own run.json, name and start)."""
+    root = tmp_path_factory.mktemp("thousand")
+    meta = json.loads((SAMPLE / "run.json").read_text())
+    for i in range(1000):
+        d = root / f"run{i:04d}"
+        d.mkdir()
+        for f in SAMPLE.iterdir():
+            if f.name != "run.json":
+                os.link(f, d / f.name)
+        (d / "run.json").write_text(json.dumps(dict(meta, name=f"exp-{i:04d}", created_at=1000.0 + i)))
+    return root
+
+
+@pytest.fixture
+def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list[str]]:
+    """Counts real summaries and meta-table reads (nothing cached in memory or on disk at the start)."""
+    calls: dict[str, list[str]] = {"summary": [], "meta": []}
+    monkeypatch.setenv(summarystore.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(runs, "_CACHE", type(runs._CACHE)())
+    monkeypatch.setattr(runs, "_ENTRIES", {})
+    real_summary, real_meta = runs.run_summary, runs._cheap_meta
+
+    def summary(run_id: str, path: Path) -> dict[str, Any]:
+        calls["summary"].append(run_id)
+        return real_summary(run_id, path)
+
+    def meta(path: Path) -> Any:
+        calls["meta"].append(path.name)
+        return real_meta(path)
+
+    monkeypatch.setattr(runs, "run_summary", summary)
+    monkeypatch.setattr(runs, "_cheap_meta", meta)
+    return calls
+
+
+def test_the_first_page_of_1000_runs_summarises_only_its_rows(thousand: Path, summaries: dict[str, list[str]]) -> None:
+    listing = runs.list_page(thousand)
+    assert listing.total == listing.matching == 1000 and listing.pages == 20
+    assert [r["id"] for r in listing.rows] == [f"run{i:04d}" for i in range(999, 949, -1)]  # newest first
+    assert sorted(summaries["summary"]) == sorted(r["id"] for r in listing.rows)  # the page's rows, once each
+    assert summaries["meta"] == []  # no filter: the rest of the list needs only run.json and file stamps
+    row = listing.rows[0]
+    assert row["name"] == "exp-0999" and row["status"] == "finished" and row["steps"] > 0
+    assert row["facts"]["status"] == row["status"]  # every number comes from the facts
+    summaries["summary"].clear()
+    again = runs.list_page(thousand)  # the 1 s live refresh
+    assert summaries["summary"] == [] and runs.row_signature(again.rows) == runs.row_signature(listing.rows)
+    second = runs.list_page(thousand, page=1)
+    assert [r["id"] for r in second.rows] == [f"run{i:04d}" for i in range(949, 899, -1)]
+    assert len(summaries["summary"]) == 50
+    assert runs.page_label(second) == "51–100 of 1000 · page 2 of 20"
+
+
+def test_search_finds_a_run_on_any_page_without_summarising_the_others(thousand: Path,
+                                                                      summaries: dict[str, list[str]]) -> None:
+    listing = runs.list_page(thousand, "EXP-0007", "finished")
+    assert [r["id"] for r in listing.rows] == ["run0007"] and listing.matching == 1 and listing.total == 1000
+    assert summaries["summary"] == ["run0007"]
+    assert len(summaries["meta"]) == 1000  # the status filter read each run's meta table once ...
+    summaries["meta"].clear()
+    assert runs.list_page(thousand, "exp-0008", "finished").rows[0]["id"] == "run0008"
+    assert summaries["meta"] == []  # ... and keeps it until the run's files change
+    assert runs.list_page(thousand, None, "live").rows == []
+
+
+def test_a_changed_run_is_summarised_again_and_moves(thousand: Path, summaries: dict[str, list[str]],
+                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "few"
+    folder.mkdir()
+    for name in ("run0001", "run0002", "run0003"):
+        os.link(thousand / name / "rank0.db", (folder / name).mkdir() or folder / name / "rank0.db")
+        (folder / name / "run.json").write_text((thousand / name / "run.json").read_text())
+    assert [r["id"] for r in runs.list_page(folder).rows] == ["run0003", "run0002", "run0001"]
+    summaries["summary"].clear()
+    (folder / "run0001" / "run.json").write_text(json.dumps({"name": "late", "created_at": 5000.0}))
+    rows = runs.list_page(folder).rows
+    assert [r["id"] for r in rows] == ["run0001", "run0003", "run0002"] and rows[0]["name"] == "late"
+    assert summaries["summary"] == ["run0001"]
+
+
+def test_a_live_run_is_summarised_again_only_when_it_changes_or_stops(tmp_path: Path, counted: list[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _folder(tmp_path / "runs", 3)
+    (folder / "run0001" / "live").write_text("")
+    writer = {"status": "live"}  # what the heartbeat says (RunReader.status)
+    monkeypatch.setattr(runs, "_ENTRIES", {})
+    monkeypatch.setattr(runs, "_cheap_meta", lambda path: ({}, writer["status"] if path.name == "run0001"
+                                                           else "finished"))
+    runs.list_page(folder)
+    assert sorted(counted) == ["run0000", "run0001", "run0002"]
+    counted.clear()
+    runs.list_page(folder)
+    assert counted == []  # nothing changed: the refresh summarises nothing, the live run included
+    (folder / "run0001" / "live").write_text("a step more")
+    runs.list_page(folder)
+    assert counted == ["run0001"]
+    counted.clear()
+    writer["status"] = "crashed"  # the writer died: no file changes, the heartbeat goes stale
+    runs.list_page(folder)
+    assert counted == ["run0001"]
