@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import dash
 from dash import dcc, html
-from flask import jsonify
+from flask import jsonify, request
 
 from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.errors import RunError, UserError
@@ -36,7 +36,22 @@ __all__ = ["add_arguments", "create_app", "run", "serve_in_thread"]
 def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
     @server.get("/api/runs")
     def api_runs() -> Any:
-        return jsonify({"runs_dir": str(runs_dir), "runs": runs.list_runs(runs_dir)})
+        # paged like the runs page (newest first, search and status filter before paging): a folder of
+        # thousands of runs answers without summarising every one
+        args = request.args
+        try:
+            page = int(args.get("page", "0"))
+            per_page = int(args.get("per_page", str(runs.PER_PAGE)))
+        except ValueError:
+            return jsonify({"error": "page and per_page must be whole numbers"}), 400
+        if not (0 <= page < 1_000_000 and 1 <= per_page <= 1000):
+            return jsonify({"error": "page must be >= 0 and per_page between 1 and 1000"}), 400
+        status = args.get("status") or None
+        if status not in (None, *(v for v, _ in runs.STATUS_FILTERS)):
+            return jsonify({"error": f"status must be one of {[v for v, _ in runs.STATUS_FILTERS]}"}), 400
+        listing = runs.list_page(runs_dir, args.get("q", "")[:500], status, page, per_page)
+        return jsonify({"runs_dir": str(runs_dir), "runs": listing.rows, "page": listing.page,
+                        "pages": listing.pages, "matching": listing.matching, "total": listing.total})
 
     @server.get("/api/runs/<run_id>/summary")
     def api_summary(run_id: str) -> Any:

@@ -31,6 +31,23 @@ def test_api_runs_and_summary(runs_dir: Path) -> None:
     assert body["verdicts"] is None or isinstance(body["verdicts"], list)
 
 
+def test_api_runs_is_paged(runs_dir: Path) -> None:
+    """/api/runs pages like the runs page (newest first, search before paging), so thousands of runs answer
+    without summarising every one."""
+    client = create_app(runs_dir).server.test_client()
+    everything = client.get("/api/runs").json
+    assert everything["total"] == 2 and everything["pages"] == 1
+    first = client.get("/api/runs?per_page=1").json
+    second = client.get("/api/runs?per_page=1&page=1").json
+    assert first["pages"] == 2 and len(first["runs"]) == 1 and len(second["runs"]) == 1
+    assert [first["runs"][0]["id"], second["runs"][0]["id"]] == [r["id"] for r in everything["runs"]]
+    found = client.get("/api/runs?q=plain").json
+    assert [r["id"] for r in found["runs"]] == ["plain"] and found["matching"] == 1
+    for bad in ("page=x", "per_page=0", "per_page=100000", "page=-1", "status=bogus"):
+        r = client.get(f"/api/runs?{bad}")
+        assert r.status_code == 400 and "error" in r.json, bad
+
+
 @pytest.mark.parametrize("bad", ["nope", "..", "%2e%2e", "..%2f..%2fetc", "%2Fetc"])
 def test_api_bad_run_ids(runs_dir: Path, bad: str) -> None:
     client = create_app(runs_dir).server.test_client()
