@@ -24,7 +24,6 @@ from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.runid import list_run_dirs
-from gpudash.store.reader import RunReader
 from gpudash.store.run import merged_meta
 from gpudash.store.schema import RUN_META_FILE, rank_from_db_name
 
@@ -161,14 +160,12 @@ def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
     """The run's merged meta and status as the store decides them (the meta tables and heartbeats only:
     no table is read)."""
     try:
-        reader = RunReader(path)
+        reader, lock = shared_cache().reader(path)  # the one place the server opens runs
     except RunError:
         return {}, "unreadable"
-    try:
+    with lock:
         rank_meta = reader.rank_meta()
         return merged_meta(reader, rank_meta), reader.status()
-    finally:
-        reader.close()
 
 
 def _read_status(path: Path) -> str:
