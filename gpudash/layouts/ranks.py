@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dash import dash_table, dcc, html
+from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.rank_lights import late_text, several_nodes, straggler_lights
 from gpudash.analysis.ranks import (
     STRAGGLER_RATIO,
@@ -25,7 +26,6 @@ from gpudash.analysis.ranks import (
 from gpudash.layouts.common import base_figure, fmt_bytes, fmt_num, fmt_s, note, plot_text
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.stability import lights_row
-from gpudash.layouts.throughput import phase_columns
 
 __all__ = ["HEATMAP_RANKS", "node_rows", "rank_count", "rank_heatmap_figure", "rank_nodes", "rank_rows",
            "rank_step_figure", "ranks_box", "ranks_children", "ranks_table", "straggler_lights", "straggler_list"]

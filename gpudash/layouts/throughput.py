@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from gpudash.analysis.phases import phase_columns as analysis_phase_columns
+from gpudash.analysis.phases import phase_columns
 from gpudash.layouts.common import base_figure, fmt_num, fmt_s, time_unit, unit_axis, waiting_figure
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.series import WINDOW, Series, add_series, series_xy
@@ -16,7 +16,6 @@ __all__ = [
     "PHASE_COLORS",
     "device_peak_flops",
     "mfu_meta",
-    "phase_columns",
     "phase_figure",
     "phase_series",
     "rate_series",
@@ -28,12 +27,6 @@ __all__ = [
 
 PHASE_COLORS = {"data": "#8c564b", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c",
                 "offload": "#9467bd"}
-
-
-def phase_columns(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> list[str]:
-    """``<phase>_s`` columns of the run's phase set (:func:`gpudash.analysis.phases.phase_columns`: what
-    ``monitor.phase()`` opened, recorded in ``meta["phases"]``; known phase names for older runs)."""
-    return analysis_phase_columns(steps, meta)
 
 
 def seconds_unit(steps: pd.DataFrame) -> tuple[str, float]:

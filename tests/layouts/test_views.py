@@ -298,7 +298,7 @@ def test_cpu_time_columns_are_not_phases() -> None:
     import pandas as pd
 
     steps = pd.DataFrame({"duration_s": [1.0], "forward_s": [0.4], "thread_cpu_s": [0.9], "forward_gpu_s": [0.3]})
-    assert throughput.phase_columns(steps) == ["forward_s"]
+    assert [s.col for s in throughput.phase_series(steps)] == ["forward_s"]
 
 
 def test_runs_filter_and_signature() -> None:
