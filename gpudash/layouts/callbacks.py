@@ -12,10 +12,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs
 
 import dash
-from dash import ALL, Input, Output, Patch, State, dcc, html, no_update
+from dash import Input, Output, Patch, State, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 from gpudash.analysis.runcache import RunCache, shared_cache
 from gpudash.errors import RunError
@@ -37,7 +37,8 @@ from gpudash.layouts.pages import (
     verdicts_for,
 )
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
-from gpudash.layouts.series import SMOOTHING
+from gpudash.layouts.runs_callbacks import register_runs_callbacks
+from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, zoom_range
 from gpudash.store.reader import RunReader
 
 __all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
@@ -105,53 +106,6 @@ def event_inputs(click: Any, cell: Any, rows: Any) -> tuple[dict[str, Any] | Non
             raise BadInput("active_cell must be an object")
         clean_cell = {"row": as_int(cell.get("row"), "table row", lo=0)}
     return clean_click, clean_cell, clean_rows
-
-
-def smoothing_of(value: Any) -> float:
-    """One of the smoothing control's choices (anything else: off)."""
-    try:
-        v = as_float(value, "smoothing") if value is not None else 0.0
-    except BadInput:
-        return 0.0
-    return v if v in SMOOTHING else 0.0
-
-
-def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, float] | None, float]:
-    """The replay cursor, the step range zoomed to and the smoothing, from the address
-    (``?cursor=N&x0=A&x1=B&smooth=0.9``); a value that is not one is ignored (the page opens as if it were absent)."""
-    cursor: int | None = None
-    xrange: tuple[float, float] | None = None
-    try:
-        cursor = as_int(query["cursor"][0], "cursor", lo=0) if "cursor" in query else None
-    except BadInput:
-        cursor = None
-    try:
-        if "x0" in query and "x1" in query:
-            a, b = as_float(query["x0"][0], "x0"), as_float(query["x1"][0], "x1")
-            xrange = (a, b) if a < b else None
-    except BadInput:
-        xrange = None
-    return cursor, xrange, smoothing_of(query.get("smooth", [None])[0])
-
-
-def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None, smooth: float = 0.0) -> str:
-    """``search`` with the cursor (None: removed), the zoom (a range; True: reset; None: unchanged) and the
-    smoothing (0: removed) written in."""
-    query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
-    if smooth:
-        query["smooth"] = f"{smooth:g}"
-    else:
-        query.pop("smooth", None)
-    if cursor is None:
-        query.pop("cursor", None)
-    else:
-        query["cursor"] = str(cursor)
-    if zoom is True:
-        query.pop("x0", None)
-        query.pop("x1", None)
-    elif isinstance(zoom, tuple):
-        query["x0"], query["x1"] = (f"{v:.6g}" for v in zoom)
-    return "?" + urlencode(query) if query else ""
 
 
 def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -> Any:
@@ -239,66 +193,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             raise PreventUpdate
         return out
 
-    @app.callback(Output("runs-page-no", "data"), Input("runs-prev", "n_clicks"), Input("runs-next", "n_clicks"),
-                  Input("runs-search", "value"), Input("runs-status", "value"), State("runs-page-no", "data"),
-                  State("runs-shown", "data"), prevent_initial_call=True)
-    def runs_page_no(_prev: Any, _next: Any, _query: Any, _status: Any, page: Any, shown: Any) -> int:
-        # newer / older pages; a new search or status filter starts again at the newest runs
-        page = as_int(page if page is not None else 0, "page", lo=0, hi=10**6)
-        trig = dash.ctx.triggered_id
-        if trig == "runs-prev":
-            return max(0, page - 1)
-        if trig == "runs-next":
-            pages = shown[1] if isinstance(shown, list) and len(shown) > 1 and isinstance(shown[1], int) else page + 2
-            return min(page + 1, max(0, pages - 1))  # the pager's count as last drawn; list_page clamps too
-        return 0
-
-    @app.callback(Output("runs-table-box", "children"), Output("runs-count", "children"), Output("runs-shown", "data"),
-                  Output("runs-page-label", "children"), Output("runs-prev", "disabled"), Output("runs-next", "disabled"),
-                  Input("runs-interval", "n_intervals"), Input("runs-search", "value"), Input("runs-status", "value"),
-                  Input("runs-page-no", "data"),
-                  State({"type": "compare-pick", "run": ALL}, "value"), State("runs-shown", "data"),
-                  prevent_initial_call=True)
-    def runs_refresh(_n: int | None, query: str | None, status: str | None, page: Any, picks: list[Any] | None,
-                     shown: Any) -> Any:
-        # the runs list is live: new runs appear, steps / status / duration move; ticked compare boxes stay
-        # ticked. Only the page shown is summarised (runs.list_page); unchanged runs come from the cache.
-        if not isinstance(query, str | None) or len(query or "") > 500:
-            raise BadInput("the search must be a short string")
-        if status not in (None, *(v for v, _ in runs.STATUS_FILTERS)):
-            raise BadInput("unknown status filter")
-        if not isinstance(picks, list | None) or not all(isinstance(v, list | None) for v in picks or []):
-            raise BadInput("compare picks must be lists of run ids")
-        page = as_int(page if page is not None else 0, "page", lo=0, hi=10**6)
-        listing = runs.list_page(runs_dir, query, status, page)
-        sig = runs.shown_signature(listing)
-        if dash.ctx.triggered_id == "runs-interval" and sig == shown:
-            raise PreventUpdate
-        picked = {v for vals in picks or [] for v in (vals or []) if isinstance(v, str)}
-        return (runs.runs_table(runs_dir, listing.rows, picked, listing.total),
-                runs.runs_count(runs_dir, listing.matching, listing.total), sig, runs.page_label(listing),
-                listing.page == 0, listing.page >= listing.pages - 1)
-
-    @app.callback(Output("url", "search", allow_duplicate=True), Input("compare-baseline", "value"),
-                  State("url", "search"), prevent_initial_call=True)
-    def compare_baseline(baseline: Any, search: str | None) -> str:
-        # the baseline in the address: the page redraws its table against it, and a link keeps it
-        baseline = as_int(baseline, "baseline", lo=0, hi=64)
-        if not isinstance(search, str | None):
-            raise BadInput("search must be a string")
-        query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
-        query["base"] = str(baseline)
-        out = "?" + urlencode(query)
-        if out == search:
-            raise PreventUpdate
-        return out
-
-    @app.callback(Output("compare-link", "href"), Input({"type": "compare-pick", "run": ALL}, "value"))
-    def compare_href(values: list[list[str]]) -> str:
-        if not isinstance(values, list) or not all(isinstance(v, list | None) for v in values):
-            raise BadInput("compare picks must be lists of run ids")
-        picked = [v for vals in values for v in (vals or []) if isinstance(v, str)]
-        return "/compare?" + urlencode({"runs": ",".join(picked)}) if picked else "/compare"
+    register_runs_callbacks(app, runs_dir)
 
     @app.callback(
         [Output("live-state", "data"), *(Output(g, "extendData") for g in graphs),
@@ -556,22 +451,6 @@ def _register_ranks(app: dash.Dash, readers: ReaderCache) -> None:
                 raise PreventUpdate
             view = load_view(reader)
         return ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()))
-
-
-def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
-    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change."""
-    if not relayout:
-        return None
-    if not isinstance(relayout, dict):
-        raise BadInput("relayoutData must be an object")
-    if relayout.get("xaxis.autorange") or relayout.get("autosize"):
-        return True
-    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
-        return as_float(relayout["xaxis.range[0]"], "x range"), as_float(relayout["xaxis.range[1]"], "x range")
-    rng = relayout.get("xaxis.range")
-    if isinstance(rng, list) and len(rng) == 2:
-        return as_float(rng[0], "x range"), as_float(rng[1], "x range")
-    return None
 
 
 def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: str) -> None:

@@ -12,7 +12,8 @@ import pytest
 from gpudash.app import create_app, serve_in_thread
 from gpudash.cli import main
 from gpudash.errors import UserError
-from gpudash.layouts.callbacks import ReaderCache, page_for, zoom_range
+from gpudash.layouts.callbacks import ReaderCache, page_for
+from gpudash.layouts.viewstate import zoom_range
 
 
 def test_api_runs_and_summary(runs_dir: Path) -> None:

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudash.app import create_app
-from gpudash.layouts.callbacks import SnapshotRequests, event_inputs, zoom_range
+from gpudash.layouts.callbacks import SnapshotRequests, event_inputs
 from gpudash.layouts.inputs import BadInput, as_int, live_state, page_run
+from gpudash.layouts.viewstate import zoom_range
 from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
 
 JSON = st.recursive(

@@ -319,7 +319,7 @@ def test_runs_filter_and_signature() -> None:
 def test_view_in_the_address_round_trips() -> None:
     from urllib.parse import parse_qs
 
-    from gpudash.layouts.callbacks import view_params, view_search
+    from gpudash.layouts.viewstate import view_params, view_search
 
     search = view_search("?rank=1", 120, (100.0, 250.5))
     assert parse_qs(search[1:]) == {"rank": ["1"], "cursor": ["120"], "x0": ["100"], "x1": ["250.5"]}

@@ -1,0 +1,75 @@
+"""The view's state in the address: replay cursor, zoomed step range and smoothing read from and written
+into the page's query string (so a copied link reopens the same view), and the x range a zoom sent."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from gpudash.layouts.inputs import BadInput, as_float, as_int
+from gpudash.layouts.series import SMOOTHING
+
+__all__ = ["smoothing_of", "view_params", "view_search", "zoom_range"]
+
+
+def smoothing_of(value: Any) -> float:
+    """One of the smoothing control's choices (anything else: off)."""
+    try:
+        v = as_float(value, "smoothing") if value is not None else 0.0
+    except BadInput:
+        return 0.0
+    return v if v in SMOOTHING else 0.0
+
+
+def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, float] | None, float]:
+    """The replay cursor, the step range zoomed to and the smoothing, from the address
+    (``?cursor=N&x0=A&x1=B&smooth=0.9``); a value that is not one is ignored (the page opens as if it were absent)."""
+    cursor: int | None = None
+    xrange: tuple[float, float] | None = None
+    try:
+        cursor = as_int(query["cursor"][0], "cursor", lo=0) if "cursor" in query else None
+    except BadInput:
+        cursor = None
+    try:
+        if "x0" in query and "x1" in query:
+            a, b = as_float(query["x0"][0], "x0"), as_float(query["x1"][0], "x1")
+            xrange = (a, b) if a < b else None
+    except BadInput:
+        xrange = None
+    return cursor, xrange, smoothing_of(query.get("smooth", [None])[0])
+
+
+def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None, smooth: float = 0.0) -> str:
+    """``search`` with the cursor (None: removed), the zoom (a range; True: reset; None: unchanged) and the
+    smoothing (0: removed) written in."""
+    query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+    if smooth:
+        query["smooth"] = f"{smooth:g}"
+    else:
+        query.pop("smooth", None)
+    if cursor is None:
+        query.pop("cursor", None)
+    else:
+        query["cursor"] = str(cursor)
+    if zoom is True:
+        query.pop("x0", None)
+        query.pop("x1", None)
+    elif isinstance(zoom, tuple):
+        query["x0"], query["x1"] = (f"{v:.6g}" for v in zoom)
+    return "?" + urlencode(query) if query else ""
+
+
+def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
+    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change."""
+    if not relayout:
+        return None
+    if not isinstance(relayout, dict):
+        raise BadInput("relayoutData must be an object")
+    if relayout.get("xaxis.autorange") or relayout.get("autosize"):
+        return True
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        return as_float(relayout["xaxis.range[0]"], "x range"), as_float(relayout["xaxis.range[1]"], "x range")
+    rng = relayout.get("xaxis.range")
+    if isinstance(rng, list) and len(rng) == 2:
+        return as_float(rng[0], "x range"), as_float(rng[1], "x range")
+    return None
