@@ -61,6 +61,13 @@ class ReaderCache:
     def get(self, run_id: str) -> tuple[RunReader, threading.Lock]:
         return self.cache.reader(resolve_run_dir(self.runs_dir, run_id))
 
+    def get_or_skip(self, run_id: str) -> tuple[RunReader, threading.Lock]:
+        """:meth:`get` for a callback: a run that is gone (or never was) leaves the page as it is."""
+        try:
+            return self.get(run_id)
+        except (InvalidRunId, RunError):
+            raise PreventUpdate from None
+
 
 class SnapshotRequests:
     """The "take a snapshot" button writes ``snapshot.request`` only into a live run, and at most once per
@@ -218,10 +225,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         n = 0 if n is None else as_int(n, "n_intervals", lo=0)
         if page is not None and not isinstance(page, dict):
             raise BadInput("page-run must be an object")
-        try:
-            reader, lock = readers.get(state["run"])
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
+        reader, lock = readers.get_or_skip(state["run"])
         prev_status = state.get("status")
         facts = facts_for(reader.path)  # the one run cache: re-judged as the run grows, so lights move
         with lock:
@@ -326,10 +330,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if not isinstance(pick, str | None) or not isinstance(status, str | None) \
                 or not isinstance(prev, dict | None):
             raise BadInput("snapshot pick, status and cursor-follow must be strings and an object")
-        try:
-            reader, lock = readers.get(run_id)
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
+        reader, lock = readers.get_or_skip(run_id)
         prev = prev or {}
         # following a live run: the cursor is the newest step, so no cursor line, and the snapshot and
         # activation views are resent only when a newer one exists
@@ -373,10 +374,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if not page:
             raise PreventUpdate
         run_id, _ = page_run(page)
-        try:
-            reader, lock = readers.get(run_id)
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
+        reader, lock = readers.get_or_skip(run_id)
         with lock:
             status = reader.status()
         return snapshots.ask(run_id, reader.path, status)
@@ -392,10 +390,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         state = live_state(state)
         smooth = smoothing_of(value)
         cursor = None if cursor is None else as_int(cursor, "cursor")
-        try:
-            reader, lock = readers.get(state["run"])
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
+        reader, lock = readers.get_or_skip(state["run"])
         with lock:
             view = load_view(reader)
         facts = facts_for(reader.path)
@@ -441,10 +436,7 @@ def _register_ranks(app: dash.Dash, readers: ReaderCache) -> None:
         n = 0 if n is None else as_int(n, "n_intervals", lo=0)
         if not page or (dash.ctx.triggered_id == "live-interval" and n % RANKS_EVERY):
             raise PreventUpdate
-        try:
-            reader, lock = readers.get(page_run(page)[0])
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
+        reader, lock = readers.get_or_skip(page_run(page)[0])
         with lock:
             reader.refresh()
             if len(reader.ranks) < 2:
@@ -463,10 +455,7 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
             raise PreventUpdate
         state = live_state(state)
         cursor = None if cursor is None else as_int(cursor, "cursor")
-        try:
-            reader, lock = readers.get(state["run"])
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
+        reader, lock = readers.get_or_skip(state["run"])
         with lock:
             view = load_view(reader)
             if isinstance(rng, tuple):
