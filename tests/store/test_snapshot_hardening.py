@@ -233,7 +233,7 @@ def test_any_snapshot_dict_summarises_or_says_why(snap: dict[str, Any]) -> None:
     assert len(mm.segments) == len(snap["segments"] or [])
     for df in (mm.segments, mm.blocks):
         for c in df.columns:
-            if c not in ("state", "frame", "segment_type", "is_expandable"):
+            if c not in ("state", "frame", "stack", "segment_type", "is_expandable"):
                 assert df[c].dtype == "int64", c
 
 
