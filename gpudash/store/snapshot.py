@@ -110,8 +110,10 @@ def encode_summary(summary: dict[str, Any]) -> bytes:
     return zlib.compress(json.dumps(summary, separators=(",", ":")).encode(), 6)
 
 
-def decode_summary(data: bytes, max_bytes: int = MAX_SUMMARY_BYTES) -> dict[str, Any]:
-    """A stored summary back to its dict; ValueError if it is not one or inflates past ``max_bytes``."""
+def decode_summary(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
+    """A stored summary back to its dict; ValueError if it is not one or inflates past ``max_bytes``
+    (default :data:`MAX_SUMMARY_BYTES`)."""
+    max_bytes = MAX_SUMMARY_BYTES if max_bytes is None else max_bytes
     inflater = zlib.decompressobj()
     raw = inflater.decompress(data, max_bytes)
     if inflater.unconsumed_tail or (not inflater.eof and inflater.decompress(b"", 1)):

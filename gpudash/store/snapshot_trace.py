@@ -52,6 +52,9 @@ class Band:
     base: bool
     xs: list[int] = field(default_factory=list)
     lows: list[int] = field(default_factory=list)
+    #: the trace's clock (µs) at the allocation and at the free (NaN where unknown)
+    alloc_us: float = float("nan")
+    free_us: float = float("nan")
 
     def low_at(self, x: int) -> int | None:
         """The band's lower edge at ``x`` (None where it is not alive)."""
@@ -298,6 +301,9 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
         if used <= budget or k <= 1:
             break
         k = max(1, int(k * min(0.8, budget / used)))
+    for b in bands:
+        b.alloc_us = float(x_time[b.start]) if not b.base else float("nan")
+        b.free_us = float(x_time[b.end]) if b.end <= n else float("nan")
     drawn_total = live_bytes([allocs[i] for i in drawn], n)
     xs = _samples(drawn_total, total, buckets)
     peak_x = int(np.argmax(total))
