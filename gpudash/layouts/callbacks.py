@@ -38,6 +38,7 @@ from gpudash.layouts.pages import (
 )
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.layouts.runs_callbacks import register_runs_callbacks
+from gpudash.layouts.snapshot_views import register_snapshot_callbacks
 from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, zoom_range
 from gpudash.store.reader import RunReader
 
@@ -410,6 +411,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     for graph_id, xmode in _ZOOM_GRAPHS.items():
         _register_zoom(app, readers, graph_id, xmode)
     _register_ranks(app, readers)
+    register_snapshot_callbacks(app, readers)
 
     @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),
                   Input("summary-timer", "n_intervals"), Input("run-status", "children"), State("page-run", "data"),

@@ -194,7 +194,10 @@ def _frame_text(v: Any) -> str:
 
 
 def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
-    """Allocator segments as bars sized by bytes, blocks coloured by state, the largest free block called out."""
+    """Allocator segments as bars sized by bytes, blocks coloured by state, the largest free block called out.
+
+    At most ``max_segments`` (the largest) are drawn, and the chart says so; its free and reserved totals
+    are over every segment."""
     segs: pd.DataFrame = getattr(mm, "segments", pd.DataFrame())
     blocks: pd.DataFrame = getattr(mm, "blocks", pd.DataFrame())
     step = getattr(mm, "step", None)
@@ -202,7 +205,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     title = "Allocator segment map" + (f" (step {plot_text(step)})" if step is not None else "") \
         + (f" - {plot_text(reason)}" if reason else "")
     fig = base_figure(title, height=360, xaxis_title="offset within segment", yaxis_title="")
-    fig.update_layout(hovermode="closest", barmode="overlay")
+    fig.update_layout(hovermode="closest", barmode="overlay", margin={"l": 60, "r": 30, "t": 56, "b": 36})
     size_c = _col(blocks, "size", "bytes", "total_size")
     state_c = _col(blocks, "state")
     if not len(segs) or not len(blocks) or size_c is None:
@@ -224,6 +227,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     unit, scale = byte_unit(float(sizes.max()) if len(sizes) else None)
     fig.update_xaxes(**unit_axis(unit))
     keep = list(np.argsort(-sizes)[:max_segments]) if len(segs) else []
+    all_blocks = blocks
     blocks = blocks[blocks["_seg"].isin(keep)]
     labels = {i: f"seg {i} ({fmt_bytes(sizes[i])})" for i in keep}
     if "address" in blocks:
@@ -240,12 +244,22 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
                        "name": plot_text(state),
                        "marker": {"color": STATE_COLORS.get(state, "#7f7f7f"), "line": {"width": 0.5, "color": "#fff"}},
                        "hovertext": hover, "hoverinfo": "text"})
+    # totals over every segment, not only those drawn (the map's own facts when it carries them)
+    all_states = all_blocks[state_c].astype(str) if state_c else pd.Series("active_allocated", index=all_blocks.index)
+    all_free = all_blocks.loc[all_states == "inactive", size_c].astype(float)
+    total_free = float(getattr(mm, "free_bytes", all_free.sum()))
+    largest = float(getattr(mm, "largest_free_bytes", all_free.max() if len(all_free) else 0.0))
+    shown = f"all {len(segs)} segments" if len(keep) == len(segs) else \
+        f"showing the {len(keep)} largest of {len(segs)} segments"
+    fig.add_annotation(text=f"{shown} · free in all {len(segs)}: {fmt_bytes(total_free)} of "
+                            f"{fmt_bytes(float(sizes.sum()))} reserved · largest free block {fmt_bytes(largest)}",
+                       showarrow=False, xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
+                       font={"size": 11, "color": "#666"})
     free = blocks[states == "inactive"] if state_c else blocks.iloc[:0]
-    if len(free):
+    if len(free) and float(free[size_c].max()) >= largest:
         big = free.loc[free[size_c].idxmax()]
-        total_free = float(free[size_c].sum())
         fig.add_annotation(x=(float(big["_offset"]) + float(big[size_c]) / 2) / scale, y=labels[int(big["_seg"])],
-                           text=f"largest free block {fmt_bytes(float(big[size_c]))} of {fmt_bytes(total_free)} free",
+                           text=f"largest free block {fmt_bytes(float(big[size_c]))}",
                            showarrow=True, arrowhead=2, ax=40, ay=-30)
     fig.update_yaxes(autorange="reversed")
     return fig

@@ -3,7 +3,6 @@ the summary verdicts. Callbacks in :mod:`gpudash.app` are thin wrappers over the
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,14 @@ import numpy as np
 import pandas as pd
 from dash import html
 from gpudash.layouts import events, hotspots, memory, ranks
-from gpudash.layouts.common import source_reason
+from gpudash.layouts.snapshot_views import (
+    alloc_timeline_child,
+    alloc_timeline_view,
+    load_snapshots,
+    pick_snapshot,
+    segment_map_view,
+    snapshot_options,
+)
 from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.fig import Fig
@@ -34,71 +40,6 @@ __all__ = [
     "snapshot_options",
     "verdicts_for",
 ]
-
-
-_SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
-
-
-def load_snapshots(reader: RunReader, problems: list[str] | None = None) -> list[Any]:
-    """MemoryMap objects of the run's allocator snapshots ([] if none or the parser is missing).
-
-    Decoded once per run and snapshot count: the cursor asks for them on every move."""
-    key = (str(reader.path.resolve()), sum(r.max_rowid("snapshots") for r in reader.ranks.values()))
-    if key in _SNAP_CACHE:
-        return _SNAP_CACHE[key]
-    maps = _decode_snapshots(reader, problems)
-    if len(_SNAP_CACHE) > 16:
-        _SNAP_CACHE.clear()
-    _SNAP_CACHE[key] = maps
-    return maps
-
-
-def _decode_snapshots(reader: RunReader, problems: list[str] | None) -> list[Any]:
-    frame = reader.read_table("snapshots")
-    if not len(frame):
-        return []
-    try:
-        mod = importlib.import_module("gpudash.store.snapshot")
-    except ImportError:
-        return []
-    try:
-        return list(mod.snapshots_from_frame(frame, problems if problems is not None else []))
-    except Exception as exc:  # noqa: BLE001 - a bad snapshot must not break the page
-        if problems is not None:
-            problems.append(f"snapshots unreadable: {exc}")
-        return []
-
-
-def snapshot_options(maps: list[Any]) -> list[dict[str, Any]]:
-    opts: list[dict[str, Any]] = [{"label": "snapshot at the cursor", "value": "cursor"}]
-    for i, mm in enumerate(maps):
-        step = getattr(mm, "step", None)
-        reason = getattr(mm, "reason", None) or ""
-        opts.append({"label": f"step {step} {reason}".strip(), "value": str(i)})
-    return opts
-
-
-def pick_snapshot(maps: list[Any], step: int | None, choice: str | None = "cursor") -> Any | None:
-    """The chosen snapshot, or the last one taken at or before ``step`` (else the first)."""
-    if not maps:
-        return None
-    if choice and choice != "cursor":
-        try:
-            return maps[int(choice)]
-        except (ValueError, IndexError):
-            pass
-    if step is None:
-        return maps[-1]
-    before = [m for m in maps if getattr(m, "step", None) is not None and int(m.step) <= step]
-    return before[-1] if before else maps[0]
-
-
-def segment_map_view(maps: list[Any], step: int | None, choice: str | None, meta: dict[str, Any],
-                     ev: pd.DataFrame | None = None) -> Fig | str:
-    mm = pick_snapshot(maps, step, choice)
-    if mm is None:
-        return source_reason("snapshots", meta, ev) + " (no snapshot recorded; snapshot_every or an OOM takes one)"
-    return memory.segment_map_figure(mm)
 
 
 def request_snapshot(run_dir: Path) -> Path:
@@ -188,6 +129,8 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "segment_map": segment_map_view(maps, cursor if cursor is not None else last, "cursor", view.meta,
                                         view.frame("events")),
         "snapshot_options": snapshot_options(maps),
+        "alloc_timeline": alloc_timeline_child(alloc_timeline_view(maps, cursor if cursor is not None else last,
+                                                                   "cursor")),
         "activations": memory.activations_figure(view.frame("activations"), cursor, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),

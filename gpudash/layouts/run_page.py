@@ -275,6 +275,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                       html.Div(_graph("segment-map", snap) if isinstance(snap, Fig) else note(str(snap)),
                                id="segment-map-box")], className="half"),
         ], className="row"),
+        html.Div(extra.get("alloc_timeline"), id="alloc-timeline-box"), dcc.Store(id="alloc-timeline-key"),
         html.Div(note(acts_reason) if acts_reason else _graph("activations-graph", extra["activations"]),
                  id="activations-box"),
     ], "memory-view")

@@ -1,0 +1,110 @@
+"""Snapshot views on the real allocator snapshot: the segment map's totals over every segment, the
+allocation timeline's figure, and both on the run page of an imported snapshot."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from gpudash.cli import main as cli
+from gpudash.layouts import memory, snapshot_views
+from gpudash.layouts.fig import Fig
+from gpudash.layouts.pages import build_run_page
+from gpudash.store.reader import RunReader
+from gpudash.store.snapshot import load_snapshot, memory_map_from_summary, summarize
+from gpudash.units import human_bytes
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-snapshot" / "cs336_assignment2_memory_snapshot.pickle"
+
+
+def _raw() -> dict[str, Any]:
+    return pickle.loads(REAL.read_bytes())  # our own fixture: trusted
+
+
+def _texts(fig: Fig) -> str:
+    return " | ".join(str(a.text) for a in fig.layout.annotations)
+
+
+def test_segment_map_totals_are_over_every_segment() -> None:
+    raw = _raw()
+    free = sum(b["size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "inactive")
+    reserved = sum(s["total_size"] for s in raw["segments"])
+    largest = max(b["size"] for s in raw["segments"] for b in s["blocks"] if b["state"] == "inactive")
+    fig = memory.segment_map_figure(load_snapshot(REAL))
+    text = _texts(fig)
+    assert f"free in all 216: {human_bytes(free)} of {human_bytes(reserved)} reserved" in text
+    assert f"largest free block {human_bytes(largest)}" in text
+    assert "showing the 60 largest of 216 segments" in text
+    assert len({y for t in fig.data for y in t.y}) == 60
+    every = memory.segment_map_figure(load_snapshot(REAL), max_segments=500)
+    assert "all 216 segments" in _texts(every) and len({y for t in every.data for y in t.y}) == 216
+
+
+def test_alloc_timeline_figure_of_the_real_snapshot() -> None:
+    mm = load_snapshot(REAL)
+    tl = snapshot_views.timeline_of(mm)
+    assert tl is not None and snapshot_views.timeline_of(mm) is tl  # computed once per map
+    fig = snapshot_views.alloc_timeline_figure(mm)
+    bands = [t for t in fig.data if t.get("fill") == "toself"]
+    assert len(bands) == len(tl.bands) <= 200
+    assert sum(len(t.x) for t in fig.data) <= 20_000
+    hovers = [t.text for t in bands]
+    assert any("cs336_basics\\model.py:" in h and " forward" in h for h in hovers)  # frames on hover
+    assert any("alive before the trace began" in h for h in hovers)
+    assert any("no Python frames" in h for h in hovers)  # autograd's backward allocations
+    assert all(re.match(r"[\d.]+ [KMG]iB at 0x", h) for h in hovers)  # binary units
+    text = _texts(fig)
+    assert f"{tl.merged:,} smaller allocations merged" in text and f"{tl.base:,} alive before the trace" in text
+    assert fig.layout["yaxis"]["ticksuffix"] == " GiB"
+    assert f"peak {human_bytes(tl.peak_bytes)}" in fig.layout["title"]["text"]
+    # the top of the stack is the live bytes: the merged band's upper edge, in GiB
+    assert max(fig.data[-1].y) * 2**30 == tl.total.max()
+
+
+def test_a_truncated_trace_says_so() -> None:
+    mm = load_snapshot(REAL)
+    mm.truncated_trace = 1234
+    fig = snapshot_views.alloc_timeline_figure(mm, snapshot_views.allocation_timeline(mm))
+    assert "trace truncated: its oldest 1,234 entries were not stored" in _texts(fig)
+
+
+def test_frames_and_reasons_from_the_file_stay_text() -> None:
+    link = '<a href="https://evil.example">x</a>'
+    frames = [{"filename": f"/home/{link}.py", "line": 1, "name": link}]
+    trace = [{"action": "alloc", "addr": 1, "size": 10, "frames": frames}]
+    mm = memory_map_from_summary(summarize({"segments": [], "device_traces": [trace]}), reason=link)
+    fig = snapshot_views.alloc_timeline_figure(mm)
+    shown = json.dumps(fig)
+    assert "<a " not in shown and "&lt;a href" in shown
+
+
+def test_a_snapshot_without_history_says_how_to_record_one() -> None:
+    mm = memory_map_from_summary(summarize({"segments": [], "device_traces": [[]]}))
+    view = snapshot_views.alloc_timeline_view([mm], None, "cursor")
+    assert isinstance(view, str) and "_record_memory_history" in view
+    assert "no snapshot recorded" in str(snapshot_views.alloc_timeline_view([], None, "cursor"))
+
+
+def _find(node: Any, cid: str) -> Any:
+    if getattr(node, "id", None) == cid:
+        return node
+    kids = getattr(node, "children", None)
+    for k in kids if isinstance(kids, list | tuple) else [kids] if kids is not None else []:
+        hit = _find(k, cid)
+        if hit is not None:
+            return hit
+    return None
+
+
+def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
+    run = tmp_path / "imported"
+    assert cli(["import-snapshot", str(REAL), str(run)]) == 0
+    page = build_run_page("imported", RunReader(run))
+    graph = _find(page, "alloc-timeline")
+    assert graph is not None and _find(page, "alloc-timeline-box") is not None
+    assert any("model.py:" in str(t.get("text")) for t in graph.figure["data"])
+    seg = _find(page, "segment-map")
+    assert seg is not None and "showing the 60 largest of 216 segments" in str(seg.figure["layout"]["annotations"])
