@@ -11,6 +11,10 @@ import numpy as np
 import pandas as pd
 from dash import html
 from gpudash.layouts import events, hotspots, memory, ranks
+from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
+from gpudash.layouts.downsample import MAX_POINTS
+from gpudash.layouts.live import initial_state
+from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, build_graph, run_page
 from gpudash.layouts.snapshot_views import (
     alloc_timeline_child,
     alloc_timeline_view,
@@ -19,11 +23,6 @@ from gpudash.layouts.snapshot_views import (
     segment_map_view,
     snapshot_options,
 )
-from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
-from gpudash.layouts.downsample import MAX_POINTS
-from gpudash.layouts.fig import Fig
-from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, build_graph, run_page
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
