@@ -153,6 +153,9 @@ def _notes(tl: AllocTimeline) -> str:
         parts.append(f"{tl.base:,} alive before the trace began (grey, at the bottom)")
     if tl.truncated:
         parts.append(f"trace truncated: its oldest {tl.truncated:,} entries were not stored")
+    elif tl.freed_before:
+        parts.append(f"the trace begins mid-run ({tl.freed_before:,} frees of older allocations; the allocator "
+                     "keeps only its last max_entries events)")
     return " · ".join(parts)
 
 

@@ -108,6 +108,8 @@ class AllocTimeline:
     peak_bytes: int
     peak_x: int
     truncated: int = 0
+    #: allocations freed in the trace but made before it: the history starts mid-run (a ring buffer)
+    freed_before: int = 0
     ignored_actions: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -311,4 +313,5 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
         bands=bands, x=xs, drawn=drawn_total[xs], total=total[xs], time_us=x_time[np.minimum(xs, len(x_time) - 1)],
         allocations=len(allocs), merged=len(allocs) - len(bands), base=sum(a.base for a in allocs), events=n,
         device=device, peak_bytes=int(total[peak_x]), peak_x=peak_x,
-        truncated=int(getattr(mm, "truncated_trace", 0) or 0), ignored_actions=ignored)
+        truncated=int(getattr(mm, "truncated_trace", 0) or 0), ignored_actions=ignored,
+        freed_before=sum(a.base and a.end <= n for a in allocs))

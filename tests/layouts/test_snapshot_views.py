@@ -57,6 +57,7 @@ def test_alloc_timeline_figure_of_the_real_snapshot() -> None:
     assert any("no Python frames" in h for h in hovers)  # autograd's backward allocations
     assert all(re.match(r"[\d.]+ [KMG]iB at 0x", h) for h in hovers)  # binary units
     text = _texts(fig)
+    assert f"the trace begins mid-run ({tl.freed_before:,} frees of older allocations" in text
     assert f"{tl.merged:,} smaller allocations merged" in text and f"{tl.base:,} alive before the trace" in text
     assert fig.layout["yaxis"]["ticksuffix"] == " GiB"
     assert f"peak {human_bytes(tl.peak_bytes)}" in fig.layout["title"]["text"]

@@ -65,7 +65,7 @@ def test_allocations_from_before_the_trace_are_the_base_layer() -> None:
     assert base[0].end == tl.events + 1 and "model.py:3 __init__" in base[0].stack
     assert base[1].end == 2
     assert list(tl.total) == [4064, 4074, 4010]
-    assert tl.base == 2
+    assert tl.base == 2 and tl.freed_before == 1
 
 
 def _synthetic(n_events: int, seed: int = 0) -> tuple[pd.DataFrame, list[int]]:
@@ -159,6 +159,7 @@ def test_the_real_snapshot_timeline_matches_its_raw_trace() -> None:
     mm = load_snapshot(REAL)
     tl = allocation_timeline(mm)
     assert tl is not None and tl.events == 2 * 1721
+    assert tl.freed_before == len(before)
     assert tl.base == len(before) + sum(1 for s in raw["segments"] for b in s["blocks"]
                                         if b["state"] == "active_allocated" and b["address"] not in live)
     for x, total in zip(tl.x, tl.total, strict=True):
