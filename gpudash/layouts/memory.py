@@ -204,8 +204,8 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     reason = getattr(mm, "reason", None)
     title = "Allocator segment map" + (f" (step {plot_text(step)})" if step is not None else "") \
         + (f" - {plot_text(reason)}" if reason else "")
-    fig = base_figure(title, height=360, xaxis_title="offset within segment", yaxis_title="")
-    fig.update_layout(hovermode="closest", barmode="overlay", margin={"l": 60, "r": 30, "t": 56, "b": 36})
+    fig = base_figure(title, height=380, xaxis_title="offset within segment", yaxis_title="")
+    fig.update_layout(hovermode="closest", barmode="overlay", margin={"l": 60, "r": 30, "t": 74, "b": 36})
     size_c = _col(blocks, "size", "bytes", "total_size")
     state_c = _col(blocks, "state")
     if not len(segs) or not len(blocks) or size_c is None:
@@ -251,10 +251,10 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     largest = float(getattr(mm, "largest_free_bytes", all_free.max() if len(all_free) else 0.0))
     shown = f"all {len(segs)} segments" if len(keep) == len(segs) else \
         f"showing the {len(keep)} largest of {len(segs)} segments"
-    fig.add_annotation(text=f"{shown} · free in all {len(segs)}: {fmt_bytes(total_free)} of "
+    fig.add_annotation(text=f"{shown}<br>free in all {len(segs)}: {fmt_bytes(total_free)} of "
                             f"{fmt_bytes(float(sizes.sum()))} reserved · largest free block {fmt_bytes(largest)}",
                        showarrow=False, xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
-                       font={"size": 11, "color": "#666"})
+                       align="left", font={"size": 11, "color": "#666"})
     free = blocks[states == "inactive"] if state_c else blocks.iloc[:0]
     if len(free) and float(free[size_c].max()) >= largest:
         big = free.loc[free[size_c].idxmax()]

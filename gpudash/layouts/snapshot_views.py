@@ -142,21 +142,26 @@ def _band_hover(b: Band, t0_us: float) -> str:
     else:
         life += ", still allocated at the snapshot"
     frames = [plot_text(f, 160) for f in b.stack.split("\n") if f] or [_NO_FRAMES]
+    if b.stack_of_free and b.stack:
+        frames.insert(0, "freed by:")
     return f"{fmt_bytes(b.size)} at {b.address:#x}<br>{life}<br>" + "<br>".join(frames)
 
 
-def _notes(tl: AllocTimeline) -> str:
-    parts = [f"{tl.allocations - tl.merged:,} largest of {tl.allocations:,} allocations drawn"]
+def _notes(tl: AllocTimeline) -> list[str]:
+    """What the chart leaves out or starts from, one line each: bands drawn and merged; the base layer and
+    what the trace does not hold."""
+    first = [f"{tl.allocations - tl.merged:,} of {tl.allocations:,} allocations drawn as bands"]
     if tl.merged:
-        parts.append(f"{tl.merged:,} smaller allocations merged (grey band on top)")
+        first.append(f"{tl.merged:,} smaller allocations merged (grey band on top)")
+    second = []
     if tl.base:
-        parts.append(f"{tl.base:,} alive before the trace began (grey, at the bottom)")
+        second.append(f"{tl.base:,} alive before the trace began (grey, at the bottom)")
     if tl.truncated:
-        parts.append(f"trace truncated: its oldest {tl.truncated:,} entries were not stored")
+        second.append(f"trace truncated: its oldest {tl.truncated:,} entries were not stored")
     elif tl.freed_before:
-        parts.append(f"the trace begins mid-run ({tl.freed_before:,} frees of older allocations; the allocator "
-                     "keeps only its last max_entries events)")
-    return " · ".join(parts)
+        second.append(f"the trace begins mid-run ({tl.freed_before:,} frees of older allocations; the allocator "
+                      "keeps only its last max_entries events)")
+    return [" · ".join(first)] + ([" · ".join(second)] if second else [])
 
 
 def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None) -> Fig:
@@ -171,7 +176,7 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None) -> Fig:
     title += f": peak {fmt_bytes(tl.peak_bytes)} at event {tl.peak_x:,} of {tl.events:,}"
     fig = base_figure(title, height=460, xaxis_title="allocation event (each alloc or free is one step)",
                       yaxis_title="live bytes", bytes_axis=unit)
-    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 70, "r": 30, "t": 56, "b": 40})
+    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 70, "r": 30, "t": 76, "b": 40})
     t0 = float(tl.time_us[0]) if len(tl.time_us) else float("nan")
     for i, b in enumerate(tl.bands):
         xs, ys = b.polygon()
@@ -188,8 +193,8 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None) -> Fig:
     fig.add_trace({"type": "scatter", "mode": "lines", "x": x, "y": [v / scale for v in tl.total], "fill": "tonexty",
                    "fillcolor": _MERGED, "line": {"width": 0.8, "color": "#777", "shape": "hv"},
                    "text": merged_text, "hoverinfo": "text+x", "name": "smaller allocations (merged)"})
-    fig.add_annotation(text=plot_text(_notes(tl), 400), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
-                       xanchor="left", yanchor="bottom", font={"size": 11, "color": "#666"})
+    fig.add_annotation(text="<br>".join(plot_text(line, 300) for line in _notes(tl)), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
+                       xanchor="left", yanchor="bottom", align="left", font={"size": 11, "color": "#666"})
     fig.update_xaxes(range=[0, tl.events + 1], tickformat=",d")
     fig.update_yaxes(**unit_axis(unit), rangemode="tozero")
     return fig

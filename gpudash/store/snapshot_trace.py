@@ -7,8 +7,9 @@ so the top of the stack is always the live bytes. Allocations alive before the t
 (freed in the trace without having been allocated in it, or still active in a segment at
 the end) form the bottom of the stack, the longest-lived lowest.
 
-The bands are bounded for the browser: the ``max_bands`` largest allocations keep bands of
-their own and every other one is merged into one "smaller allocations" band drawn on top of
+The bands are bounded for the browser: ``max_bands`` allocations keep bands of their own (a
+quarter the largest by size, the others those covering the most area, size x lifetime) and
+every other one is merged into one "smaller allocations" band drawn on top of
 them (its upper edge sampled at ``buckets`` minima and maxima of the live bytes, so peaks
 survive); the number of bands is lowered until all polygons together hold at most
 ``max_points`` vertices. Every vertex is exact: at each sampled x the bands and the merged
@@ -55,6 +56,8 @@ class Band:
     #: the trace's clock (µs) at the allocation and at the free (NaN where unknown)
     alloc_us: float = float("nan")
     free_us: float = float("nan")
+    #: ``stack`` is where it was freed (an allocation older than the trace: its alloc is not in it)
+    stack_of_free: bool = False
 
     def low_at(self, x: int) -> int | None:
         """The band's lower edge at ``x`` (None where it is not alive)."""
@@ -125,6 +128,7 @@ class _Alloc:
     address: int
     stack: str
     base: bool
+    stack_of_free: bool = False
 
 
 def _events(trace: pd.DataFrame) -> tuple[list[_Alloc], int, np.ndarray, dict[str, int]]:
@@ -162,7 +166,7 @@ def _events(trace: pd.DataFrame) -> tuple[list[_Alloc], int, np.ndarray, dict[st
             n += 1
             a_live = live.pop(addr, None)
             if a_live is None:  # freed without being allocated in the trace: alive before it began
-                base_freed.append(_Alloc(int(sizes[i]), 0, n, addr, stack_list[i], True))
+                base_freed.append(_Alloc(int(sizes[i]), 0, n, addr, stack_list[i], True, True))
             else:
                 a_live.end = n
             if action != _FREE_DONE:
@@ -237,7 +241,8 @@ def _stack(allocs: list[_Alloc], drawn: set[int]) -> list[Band]:
             a = allocs[i]
             if a.end <= a.start:
                 continue
-            bands[i] = Band(a.size, a.start, a.end, a.address, a.stack, a.base, [x], [top])
+            bands[i] = Band(a.size, a.start, a.end, a.address, a.stack, a.base, [x], [top],
+                            stack_of_free=a.stack_of_free)
             current.append(i)
             top += a.size
     for b in bands.values():  # two changes at one x (several frees): keep the last
@@ -292,12 +297,18 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
     live_at_end = {a.address for a in allocs if a.end == n + 1}
     allocs = _still_active(mm, device, live_at_end, n + 1) + allocs
     total = live_bytes(allocs, n)
-    # the largest allocations get bands; longer-lived first among equals
-    rank = sorted(range(len(allocs)), key=lambda i: (-allocs[i].size, -(allocs[i].end - allocs[i].start), i))
+    # bands for the allocations covering the most area (size x lifetime), and a quarter of them for the
+    # largest by size (a brief spike); the rest are merged
+    by_size = sorted(range(len(allocs)), key=lambda i: (-allocs[i].size, -(allocs[i].end - allocs[i].start), i))
+    by_area = sorted(range(len(allocs)), key=lambda i: (-allocs[i].size * (allocs[i].end - allocs[i].start), i))
     budget = max(1, max_points - 2 * (2 * buckets + 2))
     k = min(max_bands, len(allocs))
     while True:
-        drawn = set(rank[:k])
+        drawn = set(by_size[:max(1, k // 4)])
+        for i in by_area:
+            if len(drawn) >= k:
+                break
+            drawn.add(i)
         bands = _stack(allocs, drawn)
         used = sum(b.points for b in bands) + 2 * 2 * k  # the merged band's lower edge changes at most 2k times
         if used <= budget or k <= 1:

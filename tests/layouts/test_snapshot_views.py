@@ -54,6 +54,7 @@ def test_alloc_timeline_figure_of_the_real_snapshot() -> None:
     hovers = [t.text for t in bands]
     assert any("cs336_basics\\model.py:" in h and " forward" in h for h in hovers)  # frames on hover
     assert any("alive before the trace began" in h for h in hovers)
+    assert any("freed by:<br>" in h for h in hovers)  # older allocations freed in the trace: the free's frames
     assert any("no Python frames" in h for h in hovers)  # autograd's backward allocations
     assert all(re.match(r"[\d.]+ [KMG]iB at 0x", h) for h in hovers)  # binary units
     text = _texts(fig)

@@ -1,0 +1,106 @@
+"""The allocation timeline in real Chromium: a run holding the imported real snapshot draws
+``#alloc-timeline`` and hovering a band shows the frames that allocated it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_dashboard import rendered, severe_logs, wait_for  # the existing browser helpers
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests" / "fixtures" / "real-snapshot" / "cs336_assignment2_memory_snapshot.pickle"
+DOCS_SHOT = ROOT / "docs" / "alloc-timeline.png"
+
+#: The largest band allocated in the trace whose hover names a Python frame, and a point inside it (data coordinates).
+_BAND_JS = """
+const gd = document.querySelector('#alloc-timeline .js-plotly-plot');
+let best = null;
+gd.data.forEach((t, i) => {
+  if (t.fill !== 'toself' || typeof t.text !== 'string' || !t.text.includes('.py:') || !t.text.includes('allocated at event')) return;
+  const n = (t.x.length - 1) / 2;
+  const size = t.y[2 * n - 1] - t.y[0];
+  const area = size * (t.x[1] - t.x[0]);
+  if (!best || area > best.area) best = {i, area, x: (t.x[0] + t.x[1]) / 2, y: t.y[0] + size / 2, text: t.text};
+});
+return best;
+"""
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A dashboard over one run that holds only the imported real snapshot."""
+    from gpudash.app import serve_in_thread
+    from gpudash.cli import main as cli
+
+    root = tmp_path_factory.mktemp("snapshot-runs")
+    assert cli(["import-snapshot", str(REAL), str(root / "imported"), "--step", "3"]) == 0
+    url, stop = serve_in_thread(root, "127.0.0.1", 0)
+    try:
+        yield url
+    finally:
+        stop()
+
+
+def _hover_band(driver: Any) -> tuple[dict[str, Any], str]:
+    band = wait_for(lambda: driver.execute_script(_BAND_JS), what="a band with frames")
+    driver.execute_script("Plotly.Fx.hover(document.querySelector('#alloc-timeline .js-plotly-plot'),"
+                          "{xval: arguments[0], yval: arguments[1]})", band["x"], band["y"])
+    text = wait_for(lambda: driver.execute_script(
+        "const h = document.querySelector('#alloc-timeline .hoverlayer'); return h && h.textContent;"),
+        what="hover label")
+    return band, text
+
+
+def test_alloc_timeline_drawn_with_frames_on_hover(driver: Any, imported: str, artifacts: Path) -> None:
+    driver.get(imported + "run/imported")
+    wait_for(lambda: rendered(driver, "alloc-timeline"), what="alloc-timeline rendered")
+    bands = driver.execute_script(
+        "return document.querySelectorAll('#alloc-timeline .scatterlayer .trace path.js-fill').length")
+    assert bands > 50  # one filled polygon per drawn allocation
+    notes = driver.execute_script("return document.querySelector('#alloc-timeline .annotation').textContent")
+    assert "smaller allocations merged" in notes and "alive before the trace began" in notes
+    ticks = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#alloc-timeline .ytick text')).map(t => t.textContent)")
+    assert ticks and all(t.endswith("GiB") for t in ticks)
+    band, text = _hover_band(driver)
+    assert ".py:" in text and "model.py:" in text  # the frame that allocated the band
+    assert "iB at 0x" in text
+    seg = driver.execute_script("return document.querySelector('#segment-map .annotation').textContent")
+    assert "showing the 60 largest of 216 segments" in seg
+    driver.save_screenshot(str(artifacts / "alloc-timeline.png"))
+    assert severe_logs(driver) == []
+
+
+@pytest.mark.skipif(not os.environ.get("GPUDASH_UPDATE_SCREENSHOT"), reason="set GPUDASH_UPDATE_SCREENSHOT=1 to redo it")
+def test_docs_alloc_timeline_screenshot(driver: Any, imported: str) -> None:
+    """The README's picture of the allocation timeline (1280 px wide):
+    GPUDASH_UPDATE_SCREENSHOT=1 pytest tests/browser/test_snapshot_views.py -k docs."""
+    driver.set_window_size(1280, 1000)
+    try:
+        driver.get(imported + "run/imported")
+        wait_for(lambda: rendered(driver, "alloc-timeline") and rendered(driver, "segment-map"), what="rendered")
+        # the chart just under the replay bar that stays on screen, the window as tall as both
+        bar = driver.execute_script("return document.querySelector('#replay-bar').getBoundingClientRect().height")
+        box = driver.execute_script("return document.querySelector('#alloc-timeline').getBoundingClientRect().height")
+        inner = driver.execute_script("return window.innerHeight")
+        driver.set_window_size(1280, 1000 + int(bar + box + 24) - int(inner))
+        driver.execute_script("document.documentElement.style.overflowX = 'hidden';"
+                              "const g = document.querySelector('#alloc-timeline');"
+                              "window.scrollBy(0, g.getBoundingClientRect().top - arguments[0] - 12);", bar)
+        time.sleep(0.8)
+        _hover_band(driver)
+        time.sleep(0.3)
+        DOCS_SHOT.parent.mkdir(exist_ok=True)
+        driver.save_screenshot(str(DOCS_SHOT))
+    finally:
+        driver.set_window_size(1400, 1000)
