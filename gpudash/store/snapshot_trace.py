@@ -288,7 +288,7 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
     if trace is None or not len(trace) or "action" not in trace:
         return None
     if device is None:
-        device = int(trace["device"].value_counts().idxmax()) if "device" in trace else 0
+        device = int(trace["device"].astype("int64").value_counts().index[0]) if "device" in trace else 0
     if "device" in trace:
         trace = trace[trace["device"] == device]
     allocs, n, x_time, ignored = _events(trace.reset_index(drop=True))

@@ -110,3 +110,30 @@ def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
     assert any("model.py:" in str(t.get("text")) for t in graph.figure["data"])
     seg = _find(page, "segment-map")
     assert seg is not None and "showing the 60 largest of 216 segments" in str(seg.figure["layout"]["annotations"])
+
+
+def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
+    from dashpost import post
+
+    from gpudash.app import create_app
+
+    run = tmp_path / "imported"
+    assert cli(["import-snapshot", str(REAL), str(run), "--step", "3"]) == 0
+    app = create_app(tmp_path)
+    client = app.server.test_client()
+    state = {"page-run.data": {"run": "imported", "rank": 0}, "alloc-timeline-key.data": None}
+    r = post(client, app, "alloc-timeline-box.children", {"cursor-slider.value": 0, "snapshot-pick.value": "cursor"},
+             state)
+    assert r.status_code == 200
+    out = r.json["response"]
+    graph = out["alloc-timeline-box"]["children"]
+    assert graph["props"]["id"] == "alloc-timeline" and len(graph["props"]["figure"]["data"]) > 50
+    key = out["alloc-timeline-key"]["data"]
+    assert key == [1, 0]
+    # the same snapshot again (the cursor moving on): nothing is resent
+    again = post(client, app, "alloc-timeline-box.children", {"cursor-slider.value": 9, "snapshot-pick.value": "0"},
+                 dict(state, **{"alloc-timeline-key.data": key}))
+    assert again.status_code == 204
+    bad = post(client, app, "alloc-timeline-box.children", {"cursor-slider.value": 0, "snapshot-pick.value": [1]},
+               state)
+    assert bad.status_code == 400 and "Traceback" not in bad.get_data(as_text=True)
