@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpudash.store.snapshot import load_snapshot, memory_map_from_summary, summarize
 from gpudash.store.snapshot_trace import AllocTimeline, allocation_timeline
@@ -168,3 +170,27 @@ def test_the_real_snapshot_timeline_matches_its_raw_trace() -> None:
     # allocations made in autograd's backward carry no Python frames in this file; the rest do
     assert sum(".py:" in b.stack for b in tl.bands) >= len(tl.bands) // 2
     assert tl.points <= 20_000
+
+
+_entries = st.lists(st.tuples(st.sampled_from(["alloc", "free_requested", "free_completed", "segment_alloc", "oom"]),
+                              st.integers(0, 12), st.integers(0, 5000)), max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries=_entries, max_bands=st.integers(1, 8))
+def test_any_trace_stacks_exactly(entries: list[tuple[str, int, int]], max_bands: int) -> None:
+    trace = [_entry(a, addr, size) for a, addr, size in entries]
+    tl = allocation_timeline(_snap(trace), max_bands=max_bands, buckets=4)
+    if tl is None:
+        assert not any(a in ("alloc", "free_requested", "free_completed") for a, _, _ in entries)
+        return
+    for x, drawn_top in zip(tl.x, tl.drawn, strict=True):
+        assert _stacked_ok(tl, int(x)) == drawn_top
+    assert len(tl.bands) <= max_bands and tl.merged == tl.allocations - len(tl.bands)
+    live: dict[int, int] = {}
+    for a, addr, size in entries:
+        if a == "alloc":
+            live[addr] = size
+        elif a.startswith("free"):
+            live.pop(addr, None)
+    assert tl.total[-1] == sum(live.values()) and tl.x[-1] == tl.events
