@@ -176,7 +176,7 @@ _entries = st.lists(st.tuples(st.sampled_from(["alloc", "free_requested", "free_
                               st.integers(0, 12), st.integers(0, 5000)), max_size=120)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(entries=_entries, max_bands=st.integers(1, 8))
 def test_any_trace_stacks_exactly(entries: list[tuple[str, int, int]], max_bands: int) -> None:
     trace = [_entry(a, addr, size) for a, addr, size in entries]
