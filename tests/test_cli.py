@@ -108,3 +108,20 @@ def test_head_of_estimate_json(tmp_path: Path) -> None:
     cmd = f"{shlex.quote(sys.executable)} -m gpudash estimate --preset llama-7b --card-gb 24 --json | head -1"
     out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120, env=_gpudash_env())
     assert out.stdout == "{\n" and out.stderr == "" and out.returncode == 0
+
+
+def test_a_busy_metrics_port_does_not_end_the_training_process(tmp_path: Path, busy_port: int) -> None:
+    # werkzeug used to print its own lines and sys.exit(1) from inside the training process
+    import gpudash
+    from gpudash.metrics import MetricsServer
+    from gpudash.monitor import Monitor
+    from gpudash.testing import ToyLoop
+
+    with Monitor(tmp_path / "m", host_hz=0) as mon:
+        mon.add_collector(MetricsServer(port=busy_port))
+        ToyLoop().train(mon, 2)
+    run = gpudash.load_run(tmp_path / "m")
+    assert len(run.steps) == 2
+    said = run.events[run.events["kind"] == "collector_unavailable"]["message"].tolist()
+    assert any(m.startswith("metrics: failed to start") for m in said), said
+    run.close()
