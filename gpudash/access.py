@@ -167,14 +167,23 @@ def guard(app: Callable[..., Any], *, token: str | None, hosts: frozenset[str],
 
 def serve_wsgi(app: Callable[..., Any], host: str, port: int, name: str) -> tuple[Any, threading.Thread]:
     """Serve ``app`` on ``host:port`` (0: a free port) from a daemon thread, one thread per request,
-    without a log line per request. Returns (server, thread); ``server.shutdown()`` stops it."""
-    from werkzeug.serving import WSGIRequestHandler, make_server
+    without a log line per request. Returns (server, thread); ``server.shutdown()`` stops it.
+    A port already in use raises ``OSError`` (``errno.EADDRINUSE``)."""
+    from werkzeug.serving import WSGIRequestHandler, get_sockaddr, make_server, select_address_family
 
     class QuietHandler(WSGIRequestHandler):
         def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per request drowns the console
             pass
 
-    server = make_server(host, port, app, threaded=True, request_handler=QuietHandler)
+    # bound here: a busy port raises OSError to the caller (werkzeug would print its own lines and exit)
+    family = select_address_family(host, port)
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+        sock.bind(get_sockaddr(host, port, family))
+        sock.listen(128)
+        server = make_server(host, port, app, threaded=True, request_handler=QuietHandler, fd=sock.fileno())
+    # what HTTPServer.server_bind would have set (it does not run for a socket passed in)
+    server.server_name, server.server_port = str(server.server_address[0]), int(server.server_address[1])
     thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
     return server, thread

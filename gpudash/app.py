@@ -174,7 +174,12 @@ def run(args: argparse.Namespace) -> int:
         url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics,
                                     allow_hosts=args.allow_host)
     except OSError as exc:
-        raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from exc
+        import errno
+
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {args.port} is busy (another process listens on {args.host}:{args.port}): "
+                            f"pass --port N, or stop the other process") from None
+        raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
     try:
         while True:

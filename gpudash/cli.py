@@ -4,6 +4,7 @@ only when that command runs, so ``gpudash info`` never imports torch or dash.
 A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
 Errors the user can cause (:class:`UserError`, :class:`RunError`, bad flags)
 print one line and exit 2; nothing prints a traceback unless GPUDASH_DEBUG=1.
+Output into a pipe that closes early (``gpudash info --json | head -1``) ends quietly.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 0
-        return int(_module(args.command).run(args) or 0)
+        rc = int(_module(args.command).run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return rc
+    except BrokenPipeError:  # `gpudash ... | head`: the reader has what it wanted; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
     except (UserError, RunError) as exc:
         if os.environ.get("GPUDASH_DEBUG"):
             raise

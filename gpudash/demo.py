@@ -9,6 +9,7 @@ serving the finished run for replay until Ctrl-C (``--exit`` stops at once).
 from __future__ import annotations
 
 import argparse
+import errno
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -24,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training steps (default: 1500, about a minute on a laptop CPU: time to watch it live)")
     p.add_argument("--preset", default="tiny", help="model preset (default: tiny)")
     p.add_argument("--device", default="auto", help="auto (GPU if present), cpu or cuda")
-    p.add_argument("--port", type=int, default=8050, help="dashboard port (default: 8050; busy: a free one)")
+    p.add_argument("--port", type=int, default=8050,
+                   help="dashboard port (default: 8050; when busy, a free one, said on the first line)")
     p.add_argument("--exit", action="store_true", help="stop when training ends instead of serving the replay")
 
 
@@ -33,13 +35,19 @@ def _serve(runs_dir: Path, port: int) -> tuple[str, object]:
 
     try:
         return serve_in_thread(runs_dir, "127.0.0.1", port)
-    except OSError:
-        return serve_in_thread(runs_dir, "127.0.0.1", 0)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise UserError(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); pick another --port") from None
+    url, stop = serve_in_thread(runs_dir, "127.0.0.1", 0)
+    print(f"gpudash demo: port {port} is busy; dashboard on {url}", flush=True)
+    return url, stop
 
 
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UserError("--steps must be >= 1")
+    if not 0 <= args.port < 65536:
+        raise UserError(f"--port {args.port}: pick a port between 1 and 65535 (0: any free port)")
     try:
         from gpudash.trainer import TrainConfig, train
     except ImportError as exc:

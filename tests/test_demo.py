@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +11,17 @@ from pathlib import Path
 import gpudash
 
 
-def test_demo_trains_and_serves(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "gpudash", "demo", "--steps", "3", "--exit", "--port", "0",
-                          "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+def test_demo_trains_and_serves_and_says_which_port_it_chose(tmp_path: Path) -> None:
+    with socket.socket() as busy:  # the port asked for is taken: the demo serves on another and says so
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "gpudash", "demo", "--steps", "3", "--exit", "--port", str(port),
+                              "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert re.search(r"dashboard at http://127\.0\.0\.1:\d+/", out.stdout)
+    chosen = re.search(rf"port {port} is busy; dashboard on http://127\.0\.0\.1:(\d+)/", out.stdout)
+    assert chosen and int(chosen.group(1)) != port, out.stdout
+    assert re.search(rf"dashboard at http://127\.0\.0\.1:{chosen.group(1)}/", out.stdout)
     runs = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert len(runs) == 1
     run = gpudash.load_run(runs[0])

@@ -8,23 +8,20 @@ string that came from the run (names, messages, evidence) is escaped.
 from __future__ import annotations
 
 import html
-import math
 import re
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from numpy.typing import ArrayLike
 
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.summary import summarize
-from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_s
+from gpudash.analysis.svgchart import svg_chart
+from gpudash.analysis.verdict import Verdict, fmt_bytes
 from gpudash.store.run import Run
 
 __all__ = ["headline", "render_html", "render_json", "render_markdown", "svg_chart"]
@@ -60,99 +57,6 @@ def _md_text(text: str) -> str:
     """Markdown with no raw HTML: a ``<`` that would open a tag and a ``&`` that would start an entity are
     escaped; a plain ``loss < 2`` stays readable in the terminal."""
     return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", re.sub(r"&(?=#?\w+;)", "&amp;", text))
-
-
-@dataclass
-class _Series:
-    label: str
-    values: np.ndarray
-    color: str
-
-
-def _downsample(x: np.ndarray, ys: list[np.ndarray], max_points: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Bucket means down to ``max_points`` (a report shows a shape, not every step)."""
-    n = len(x)
-    if n <= max_points:
-        return x, ys
-    edges = np.linspace(0, n, max_points + 1).astype(int)
-    xs = np.array([x[a:b].mean() for a, b in zip(edges[:-1], edges[1:], strict=True)])
-    out = [np.array([np.nanmax(y[a:b]) if np.isfinite(y[a:b]).any() else np.nan
-                     for a, b in zip(edges[:-1], edges[1:], strict=True)]) for y in ys]
-    return xs, out
-
-
-def svg_chart(x: ArrayLike, series: Sequence[tuple[str, ArrayLike, str]], *, stacked: bool = False,
-              markers: Sequence[tuple[float, str, str]] = (), hline: tuple[float, str] | None = None,
-              y_fmt: str = "num", width: int = 900, height: int = 200, max_points: int = 400) -> str:
-    """A line (or stacked area) chart as inline SVG. ``markers``: (x, color, label)
-    vertical lines; ``hline``: (y, label) dashed horizontal line; ``y_fmt``:
-    ``num``, ``bytes`` or ``s``."""
-    xa = np.asarray(x, dtype=float)
-    ys = [np.asarray(v, dtype=float) for _, v, _ in series]
-    if len(xa) == 0 or not ys:
-        return '<svg role="img" width="10" height="10"></svg>'
-    xa, ys = _downsample(xa, ys, max_points)
-    if stacked:
-        acc = np.zeros(len(xa))
-        tops = []
-        for y in ys:
-            acc = acc + np.nan_to_num(y)
-            tops.append(acc.copy())
-        ys_plot = tops
-    else:
-        ys_plot = ys
-    finite = np.concatenate([y[np.isfinite(y)] for y in ys_plot] + [np.array([0.0])])
-    y_max = float(finite.max()) if len(finite) else 1.0
-    if hline is not None and math.isfinite(hline[0]):
-        y_max = max(y_max, hline[0])
-    y_min = 0.0 if stacked or float(finite.min()) >= 0 else float(finite.min())
-    y_max = y_max * 1.05 if y_max > y_min else y_min + 1.0
-    x0, x1 = float(xa.min()), float(xa.max()) if xa.max() > xa.min() else float(xa.min()) + 1
-    left, right, top, bottom = 64, 10, 8, 22
-    pw, ph = width - left - right, height - top - bottom
-
-    def px(v: float) -> float:
-        return left + (v - x0) / (x1 - x0) * pw
-
-    def py(v: float) -> float:
-        return top + ph - (v - y_min) / (y_max - y_min) * ph
-
-    def fy(v: float) -> str:
-        return fmt_bytes(v) if y_fmt == "bytes" else fmt_s(v) if y_fmt == "s" else f"{v:.3g}"
-
-    parts = [f'<svg role="img" viewBox="0 0 {width} {height}" width="100%">']
-    for i in range(5):
-        v = y_min + (y_max - y_min) * i / 4
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#e6e8ec"/>')
-        parts.append(f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{_e(fy(v))}</text>')
-    for i in range(6):
-        v = x0 + (x1 - x0) * i / 5
-        parts.append(f'<text x="{px(v):.1f}" y="{height - 6}" text-anchor="middle">{v:.0f}</text>')
-    prev = np.zeros(len(xa))
-    for (label, _, color), y in zip(series, ys_plot, strict=True):
-        pts = [(px(a), py(b)) for a, b in zip(xa, y, strict=True) if math.isfinite(b)]
-        if not pts:
-            continue
-        line = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
-        if stacked:
-            base = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in reversed(list(zip(xa, prev, strict=True))))
-            parts.append(f'<polygon points="{line} {base}" fill="{color}" fill-opacity="0.75">'
-                         f'<title>{_e(label)}</title></polygon>')
-            prev = y
-        else:
-            parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5">'
-                         f'<title>{_e(label)}</title></polyline>')
-    if hline is not None and math.isfinite(hline[0]):
-        yv = py(hline[0])
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{yv:.1f}" y2="{yv:.1f}" stroke="#c62828" '
-                     f'stroke-dasharray="5,4"/><text x="{width - right - 2}" y="{yv - 3:.1f}" '
-                     f'text-anchor="end" style="fill:#c62828">{_e(hline[1])}</text>')
-    for mx, color, label in markers:
-        if x0 <= mx <= x1:
-            parts.append(f'<line x1="{px(mx):.1f}" x2="{px(mx):.1f}" y1="{top}" y2="{top + ph}" stroke="{color}" '
-                         f'stroke-width="1.5"><title>{_e(label)}</title></line>')
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def _legend(items: list[tuple[str, str]]) -> str:
@@ -193,10 +97,10 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]
         rest = (steps["duration_s"] - accounted).clip(lower=0).to_numpy(dtype=float)
         series.append(("outside phases", rest, "#bab0ac"))
         figs.append(("Step time by phase", _legend([(s[0], s[2]) for s in series])
-                     + svg_chart(x, series, stacked=True, markers=markers, y_fmt="s")))
+                     + svg_chart(x, series, stacked=True, markers=markers, y_fmt="s", y_title="step time")))
         if "loss" in steps and steps["loss"].notna().any():
             figs.append(("Loss", svg_chart(x, [("loss", steps["loss"].to_numpy(dtype=float), _PALETTE[0])],
-                                           markers=markers)))
+                                           markers=markers, y_title="loss")))
     mem = _one_rank(run.memory)
     cats = [c for c in CATEGORIES if c in mem and mem[c].notna().any()]
     if len(mem) and cats:
@@ -206,7 +110,7 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]
         hline = (cap, f"capacity {fmt_bytes(cap)}") if cap else None
         figs.append(("Memory by category", _legend([(s[0], s[2]) for s in series])
                      + svg_chart(mem["step"].to_numpy(dtype=float), series, stacked=True, markers=markers,
-                                 hline=hline, y_fmt="bytes")))
+                                 hline=hline, y_fmt="bytes", y_title="memory")))
     dev = _device_frame(run)
     cols = [c for c in ("sm_active_pct", "gpu_util_pct", "sm_occupancy_pct", "tensor_active_pct") if c in dev
             and dev[c].notna().any()]
@@ -217,7 +121,7 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]
         x = st["step"].to_numpy(dtype=float)[np.clip(pos, 0, len(st) - 1)]
         series = [(c.removesuffix("_pct"), dev[c].to_numpy(dtype=float), _PALETTE[i]) for i, c in enumerate(cols)]
         figs.append(("GPU activity (%)", _legend([(s[0], s[2]) for s in series])
-                     + svg_chart(x, series, markers=markers)))
+                     + svg_chart(x, series, markers=markers, y_zero=True, y_title="busy (%)")))
     return figs
 
 

@@ -16,7 +16,45 @@ from typing import Any
 
 from gpudash.errors import UserError
 
-__all__ = ["add_arguments", "run", "summary_lines"]
+__all__ = ["add_arguments", "nonnegative_float", "positive_float", "positive_int", "run", "summary_lines"]
+
+
+def positive_int(text: str) -> int:
+    """A flag that counts something (steps, tokens, samples): a whole number >= 1. 0 is refused
+    rather than read as "the default", which is what leaving the flag out gives."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n} (leave the flag out for the default)")
+    return n
+
+
+def _float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return x
+
+
+def positive_float(text: str) -> float:
+    """A size or rate (GB, TFLOP/s): a finite number > 0."""
+    x = _float(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text} (leave the flag out for the default)")
+    return x
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (0: off, as the flag's help says)."""
+    x = _float(text)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return x
 
 
 def _steps_list(text: str) -> tuple[int, ...]:
@@ -35,30 +73,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
     p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                    help="change the preset's shape, e.g. --model n_layer=2 (repeatable)")
-    p.add_argument("--steps", type=int, default=50, help="optimizer steps (default: 50)")
+    p.add_argument("--steps", type=positive_int, default=50, help="optimizer steps (default: 50)")
     p.add_argument("--ckpt", default="none", help="gradient checkpointing: none, block, every-N, attn, mlp")
     p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (default: fp32)")
     p.add_argument("--offload", default="none", help="none, optimizer or optimizer+grads (default: none)")
     p.add_argument("--weights", default="fp32", help="device weight dtype fp32 or bf16 (bf16 needs --offload)")
     p.add_argument("--batch", default="auto", help="micro-batch: auto (estimator, then adaptive) or N")
-    p.add_argument("--effective-batch", type=int, default=0,
+    p.add_argument("--effective-batch", type=positive_int, default=0,
                    help="samples per optimizer step (default: N for --batch N, 16 for auto)")
-    p.add_argument("--max-micro-batch", type=int, default=0, help="cap for the adaptive micro-batch")
-    p.add_argument("--seq-len", type=int, default=0, help="longest sample in tokens (default: preset block size)")
-    p.add_argument("--min-len", type=int, default=0, help="shortest sample (default: seq-len / 2)")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
+    p.add_argument("--max-micro-batch", type=positive_int, default=0, help="cap for the adaptive micro-batch")
+    p.add_argument("--seq-len", type=positive_int, default=0, help="longest sample in tokens (default: preset block size)")
+    p.add_argument("--min-len", type=positive_int, default=0, help="shortest sample (default: seq-len / 2)")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    p.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="clip the gradient norm (0: off)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=positive_int, default=0,
                    help="CPU threads (default: 1 below 20 M parameters, else torch's default)")
     p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/train-<time>)")
     p.add_argument("--name", default=None, help="run name shown in the dashboard")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    p.add_argument("--memory-cap-gb", type=float, default=0.0,
+    p.add_argument("--memory-cap-gb", type=positive_float, default=0.0,
                    help="CUDA: behave like a card of this size (set_per_process_memory_fraction)")
-    p.add_argument("--memory-budget-gb", type=float, default=0.0,
+    p.add_argument("--memory-budget-gb", type=positive_float, default=0.0,
                    help="CPU testing aid: OOM when measured bytes exceed this")
-    p.add_argument("--inject-oom-at-batch", type=int, default=0, metavar="N",
+    p.add_argument("--inject-oom-at-batch", type=positive_int, default=0, metavar="N",
                    help="testing aid: raise OutOfMemoryError in forward while the micro-batch is >= N")
     p.add_argument("--inject-nan-at-step", type=_steps_list, default=(), metavar="N[,M...]",
                    help="testing aid: make the loss non-finite at these steps")
@@ -66,10 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="testing aid: multiply the loss by 8 at these steps (a loss spike)")
     p.add_argument("--monitor", action="append", default=[], metavar="KEY=VALUE",
                    help="a Monitor option, e.g. activations_every=1 or snapshot_every=10 (repeatable)")
-    p.add_argument("--slow-data-ms", type=float, default=0.0, metavar="MS",
+    p.add_argument("--slow-data-ms", type=nonnegative_float, default=0.0, metavar="MS",
                    help="testing aid: sleep in the data phase of every step (input-bound run)")
-    p.add_argument("--fallback-after", type=int, default=3, help="non-finite steps in a row before fp32 fallback")
-    p.add_argument("--min-loss-scale", type=float, default=1.0, help="fp16: fall back to fp32 below this loss scale")
+    p.add_argument("--fallback-after", type=positive_int, default=3, help="non-finite steps in a row before fp32 fallback")
+    p.add_argument("--min-loss-scale", type=nonnegative_float, default=1.0, help="fp16: fall back to fp32 below this loss scale")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
 

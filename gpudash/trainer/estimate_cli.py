@@ -8,28 +8,54 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from typing import Any
 
 from gpudash.errors import UserError
-from gpudash.trainer.estimator import estimate, fmt_gb, what_fits
+from gpudash.trainer.cli import positive_float, positive_int
+from gpudash.trainer.estimator import estimate, explain, fmt_gb, what_fits
 from gpudash.trainer.shapes import PRESETS, parse_overrides, preset
+from gpudash.trainer.steptime import StepTimeModel
+from gpudash.units import fmt_duration
 
 __all__ = ["add_arguments", "run"]
+
+_TIME = StepTimeModel()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
     p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                    help="change the preset's shape, e.g. --model n_layer=48 --model n_embd=2048 (repeatable)")
-    p.add_argument("--batch", type=int, default=8, help="micro-batch (default: 8)")
-    p.add_argument("--seq-len", type=int, default=0, help="sequence length (default: the preset's block size)")
-    p.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-steps (default: 1)")
+    p.add_argument("--batch", type=positive_int, default=8, help="micro-batch (default: 8)")
+    p.add_argument("--seq-len", type=positive_int, default=0,
+                   help="sequence length (default: the preset's block size)")
+    p.add_argument("--accum", type=positive_int, default=1, help="gradient-accumulation micro-steps (default: 1)")
     p.add_argument("--ckpt", default="none", help="none, block, every-N, attn, mlp")
     p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
     p.add_argument("--offload", default="none", help="none, optimizer or optimizer+grads")
     p.add_argument("--weights", default="fp32", help="device weight dtype fp32 or bf16 (bf16 needs --offload)")
-    p.add_argument("--card-gb", type=float, default=0.0, help="also list which technique mixes fit this card")
+    p.add_argument("--card-gb", type=positive_float, default=0.0,
+                   help="also list which technique mixes fit this card")
+    p.add_argument("--tflops", type=positive_float, default=_TIME.tflops,
+                   help="with --card-gb: achieved 16-bit training TFLOP/s for the step-time column "
+                        f"(default: {_TIME.tflops:g})")
+    p.add_argument("--pcie-gbps", type=positive_float, default=_TIME.pcie_gbps,
+                   help=f"with --card-gb: host<->device GB/s for offload (default: {_TIME.pcie_gbps:g})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _host_ram() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - no reading: the comparison is left out, not the answer
+        return None
+
+
+def _wrap(text: str, label: str = "note") -> str:
+    return textwrap.fill(text, width=110, initial_indent=f"  {label}: ", subsequent_indent="    ")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,20 +66,31 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     seq = args.seq_len or shape.block_size
-    if args.card_gb < 0:
-        raise UserError("--card-gb must be > 0")
+    if seq > shape.block_size:
+        raise UserError(f"--seq-len {seq} is longer than the {args.preset} block size {shape.block_size}; "
+                        f"add --model block_size={seq} to estimate the longer context")
     try:
         est = estimate(shape, micro_batch=args.batch, seq_len=seq, ckpt=args.ckpt, precision=args.precision,
                        offload=args.offload, weights=args.weights, accum=args.accum)
+        model = StepTimeModel(tflops=args.tflops, pcie_gbps=args.pcie_gbps)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    out: dict[str, Any] = {"preset": args.preset, "params": shape.n_params(), **est.to_dict()}
-    fits = what_fits(shape, card_bytes=args.card_gb * 2**30, seq_len=seq) if args.card_gb else []
+    notes = explain(shape, est)
+    host_ram = _host_ram()
+    tokens = args.batch * args.accum * seq
+    out: dict[str, Any] = {"preset": args.preset, "params": shape.n_params(), **est.to_dict(), "notes": notes,
+                           "host_ram_bytes": host_ram}
+    fits = what_fits(shape, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
+                     time_model=model) if args.card_gb else []
     if args.card_gb:
         out["card_gb"] = args.card_gb
         out["fits_card"] = est.peak_bytes <= args.card_gb * 2**30
+        out["time_model"] = {"tflops": model.tflops, "pcie_gbps": model.pcie_gbps, "tokens_per_step": tokens,
+                             "assumptions": model.describe()}
         out["what_fits"] = [{"ckpt": f.ckpt, "precision": f.precision, "offload": f.offload, "weights": f.weights,
-                             "micro_batch": f.micro_batch, "peak_bytes": f.peak_bytes, "cost": f.cost}
+                             "micro_batch": f.micro_batch, "peak_bytes": f.peak_bytes, "cost": f.cost,
+                             "host_bytes": f.host_bytes, "step_s": f.step_s, "step_cost": f.step_cost,
+                             "fits_host_ram": None if host_ram is None else f.host_bytes <= host_ram}
                             for f in fits]
     if args.json:
         print(json.dumps(out, indent=2))
@@ -61,24 +98,44 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.preset}: {shape.n_params() / 1e6:,.1f} M parameters, micro-batch {args.batch} x {seq} tokens, "
           f"ckpt {args.ckpt}, {args.precision}, offload {args.offload}, weights {args.weights}")
     for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes", "host_bytes"):
-        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
+        extra = ""
+        if key == "host_bytes" and est.host_bytes and host_ram:
+            extra = f"  (this machine has {fmt_gb(host_ram)}{'' if est.host_bytes <= host_ram else ': too little'})"
+        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}{extra}")
+        if key == "activations_bytes" and est.weight_copies_bytes:
+            print(f"    of which autocast's 16-bit weight copies {fmt_gb(est.weight_copies_bytes)}")
     if est.recompute_flops_per_token:
         print(f"  recompute          {est.recompute_flops_per_token / est.flops_per_token:+.0%} training FLOPs "
               f"per token ({est.flops_per_token / 1e6:,.1f} MFLOP without checkpointing)")
+    for note in notes:
+        print(_wrap(note))
     if args.card_gb:
-        verdict = "fits" if out["fits_card"] else "does NOT fit"
-        print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Technique mixes, cheapest first "
-              f"(largest micro-batch at seq {seq} within {args.card_gb:g} GB):")
-        shown = 0
-        for f in fits:
-            if f.micro_batch == 0:
-                continue
-            print(f"  micro-batch {f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  ckpt {f.ckpt:<8} "
-                  f"{f.precision:<5} offload {f.offload:<16} weights {f.weights}")
-            shown += 1
-            if shown == 10:
-                break
-        if not shown:
-            print("  nothing fits, even at micro-batch 1 with every technique on: use a bigger card, "
-                  "a shorter --seq-len, or shard the model across GPUs")
+        _print_fits(args, fits, seq, tokens, host_ram, model, "fits" if out["fits_card"] else "does NOT fit")
     return 0
+
+
+def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int, host_ram: int | None,
+                model: StepTimeModel, verdict: str) -> None:
+    print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Technique mixes, fastest first "
+          f"(largest micro-batch at seq {seq} within {args.card_gb:g} GB; predicted time of a step of "
+          f"{tokens:,} tokens, --batch x --accum x --seq-len):")
+    shown = [f for f in fits if f.micro_batch][:10]
+    short = False
+    for f in shown:
+        mark = " "
+        if host_ram is not None and f.host_bytes > host_ram:
+            mark, short = "!", True
+        host = f"host {fmt_gb(f.host_bytes)}{mark}" if f.host_bytes else "host -" + " " * len(mark)
+        cost = f"({f.step_cost:+.0%})"
+        print(f"  micro-batch {f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  {host:<16} "
+              f"step {fmt_duration(f.step_s):>9} {cost:<7} ckpt {f.ckpt:<8} {f.precision:<5} "
+              f"offload {f.offload:<16} weights {f.weights}")
+    if not shown:
+        print("  nothing fits, even at micro-batch 1 with every technique on: use a bigger card, "
+              "a shorter --seq-len, or shard the model across GPUs")
+        return
+    if any(f.host_bytes for f in shown):
+        print("  host: the host RAM the offloaded state needs (pinned)"
+              + (f"; ! more than this machine's {fmt_gb(host_ram)}" if short and host_ram else ""))
+    print(_wrap(f"(+N%) is what checkpointing and offload add to the same precision without them; assumes "
+                f"{model.describe()}", "step time"))

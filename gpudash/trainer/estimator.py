@@ -36,8 +36,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "estimate_step", "safe_micro_batch",
-           "what_fits"]
+from gpudash.trainer.steptime import StepTimeModel
+
+__all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "estimate_step", "explain",
+           "safe_micro_batch", "what_fits"]
 
 CARD_USABLE = 0.92
 """Share of a card's memory the allocator can use (CUDA context, fragmentation)."""
@@ -84,6 +86,15 @@ class Estimate:
     """Training FLOPs per token without recompute: 6 N + 12 L h T (nanoGPT's estimate_mfu)."""
     recompute_flops_per_token: int
     """Forward FLOPs per token that checkpointing runs a second time in backward."""
+    weight_copies_bytes: int
+    """Part of ``activations_bytes``: the 16-bit copies of the weights autocast saves for backward
+    (one per matmul weight outside checkpointed regions; the same at any batch size)."""
+    logits_grad_bytes: int
+    """The fp32 gradients of the log-softmax and of the logits, alive together at the start of backward."""
+    peak_moment: str
+    """When the peak happens: ``activations`` (early in backward: saved activations and logits'
+    gradients alive, most gradients not made yet) or ``gradients`` (end of backward: every gradient
+    made, the activations freed)."""
     micro_batch: int
     seq_len: int
     ckpt: str
@@ -108,11 +119,14 @@ def activation_parts(shape: ModelShape, tokens: int, c: int, r: int) -> dict[str
     """Bytes saved for backward by one layer's attention and MLP halves and by the head."""
     h, m, nh, V = shape.n_embd, shape.hidden, shape.n_head, shape.vocab_size
     cast = c < 4  # autocast keeps 16-bit copies of the weights its matmuls saved
-    attn = tokens * (r * h + 8 + c * h + 3 * c * h + 4 * nh + c * h) + cast * c * 4 * h * h
+    copies = {"attn": cast * c * 4 * h * h, "mlp": cast * c * (3 if shape.gated else 2) * h * m,
+              "head": cast * c * V * h}
+    attn = tokens * (r * h + 8 + c * h + 3 * c * h + 4 * nh + c * h) + copies["attn"]
     mlp_tok = (4 if shape.gated else 2) * m
-    mlp = tokens * (r * h + 8 + c * h + c * mlp_tok) + cast * c * (3 if shape.gated else 2) * h * m
-    head = tokens * (8 + r * h + 8 + c * h + 4 * V + 8) + cast * c * V * h
-    return {"attn": attn, "mlp": mlp, "head": head, "region_input": tokens * r * h}
+    mlp = tokens * (r * h + 8 + c * h + c * mlp_tok) + copies["mlp"]
+    head = tokens * (8 + r * h + 8 + c * h + 4 * V + 8) + copies["head"]
+    return {"attn": attn, "mlp": mlp, "head": head, "region_input": tokens * r * h,
+            **{f"{k}_copies": v for k, v in copies.items()}}
 
 
 def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", precision: str = "fp32",
@@ -144,14 +158,17 @@ def estimate_step(cfg: Any, shapes: list[tuple[int, int]], *, ckpt: str = "none"
     grads = first["grads"]
     # first micro-batch: no gradients yet; later ones run on top of the accumulated gradients
     backward = max(grads + 2 * tied, first["live"])
+    moment = "activations" if first["live"] >= grads + 2 * tied else "gradients"
     forward = first["act"]
     for p in parts[1:]:
-        backward = max(backward, grads + max(p["live"], 3 * tied))
+        if grads + max(p["live"], 3 * tied) > backward:
+            backward = grads + max(p["live"], 3 * tied)
+            moment = "activations" if p["live"] >= 3 * tied else "gradients"
         forward = max(forward, grads + p["act"])
     big = max(parts, key=lambda p: p["live"])
     est: Estimate = big["estimate"]
     fixed = est.params_bytes + est.optimizer_bytes
-    return replace(est, peak_bytes=fixed + backward, forward_peak_bytes=fixed + forward)
+    return replace(est, peak_bytes=fixed + backward, forward_peak_bytes=fixed + forward, peak_moment=moment)
 
 
 def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: str, offload: str,
@@ -171,6 +188,7 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
     parts = activation_parts(shape, tokens, c, w)
     full_layer = parts["attn"] + parts["mlp"]
     act = parts["head"] + seq_len * 8  # + position ids (one row, shared by the batch)
+    copies = parts["head_copies"]
     recompute = 0
     h, m, T = shape.n_embd, shape.hidden, seq_len
     attn_flops = 2 * 4 * h * h + 4 * h * T  # projections + QK^T and AV, forward, per token
@@ -184,14 +202,17 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
             refwd += attn_flops + mlp_flops
         elif mode == "attn":
             act += parts["region_input"] + parts["mlp"]
+            copies += parts["mlp_copies"]
             recompute = parts["attn"]
             refwd += attn_flops
         elif mode == "mlp":
             act += parts["attn"] + parts["region_input"]
+            copies += parts["attn_copies"]
             recompute = parts["mlp"]
             refwd += mlp_flops
         else:
             act += full_layer
+            copies += parts["attn_copies"] + parts["mlp_copies"]
     params = n * w
     host = 0
     grads = n * w
@@ -212,7 +233,8 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
     tied = w * shape.vocab_size * shape.n_embd if shape.tied else 0
     est = Estimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, activations_bytes=act,
                    peak_bytes=0, forward_peak_bytes=0, host_bytes=host, recompute_bytes=recompute,
-                   flops_per_token=flops, recompute_flops_per_token=refwd, micro_batch=micro_batch,
+                   flops_per_token=flops, recompute_flops_per_token=refwd, weight_copies_bytes=copies,
+                   logits_grad_bytes=logits_grads, peak_moment="", micro_batch=micro_batch,
                    seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights)
     return {"estimate": est, "act": act, "live": live, "grads": grads, "tied": tied}
 
@@ -244,15 +266,28 @@ class FitOption:
     """Predicted peak at that micro-batch (at micro-batch 1 when nothing fits)."""
     cost: str
     """What the technique mix costs in time, in words."""
+    host_bytes: int
+    """Host RAM the mix needs (pinned: offloaded master weights, optimizer state, gradients)."""
+    step_s: float
+    """Predicted seconds per optimizer step (:class:`StepTimeModel`)."""
+    step_cost: float
+    """What checkpointing and offload add to ``step_s``, relative to the same precision without
+    them: 0.33 is 33 % slower."""
 
 
 _CKPT_COST = {"none": 0, "mlp": 1, "attn": 1, "every-2": 2, "block": 3}
 _OFF_COST = {"none": 0, "optimizer": 2, "optimizer+grads": 3}
 
 
-def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512) -> list[FitOption]:
-    """Every technique mix, cheapest first, with the largest micro-batch that fits the card."""
+def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512, tokens_per_step: int = 0,
+              time_model: StepTimeModel | None = None) -> list[FitOption]:
+    """Every technique mix, fastest first by the predicted time of an optimizer step of
+    ``tokens_per_step`` tokens (0: one sequence; a mix keeps it with gradient accumulation),
+    with the largest micro-batch that fits the card, the host RAM it needs and what its
+    checkpointing and offload add to the step time."""
     usable = card_bytes * CARD_USABLE
+    model = time_model or StepTimeModel()
+    tokens = tokens_per_step or seq_len
     out: list[tuple[int, FitOption]] = []
     for weights in ("fp32", "bf16"):
         for offload in OFFLOADS:
@@ -265,7 +300,8 @@ def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512
                     kw: dict[str, Any] = {"ckpt": ckpt, "precision": precision, "offload": offload, "weights": weights}
                     b = safe_micro_batch(cfg, capacity_bytes=usable, seq_len=seq_len, limit=max_batch,
                                          fraction=1.0, **kw)
-                    peak = estimate(cfg, micro_batch=max(b, 1), seq_len=seq_len, **kw).peak_bytes
+                    est = estimate(cfg, micro_batch=max(b, 1), seq_len=seq_len, **kw)
+                    t = model.step(est, tokens)
                     costs = []
                     if ckpt != "none":
                         costs.append(f"recompute {ckpt}")
@@ -274,10 +310,51 @@ def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512
                     if weights == "bf16":
                         costs.append("bf16 weights")
                     cost = _CKPT_COST[ckpt] + _OFF_COST[offload] + (precision == "fp32") * 2 + (weights == "bf16")
-                    out.append((cost, FitOption(ckpt, precision, offload, weights, b, peak,
-                                                ", ".join(costs) or "none")))
-    out.sort(key=lambda t: (t[1].micro_batch == 0, t[0], -t[1].micro_batch))
+                    out.append((cost, FitOption(ckpt, precision, offload, weights, b, est.peak_bytes,
+                                                ", ".join(costs) or "none", est.host_bytes, t.total_s,
+                                                t.total_s / t.compute_s - 1)))
+    out.sort(key=lambda t: (t[1].micro_batch == 0, t[1].step_s, t[0], -t[1].micro_batch))
     return [o for _, o in out]
+
+
+def explain(cfg: Any, est: Estimate) -> list[str]:
+    """Why an estimate's numbers look as they do, as sentences (``gpudash estimate`` prints them):
+    16-bit activations above fp32's (autocast's weight copies), a peak below the sum of the
+    categories (they do not all peak at the same moment)."""
+    notes: list[str] = []
+    if est.weight_copies_bytes:
+        kw: dict[str, Any] = {"seq_len": est.seq_len, "ckpt": est.ckpt, "offload": est.offload}
+        fp32 = estimate(cfg, micro_batch=est.micro_batch, precision="fp32", weights="fp32", **kw)
+        if est.activations_bytes > fp32.activations_bytes:
+            one16 = estimate(cfg, micro_batch=1, precision=est.precision, weights=est.weights, **kw)
+            one32 = estimate(cfg, micro_batch=1, precision="fp32", weights="fp32", **kw)
+            per_sample = one32.activations_bytes - (one16.activations_bytes - one16.weight_copies_bytes)
+            from_batch = est.weight_copies_bytes // per_sample + 1 if per_sample > 0 else None
+            notes.append(
+                f"{est.precision} activations ({fmt_gb(est.activations_bytes)}) exceed fp32's "
+                f"({fmt_gb(fp32.activations_bytes)}) at micro-batch {est.micro_batch}: autocast saves a 16-bit copy "
+                f"of every weight its matmuls use, for backward ({fmt_gb(est.weight_copies_bytes)}, the same at "
+                f"any batch size), and halving the saved tensors saves only {fmt_gb(per_sample)} per sample"
+                + (f"; from micro-batch {from_batch} on, {est.precision} activations are the smaller"
+                   if from_batch else ""))
+    total = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
+    if est.peak_bytes < total:
+        head = (f"the predicted peak ({fmt_gb(est.peak_bytes)}) is below the sum of the categories "
+                f"({fmt_gb(total)}) because they do not all peak at the same moment: ")
+        if est.peak_moment == "activations":
+            recompute = (f" and a checkpointed region being recomputed ({fmt_gb(est.recompute_bytes)})"
+                         if est.recompute_bytes else "")
+            notes.append(head + f"it comes early in backward, with the saved activations, the logits' gradients "
+                         f"({fmt_gb(est.logits_grad_bytes)}){recompute} alive and few gradients made yet; backward "
+                         f"frees each layer's activations as it makes that layer's gradients, so all the gradients "
+                         f"({fmt_gb(est.grads_bytes)}) never meet all the activations")
+        else:
+            extra = est.peak_bytes - est.params_bytes - est.optimizer_bytes - est.grads_bytes
+            tied = f", with the tied embedding's two partial gradients ({fmt_gb(extra)}) on top," if extra > 0 else ""
+            notes.append(head + f"it comes at the end of backward, when every gradient exists "
+                         f"({fmt_gb(est.grads_bytes)}){tied} and the activations "
+                         f"({fmt_gb(est.activations_bytes)}) are already freed")
+    return notes
 
 
 def fmt_gb(n: float) -> str:

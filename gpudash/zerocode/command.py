@@ -109,7 +109,9 @@ def _announce_when_up(port: int, url: str, server: subprocess.Popen[bytes]) -> N
 
 
 def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path, port: int) -> int:
-    port = _free_port(port)
+    asked, port = port, _free_port(port)
+    if port != asked and asked:
+        say(f"port {asked} is busy; dashboard on http://127.0.0.1:{port}/")
     server = subprocess.Popen([sys.executable, "-m", "gpudash", "serve", str(run_dir.parent), "--port", str(port)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/run/{quote(run_dir.name)}"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,63 @@ def test_progress_line_has_elapsed_and_eta() -> None:
     assert "step 4/10" in mid and "12.00 s elapsed" in mid and "ETA 18.00 s" in mid
     end = p.line(10, 4.0, 2, 300.0, now=130.0)
     assert "30.00 s elapsed" in end and "ETA" not in end
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["estimate", "--preset", "llama-7b", "--seq-len", "0"], "--seq-len"),  # not "the preset's 4096"
+    (["estimate", "--batch", "0"], "--batch"),
+    (["estimate", "--batch", "-4"], "--batch"),
+    (["estimate", "--accum", "0"], "--accum"),
+    (["estimate", "--card-gb", "0"], "--card-gb"),
+    (["estimate", "--card-gb", "nan"], "--card-gb"),
+    (["estimate", "--card-gb", "24", "--pcie-gbps", "-1"], "--pcie-gbps"),
+    (["estimate", "--card-gb", "24", "--tflops", "0"], "--tflops"),
+    (["estimate", "--seq-len", "4096"], "block_size=4096"),  # tiny's block is 64: say how to ask for more
+    (["train", "--seq-len", "0"], "--seq-len"),
+    (["train", "--effective-batch", "0"], "--effective-batch"),
+    (["train", "--threads", "0"], "--threads"),
+    (["train", "--lr", "0"], "--lr"),
+    (["train", "--memory-cap-gb", "0"], "--memory-cap-gb"),
+    (["train", "--fallback-after", "0"], "--fallback-after"),
+    (["train", "--grad-clip", "-1"], "--grad-clip"),
+])
+def test_nonsense_flags_are_refused_in_one_line(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and flag in cap.err, cap.err
+    assert cap.err.startswith("gpudash: error: ")
+
+
+def test_estimate_explains_bf16_activations_and_the_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--preset", "gpt2-124m", "--batch", "1", "--seq-len", "128", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "of which autocast's 16-bit weight copies" in out
+    assert "note: bf16 activations" in out and "exceed fp32's" in out
+    flat = " ".join(out.split())
+    assert "below the sum of the categories" in flat and "do not all peak at the same moment" in flat
+    assert main(["estimate", "--preset", "gpt2-124m", "--batch", "1", "--seq-len", "128", "--precision", "bf16",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["weight_copies_bytes"] > 0 and len(data["notes"]) == 2 and data["peak_moment"] == "gradients"
+
+
+def test_what_fits_shows_host_ram_against_this_machine_and_step_cost(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=64 * 2**30))
+    args = ["estimate", "--preset", "llama-7b", "--seq-len", "2048", "--card-gb", "24", "--pcie-gbps", "16"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("  micro-batch")]
+    assert rows and all(re.search(r"host 113\.24 GiB!\s+step\s+[\d.]+ s \(\+\d+%\)", r) for r in rows), out
+    assert "more than this machine's 64.00 GiB" in out
+    flat = " ".join(out.split())
+    assert "16 GB/s" in flat and "100 TFLOP/s" in flat and "not overlapped" in flat  # the assumptions, stated
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    fits = [f for f in data["what_fits"] if f["micro_batch"]]
+    assert data["host_ram_bytes"] == 64 * 2**30 and all(f["fits_host_ram"] is False for f in fits)
+    assert data["time_model"]["tokens_per_step"] == 8 * 2048 and all(f["step_cost"] > 0 for f in fits)

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from gpudash.trainer.cli import _steps_list, add_arguments, config_from_args
+from gpudash.trainer.cli import (
+    _steps_list,
+    add_arguments,
+    config_from_args,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+)
 from gpudash.trainer.config import TrainConfig
 
 #: flag dest -> TrainConfig field, where the names differ
@@ -75,8 +82,8 @@ def test_each_flag_reaches_its_field(action: argparse.Action) -> None:
         argv, expected = [flag, "3,4"], (3, 4)
     elif action.type is Path:
         argv, expected = [flag, "runs/elsewhere"], Path("runs/elsewhere")
-    elif action.type in (int, float):
-        expected = action.type(action.default) + 2
+    elif action.type in (int, float, positive_int, positive_float, nonnegative_float):
+        expected = (int if action.type in (int, positive_int) else float)(action.default) + 2
         argv = [flag, str(expected)]
     else:
         pytest.fail(f"{flag}: add a sample value to STRINGS")
