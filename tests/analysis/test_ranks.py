@@ -29,7 +29,7 @@ def _write_rank(run_dir: Path, rank: int, data_sleep: float, extra_bytes: int) -
 def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "ddp"
     _write_rank(run_dir, 0, 0.001, 0)
-    _write_rank(run_dir, 1, 0.03, 500_000)  # rank 1 is the straggler and holds more memory
+    _write_rank(run_dir, 1, 0.12, 500_000)  # rank 1 is the straggler and holds more memory
     return run_dir
 
 
