@@ -47,6 +47,16 @@ class Progress:
     eta_s: float | None
     """Seconds to the last step: steps_left * step_s; None when the run is not live or the rate is unknown."""
 
+    @classmethod
+    def from_json(cls, d: Any) -> Progress | None:
+        """The progress of a ``Facts.to_json()`` (a stored runs-list summary); None when it holds none."""
+        if not isinstance(d, dict):
+            return None
+        try:
+            return cls(**{f: d.get(f) for f in ("done", "total", "fraction", "steps_left", "step_s", "eta_s")})
+        except TypeError:
+            return None
+
 
 def step_period(steps: Sequence[float], times: Sequence[float], durations: Sequence[float] | None = None,
                 window: int = RECENT_STEPS) -> float | None:

@@ -36,6 +36,7 @@ from gpudash.layouts.pages import (
     segment_map_view,
     verdicts_for,
 )
+from gpudash.layouts.progressbar import register_progress_callbacks
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.layouts.runs_callbacks import register_runs_callbacks
 from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, zoom_range
@@ -201,6 +202,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         return out
 
     register_runs_callbacks(app, runs_dir)
+    register_progress_callbacks(app, lambda run_id: facts_for(readers.get_or_skip(run_id)[0].path))
 
     @app.callback(
         [Output("live-state", "data"), *(Output(g, "extendData") for g in graphs),

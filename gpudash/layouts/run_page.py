@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.layouts.common import fmt_bytes, note, source_reason
+from gpudash.layouts.common import fmt_bytes, note, recorded_reason, source_reason
 from gpudash.layouts.data import RunView
 from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
+from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
 
@@ -156,13 +157,26 @@ def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
     return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph")
 
 
+#: Sources a collector gives up on at the start (no GPU, no NVML, no psutil): a live run says why at once.
+_WHOLE_RUN_REASONS = ("device", "host")
+
+
 def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[str, Fig],
           specs: dict[str, list[Series]]) -> Any:
-    """The graph, or for a finished run with nothing recorded, one line saying why (and a hidden graph)."""
+    """The graph, or for a run with nothing recorded, one line saying why (and a hidden graph): a live run's
+    only for a source whose collector noted why it records nothing for the whole run (no GPU, no NVML, no
+    permission), else it waits for the first records."""
     fig = figs[graph_id]
-    if specs.get(graph_id) or view.status == "live" or reason_source is None:
+    if specs.get(graph_id) or reason_source is None:
         return _graph(graph_id, fig)
-    reason = source_reason(reason_source, view.meta, view.frame("events"))
+    if view.status == "live":
+        if reason_source not in _WHOLE_RUN_REASONS:
+            return _graph(graph_id, fig)
+        reason = recorded_reason(reason_source, view.meta, view.frame("events"))
+        if reason is None:
+            return _graph(graph_id, fig)
+    else:
+        reason = source_reason(reason_source, view.meta, view.frame("events"))
     return html.Div([note(reason, id=f"{graph_id}-reason"),
                      html.Div(_graph(graph_id, fig), style={"display": "none"})])
 
@@ -232,6 +246,8 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
             html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")
             and view.status != "live" else None,
         ]),
+        html.Div(progress_bar(facts.progress if facts is not None else None), id="run-progress",
+                 className="run-progress"),
         html.Div([note(p) for p in view.problems], id="run-problems"),
         html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
                  style={} if extra.get("verdicts") else {"display": "none"}),

@@ -38,6 +38,10 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .sev { font-size: 12px; padding: 0 6px; border-radius: 8px; margin-right: 6px; color: #fff; background: #888; }
 .sev-bad { background: #d62728; } .sev-warn { background: #ffb000; } .sev-ok { background: #2ca02c; }
 #last-step { font-weight: 600; }
+.run-progress { display: flex; align-items: center; gap: 10px; margin: 4px 0; font-size: 14px; }
+.progress-track { width: 260px; height: 8px; border-radius: 4px; background: #e3e5e8; overflow: hidden; }
+.progress-fill { height: 100%; background: #2ca02c; }
+body.dark .progress-track { background: #2a2e36; }
 .theme-toggle { float: right; background: none; border: 1px solid #556; color: #fff; border-radius: 4px;
   font-size: 12px; cursor: pointer; padding: 1px 8px; }
 /* dark mode: follows the system unless toggled (the choice is remembered) or set by ?theme=dark|light */
