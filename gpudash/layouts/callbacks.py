@@ -173,8 +173,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if prefix and (pathname + "/").startswith(prefix + "/"):
             pathname = pathname[len(prefix):] or "/"
         query = parse_qs(search.lstrip("?"))
-        here = {"path": pathname, "rank": query.get("rank", ["0"])[0]}
-        if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here and pathname.startswith("/run/"):
+        here: dict[str, Any] = {"path": pathname, "rank": query.get("rank", ["0"])[0]}
+        if not pathname.startswith("/run/"):  # other pages redraw for their query, not for the theme's
+            here["query"] = [[k, v] for k, v in sorted(query.items()) if k != "theme"]  # as the store echoes it
+        if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here:
             raise PreventUpdate
         return page_for(pathname, search, runs_dir, readers), here
 

@@ -66,7 +66,8 @@ body.dark .dash-spreadsheet td, body.dark .dash-spreadsheet th { background: #18
 """
 
 
-#: Light or dark: ``?theme=dark|light`` in the address, else the last choice of the toggle, else the system's.
+#: Light or dark: ``?theme=dark|light`` in the address, else the last choice of the toggle, else the system's;
+#: the toggle writes its choice into the address too.
 THEME_JS = """(function () {
   var q = new URLSearchParams(location.search).get('theme');
   q = (q === 'dark' || q === 'light') ? q : null;
@@ -84,12 +85,26 @@ THEME_JS = """(function () {
   if (mq && mq.addEventListener) {
     mq.addEventListener('change', function (e) { if (!q && !saved) { apply(e.matches ? 'dark' : 'light'); } });
   }
+  function intoAddress(t) {
+    // theme=... in the address, so a copied link opens in this theme; through the page's dcc.Location
+    // (its search is what the view's own address updates start from), else straight into the history
+    var params = new URLSearchParams(location.search);
+    params.set('theme', t);
+    var search = '?' + params.toString();
+    var dc = window.dash_clientside;
+    if (dc && dc.set_props) {
+      try { dc.set_props('url', {search: search}); return; } catch (e) {}
+    }
+    history.replaceState(history.state, '', location.pathname + search + location.hash);
+  }
   window.gpudashTheme = {
     get: function () { return theme; },
     toggle: function () {
       saved = theme === 'dark' ? 'light' : 'dark';
       try { localStorage.setItem('gpudash-theme', saved); } catch (e) {}
+      q = saved;
       apply(saved);
+      intoAddress(saved);
     }
   };
 })();"""

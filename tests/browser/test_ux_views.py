@@ -1,0 +1,100 @@
+"""The view habits in real Chromium: progress and ETA moving on a live run, the theme and the x axis kept in
+the address, the device panel's reason on this machine without a GPU."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_dashboard import rendered, severe_logs, wait_for  # the existing browser helpers
+
+pytestmark = pytest.mark.browser
+
+
+def _text(driver: Any, element_id: str) -> str:
+    found = driver.find_elements("id", element_id)
+    return found[0].text if found else ""
+
+
+def test_progress_and_eta_move_on_a_live_run(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    from runmaker import LiveRun
+
+    url, root = served
+    with LiveRun(root / "progressing", delay=0.05, name="progressing", total_steps=100_000):
+        time.sleep(1.0)
+        driver.get(url + "run/progressing")
+        wait_for(lambda: rendered(driver, "step-time-graph"), what="step-time graph")
+        driver.execute_script("window.__gpudashNoReload = 1;")
+        pattern = re.compile(r"^step ([\d,]+) of 100,000 · ETA \d")
+        first = wait_for(lambda: pattern.match(_text(driver, "progress-text")), what="progress and ETA")
+        done = int(first.group(1).replace(",", ""))
+        wait_for(lambda: (m := pattern.match(_text(driver, "progress-text"))) and int(m.group(1).replace(",", ""))
+                 > done, what="progress moving with the live tick")
+        width = driver.execute_script("return document.querySelector('#run-progress .progress-fill').style.width")
+        assert width.endswith("%")
+        assert driver.execute_script("return window.__gpudashNoReload") == 1
+        driver.save_screenshot(str(artifacts / "run-page-progress.png"))
+        driver.get(url)
+        cell = wait_for(lambda: [c.text for c in driver.find_elements(
+            "css selector", "#runs-table tr[id*='progressing'] td.progress-cell") if "ETA" in c.text],
+            what="progress and ETA in the runs list")
+        assert re.match(r"^\d+ % · ETA \d", cell[0]), cell
+    assert severe_logs(driver) == []
+
+
+def test_device_reason_while_live_without_gpu(driver: Any, served: tuple[str, Path]) -> None:
+    """This machine has no GPU: the live run's device panel says what the collector noted, not 'waiting'."""
+    from runmaker import LiveRun
+
+    from gpudash.store.run import load_run
+
+    url, root = served
+    with LiveRun(root / "nogpu", delay=0.05, name="nogpu"):
+        wait_for(lambda: load_run(root / "nogpu").meta.get("unavailable_device"), what="the collector's note")
+        noted = str(load_run(root / "nogpu").meta["unavailable_device"])
+        driver.get(url + "run/nogpu")
+        reason = wait_for(lambda: _text(driver, "device-graph-reason"), what="device reason")
+        assert driver.find_element("id", "run-status").text == "live"
+        assert noted in reason and "waiting" not in reason
+    assert severe_logs(driver) == []
+
+
+def _dark(driver: Any) -> bool:
+    return bool(driver.execute_script("return document.body.classList.contains('dark')"))
+
+
+def test_theme_toggle_goes_into_the_address(driver: Any, served: tuple[str, Path]) -> None:
+    url, _ = served
+    driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")
+    try:
+        driver.get(url + "run/rich?cursor=5")
+        wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph")
+        was_dark = _dark(driver)
+        driver.find_element("id", "theme-toggle").click()
+        want = "light" if was_dark else "dark"
+        wait_for(lambda: f"theme={want}" in driver.current_url, what="theme in the address")
+        assert "cursor=5" in driver.current_url and _dark(driver) == (want == "dark")
+        link = driver.current_url
+        driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")  # the link alone
+        driver.get("about:blank")
+        driver.get(link)
+        wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph from the link")
+        assert _dark(driver) == (want == "dark")
+        driver.find_element("id", "theme-toggle").click()  # and back: the address follows
+        back = "dark" if want == "light" else "light"
+        wait_for(lambda: f"theme={back}" in driver.current_url, what="theme toggled back in the address")
+        assert _dark(driver) == (back == "dark")
+        driver.get(url)  # the runs list keeps its page, the address names the theme
+        wait_for(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), what="runs table")
+        driver.find_element("id", "theme-toggle").click()
+        wait_for(lambda: "theme=" in driver.current_url, what="theme in the runs list's address")
+        assert driver.find_elements("css selector", "#runs-table tbody tr")
+        assert severe_logs(driver) == []
+    finally:
+        driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")
