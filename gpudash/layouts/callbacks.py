@@ -23,6 +23,7 @@ from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stab
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
 from gpudash.layouts.inputs import BadInput, as_float, as_int, live_state, page_run, rank_of
+from gpudash.layouts.links import href
 from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
     activations_at,
@@ -127,7 +128,7 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         try:
             reader, lock = readers.get(run_id)
         except (InvalidRunId, RunError):
-            return html.Div([dcc.Link("← all runs", href="/"), note(f"no run named {run_id!r} in {runs_dir}")],
+            return html.Div([dcc.Link("← all runs", href=href("/")), note(f"no run named {run_id!r} in {runs_dir}")],
                             id="not-found")
         query = parse_qs(search.lstrip("?"))
         try:  # a rank typed into the address: the first rank when it is not one
@@ -156,7 +157,7 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         except BadInput:
             baseline = 0
         return compare.compare_page(views, missing, facts, baseline)
-    return html.Div([dcc.Link("← all runs", href="/"), note(f"no page {pathname}")], id="not-found")
+    return html.Div([dcc.Link("← all runs", href=href("/")), note(f"no page {pathname}")], id="not-found")
 
 
 def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> None:

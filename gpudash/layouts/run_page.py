@@ -13,6 +13,7 @@ from gpudash.layouts.common import fmt_bytes, note, recorded_reason, source_reas
 from gpudash.layouts.data import RunView
 from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
+from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
@@ -235,12 +236,12 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     device_name = device_label(meta)
     cap = meta.get("device_capacity_bytes")
     header = html.Div([
-        html.Div([dcc.Link("← all runs", href="/"), html.H2(str(meta.get("name") or run_id), id="run-name")]),
+        html.Div([dcc.Link("← all runs", href=href("/")), html.H2(str(meta.get("name") or run_id), id="run-name")]),
         html.Div([
             html.Span(view.status, id="run-status", className=f"status status-{view.status}"),
             html.Span(f" {device_name}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
             html.Span(" · rank ", className="muted"),
-            *[dcc.Link(str(r), href=f"/run/{run_id}?rank={r}", className="rank-link" + (" current" if r == rank else ""))
+            *[dcc.Link(str(r), href=href(f"/run/{run_id}?rank={r}"), className="rank-link" + (" current" if r == rank else ""))
               for r in view.ranks],
             html.Span(" · step ", className="muted"), html.Span("-" if last is None else str(last), id="last-step"),
             html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")

@@ -24,6 +24,7 @@ from gpudash.analysis.runcache import shared_cache
 from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
+from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_cell
 from gpudash.layouts.runid import list_run_dirs
 from gpudash.store.run import merged_meta
@@ -309,7 +310,7 @@ def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | No
         body.append(html.Tr([
             html.Td(dcc.Checklist(id={"type": "compare-pick", "run": r["id"]}, options=[{"label": "", "value": r["id"]}],
                                   value=[r["id"]] if r["id"] in picked else [], inline=True)),
-            html.Td(dcc.Link(r["name"], href=f"/run/{r['id']}", className="run-link")),
+            html.Td(dcc.Link(r["name"], href=href(f"/run/{r['id']}"), className="run-link")),
             html.Td(html.Span(r["status"], className=f"status {_STATUS_CLASS.get(r['status'], '')}"),
                     title=r.get("end_reason") or ""),
             html.Td(r["device"]),
@@ -361,6 +362,6 @@ def runs_page(runs_dir: Path, rows: list[dict[str, Any]], listing: RunsPage | No
         dcc.Store(id="runs-page-no", data=listing.page),
         dcc.Store(id="runs-shown", data=shown_signature(listing)),
         dcc.Interval(id="runs-interval", interval=REFRESH_MS),
-        html.Div([dcc.Link("Compare selected runs", id="compare-link", href="/compare", className="button"),
+        html.Div([dcc.Link("Compare selected runs", id="compare-link", href=href("/compare"), className="button"),
                   html.Span(" tick two or more runs", className="muted")], className="compare-bar"),
     ], id="runs-page")

@@ -9,6 +9,7 @@ rebuild would have drawn.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -47,7 +48,9 @@ class Series:
 
     @property
     def key(self) -> str:
-        return f"{self.table}|{self.col}|{self.rank}|{self.gpu}|{self.fn}"
+        """The trace's ``uid``: plotly selects by it (``.cb<uid>``) when a graph goes away, so it is a CSS
+        class name (a "|" in it broke leaving the run page by an in-page link)."""
+        return "-".join(_css(str(v)) for v in (self.table, self.col, self.rank, self.gpu, self.fn))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +62,11 @@ class Series:
     @property
     def windowed(self) -> bool:
         return self.fn in ("median", "p95", "spike", "ema", "rate_ema")
+
+
+def _css(text: str) -> str:
+    """``text`` with every character a CSS class name cannot hold written as ``_<hex>_``."""
+    return re.sub(r"[^0-9A-Za-z]", lambda m: f"_{ord(m.group(0)):x}_" if m.group(0) != "_" else "__", text)
 
 
 def _num(df: pd.DataFrame, col: str, mask: np.ndarray | None) -> np.ndarray | None:

@@ -98,3 +98,28 @@ def test_theme_toggle_goes_into_the_address(driver: Any, served: tuple[str, Path
         assert severe_logs(driver) == []
     finally:
         driver.execute_script("try { localStorage.removeItem('gpudash-theme'); } catch (e) {}")
+
+
+def test_links_work_under_a_proxy_prefix(driver: Any, served: tuple[str, Path]) -> None:
+    """The app served under a prefix (as behind Jupyter's proxy): the runs list's link, the run page's
+    '← all runs' and back, all without leaving the prefix."""
+    from gpudash.app import serve_in_thread
+
+    _, root = served
+    url, stop = serve_in_thread(root, "127.0.0.1", 0, prefix_for_port=lambda port: f"/user/alice/proxy/{port}/")
+    try:
+        base = url.rstrip("/") + f"/user/alice/proxy/{url.rstrip('/').rsplit(':', 1)[1]}/"
+        driver.get(base)
+        link = wait_for(lambda: [a for a in driver.find_elements("css selector", "#runs-table a.run-link")
+                                 if a.get_attribute("href").endswith("/run/rich")], what="run link")
+        assert link[0].get_attribute("href") == base + "run/rich"
+        link[0].click()
+        wait_for(lambda: rendered(driver, "memory-graph"), what="run page under the prefix")
+        assert driver.current_url.startswith(base + "run/rich")
+        driver.find_element("link text", "← all runs").click()
+        wait_for(lambda: driver.find_elements("css selector", "#runs-table tbody tr"), what="runs list again")
+        assert driver.current_url == base
+        assert severe_logs(driver) == []
+    finally:
+        driver.get("about:blank")
+        stop()
