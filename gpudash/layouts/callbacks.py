@@ -19,7 +19,7 @@ from dash import Input, Output, Patch, State, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 from gpudash.analysis.runcache import RunCache, shared_cache
 from gpudash.errors import RunError
-from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput
+from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput, xaxis
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
 from gpudash.layouts.inputs import BadInput, as_float, as_int, live_state, page_run, rank_of
@@ -40,7 +40,7 @@ from gpudash.layouts.pages import (
 from gpudash.layouts.progressbar import register_progress_callbacks
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.layouts.runs_callbacks import register_runs_callbacks
-from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, zoom_range
+from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, xmode_of, zoom_range
 from gpudash.store.reader import RunReader
 
 __all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
@@ -137,7 +137,8 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
             rank = 0
         cursor, xrange, smooth = view_params(query)
         with lock:
-            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth)
+            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth,
+                                  xmode=xmode_of(query))
     if pathname == "/compare":
         query = parse_qs(search.lstrip("?"))
         wanted = [r for r in ",".join(query.get("runs", [])).split(",") if r]
@@ -185,10 +186,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                   Input("cursor-slider", "value"), Input("smoothing", "value"),
                   *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
                   State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
-                  prevent_initial_call=True)
+                  State("live-state", "data"), prevent_initial_call=True)
     def view_to_url(cursor: Any, smooth: Any, *rest: Any) -> str:
         # the view in the address: a copied link opens the same cursor and zoom (a live run's end is not a cursor)
-        *relayouts, search, status, hi = rest
+        *relayouts, search, status, hi, state = rest
         if not isinstance(search, str | None) or not isinstance(status, str | None):
             raise BadInput("search and status must be strings")
         cursor = None if cursor is None else as_int(cursor, "cursor")
@@ -198,13 +199,14 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         trig = dash.ctx.triggered_id
         zoom = None
         if trig in run_page.STEP_GRAPHS:
-            zoom = zoom_range(relayouts[run_page.STEP_GRAPHS.index(trig)])
+            zoom = xaxis.zoom_steps(relayouts[run_page.STEP_GRAPHS.index(trig)], state, readers)
         out = view_search(search or "", cursor, zoom, smoothing_of(smooth))
         if out == (search or ""):
             raise PreventUpdate
         return out
 
     register_runs_callbacks(app, runs_dir)
+    xaxis.register_xaxis_callbacks(app, readers)
     register_progress_callbacks(app, lambda run_id: facts_for(readers.get_or_skip(run_id)[0].path))
 
     @app.callback(
@@ -245,7 +247,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                 if g in res.rebuild:
                     fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
                                                       spikes=list(facts.loss_spike_steps) if facts else None,
-                                                      smooth=smoothing_of(smooth))
+                                                      smooth=smoothing_of(smooth), x=xaxis.x_of(new))
                     figures[i] = fig
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
@@ -405,7 +407,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             fig, specs = run_page.build_graph(g, view, int(state.get("rank", 0)),
                                               cursor if g in run_page.CURSOR_GRAPHS else None,
                                               spikes=list(facts.loss_spike_steps) if facts is not None else None,
-                                              smooth=smooth)
+                                              smooth=smooth, x=xaxis.x_of(state))
             new["specs"][g] = [s.as_dict() for s in specs]
             new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
             out.append(fig)
@@ -455,19 +457,22 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
                   State("live-state", "data"), State("cursor-slider", "value"), State("smoothing", "value"),
                   prevent_initial_call=True)
     def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None, smooth: Any = None) -> Any:
-        rng = zoom_range(relayout)
+        x = xaxis.x_of(state) if xmode == "step" else None  # the step graphs' axis may be in time
+        rng = xaxis.axis_range(relayout, x)
         if rng is None or not state or not isinstance(state, dict) or not state.get("downsampled"):
             raise PreventUpdate
         state = live_state(state)
         cursor = None if cursor is None else as_int(cursor, "cursor")
         reader, lock = readers.get_or_skip(state["run"])
+        steps = xaxis.steps_in(reader, lock, rng, x) if isinstance(rng, tuple) and x is not None and x.timed \
+            else rng
         with lock:
             view = load_view(reader)
-            if isinstance(rng, tuple):
-                view = range_view(reader, view, rng[0], rng[1], xmode)
+            if isinstance(steps, tuple):
+                view = range_view(reader, view, steps[0], steps[1], xmode)
         facts = facts_for(reader.path)
         fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor, smooth=smoothing_of(smooth),
-                                      spikes=list(facts.loss_spike_steps) if facts is not None else None)
+                                      spikes=list(facts.loss_spike_steps) if facts is not None else None, x=x)
         if isinstance(rng, tuple):
             fig.update_xaxes(range=list(rng))
         return fig

@@ -17,6 +17,7 @@ from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
+from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, with_x
 
 __all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
@@ -98,9 +99,12 @@ def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int
         return
     rows = steps[steps["rank"] == spec.rank] if "rank" in steps else steps
     rows = rows[rows["step"].isin(list(spikes))]
-    loss = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")["loss"]
+    rows = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")
+    loss = rows["loss"]
     shown = [int(s) for s in spikes if s in loss.index]
     trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
+    if spec.x in ("relative", "wall") and "time" in rows:  # drawn at the spike's time (ms on the date axis)
+        trace["x"] = [(float(rows["time"].loc[s]) - spec.origin) * 1000.0 for s in shown]
 
 
 def _full_ema(fig: Fig, specs: list[Series], view: RunView) -> None:
@@ -120,12 +124,16 @@ def _full_ema(fig: Fig, specs: list[Series], view: RunView) -> None:
 
 
 def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None,
-                spikes: Sequence[int] | None = None, smooth: float = 0.0) -> tuple[Fig, list[Series]]:
+                spikes: Sequence[int] | None = None, smooth: float = 0.0,
+                x: XAxis | None = None) -> tuple[Fig, list[Series]]:
     """A whole figure for ``graph`` from the view's (downsampled) frames; ``spikes`` (the run's facts)
-    are the loss chart's markers when given; ``smooth`` > 0 adds EMA lines to loss and throughput."""
+    are the loss chart's markers when given; ``smooth`` > 0 adds EMA lines to loss and throughput; ``x``:
+    the step graphs' x axis (step, relative or wall time; :mod:`gpudash.layouts.xaxis`)."""
     live = view.status == "live"
     f = view.frames
     specs = graph_specs(graph, f, rank, view.meta, smooth)
+    if graph in STEP_GRAPHS:
+        specs = with_x(specs, x)
     if graph == "memory-graph":
         fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
     elif graph == "step-time-graph":
@@ -151,6 +159,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
         fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
+    if graph in STEP_GRAPHS:
+        style_figure(fig, x, view.full.get("steps", view.frame("steps")))
     return fig, specs
 
 
@@ -249,6 +259,10 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         ]),
         html.Div(progress_bar(facts.progress if facts is not None else None), id="run-progress",
                  className="run-progress"),
+        html.Div([html.Span("x axis ", className="muted"),
+                  dcc.RadioItems(id="x-mode", options=[{"label": label, "value": v} for v, label in XMODES],
+                                 value=(extra.get("x") or XAxis()).mode, inline=True, className="x-mode")],
+                 className="x-mode-row"),
         html.Div([note(p) for p in view.problems], id="run-problems"),
         html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
                  style={} if extra.get("verdicts") else {"display": "none"}),

@@ -36,7 +36,7 @@ class Series:
     name: str
     rank: int = 0
     gpu: int | None = None
-    x: str = "step"  # "step" or "elapsed" (seconds since the run started)
+    x: str = "step"  # "step", "elapsed" (seconds since the run started), "relative" or "wall" (gpudash.layouts.xaxis)
     fn: str = "raw"  # raw | cache | rate | median | p95 | spike | frag | ema | rate_ema
     style: str = "line"  # line | area | bar | markers
     yaxis: str = "y"
@@ -45,6 +45,7 @@ class Series:
     unit: str = ""  # what the drawn values are in ("MiB", "ms", ...): named on hover
     scale: float = 1.0  # recorded value / scale = drawn value (bytes -> MiB, seconds -> ms)
     smooth: float = 0.0  # ema / rate_ema: the weight of the previous average (TensorBoard's smoothing)
+    origin: float = 0.0  # x "relative" / "wall": drawn at (time - origin) ms on a date axis
 
     @property
     def key(self) -> str:
@@ -162,6 +163,11 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
         if x is None:
             return [], []
         x = x - t0
+    elif spec.x in ("relative", "wall"):
+        x = _num(df, "time", mask)
+        if x is None:
+            return [], []
+        x = (x - spec.origin) * 1000.0  # ms on a date axis
     else:
         x = _num(df, "step", mask)
         if x is None:

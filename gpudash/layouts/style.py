@@ -42,6 +42,8 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .progress-track { width: 260px; height: 8px; border-radius: 4px; background: #e3e5e8; overflow: hidden; }
 .progress-fill { height: 100%; background: #2ca02c; }
 body.dark .progress-track { background: #2a2e36; }
+.x-mode-row { display: flex; align-items: center; gap: 6px; font-size: 13px; margin: 2px 0; }
+.x-mode label { margin-right: 10px; }
 .theme-toggle { float: right; background: none; border: 1px solid #556; color: #fff; border-radius: 4px;
   font-size: 12px; cursor: pointer; padding: 1px 8px; }
 /* dark mode: follows the system unless toggled (the choice is remembered) or set by ?theme=dark|light */

@@ -123,3 +123,93 @@ def test_links_work_under_a_proxy_prefix(driver: Any, served: tuple[str, Path]) 
     finally:
         driver.get("about:blank")
         stop()
+
+
+_LAYOUT = ("const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+           "return g ? {type: g._fullLayout.xaxis.type, range: g._fullLayout.xaxis.range, x: g.data[0].x,"
+           " shape: (g.layout.shapes || [])[0] || null,"
+           " ticks: Array.from(g.querySelectorAll('.xtick text')).map(e => e.textContent)} : null;")
+
+
+def _axis(driver: Any, graph_id: str) -> dict[str, Any]:
+    return driver.execute_script(_LAYOUT, graph_id) or {}
+
+
+def _pick_x(driver: Any, mode: str) -> None:
+    driver.find_element("css selector", f"#x-mode input[value='{mode}']").click()
+
+
+def test_x_axis_switch_round_trip_and_zoom(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
+    """step -> relative time (h:mm:ss ticks) -> a zoom (kept in steps in the address) -> the link reopens the
+    same axis and range -> wall time (dates) -> back to steps."""
+    url, _ = served
+    driver.get(url + "run/rich?cursor=20")
+    wait_for(lambda: rendered(driver, "loss-graph"), what="loss graph")
+    assert _axis(driver, "loss-graph")["type"] == "linear"
+    _pick_x(driver, "relative")
+    wait_for(lambda: "x=relative" in driver.current_url, what="x=relative in the address")
+    for g in ("loss-graph", "memory-graph", "step-time-graph", "rates-graph", "phases-graph", "signals-graph"):
+        wait_for(lambda g=g: _axis(driver, g).get("type") == "date", what=f"{g} on a time axis")
+    rel = _axis(driver, "loss-graph")
+    assert all(re.fullmatch(r"\d+:\d\d:\d\d", t) for t in rel["ticks"] if t), rel["ticks"]  # h:mm:ss
+    assert 0 <= float(rel["x"][0]) < 3_600_000  # ms since the first step began, on 1970-01-01
+    xs = [float(v) for v in rel["x"]]
+    assert len(xs) == 40
+    line = _axis(driver, "loss-graph")["shape"]
+    assert abs(datetime_ms(line["x0"]) - xs[20]) < 1.0, (line, xs[20])  # the cursor line at step 20's time
+    lo, hi = xs[5], xs[25]  # zoom onto steps 5..25 by their times
+    for _ in range(3):  # the graph binds its relayout handler a moment after the first draw
+        driver.execute_script("Plotly.relayout(document.querySelector('#loss-graph .js-plotly-plot'), "
+                              "{'xaxis.range[0]': arguments[0], 'xaxis.range[1]': arguments[1]});", lo, hi)
+        try:
+            wait_for(lambda: "x0=" in driver.current_url, timeout=5, what="zoom in the address")
+            break
+        except AssertionError:
+            continue
+    link = driver.current_url
+    q = dict(p.split("=", 1) for p in link.split("?", 1)[1].split("&"))
+    assert q["x"] == "relative" and (float(q["x0"]), float(q["x1"])) == (5.0, 25.0), link  # steps, not times
+    driver.get("about:blank")
+    driver.get(link)
+    wait_for(lambda: rendered(driver, "memory-graph"), what="memory graph from the link")
+    assert driver.find_element("css selector", "#x-mode input[value='relative']").is_selected()
+    again = _axis(driver, "memory-graph")
+    assert again["type"] == "date"
+    drawn = [datetime_ms(v) for v in again["range"]]
+    assert abs(drawn[0] - lo) < 1000 and abs(drawn[1] - hi) < 1000, (drawn, lo, hi)
+    _pick_x(driver, "wall")
+    wait_for(lambda: "x=wall" in driver.current_url, what="x=wall in the address")
+    wait_for(lambda: float(_axis(driver, "loss-graph")["x"][0]) > 1e12, what="wall clock x (ms since 1970)")
+    driver.save_screenshot(str(artifacts / "run-page-wall-time.png"))
+    _pick_x(driver, "step")
+    wait_for(lambda: "x=" not in driver.current_url.replace("x0=", "").replace("x1=", ""), what="x= gone")
+    wait_for(lambda: _axis(driver, "loss-graph").get("type") == "linear", what="back to steps")
+    assert [round(v) for v in _axis(driver, "memory-graph")["range"]] == [5, 25]  # the zoom, in steps again
+    assert severe_logs(driver) == []
+
+
+def datetime_ms(value: Any) -> float:
+    """A date axis value as plotly reports it ("1970-01-01 00:00:01.5") in ms since 1970 (UTC)."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, int | float):
+        return float(value)
+    return datetime.fromisoformat(str(value).replace(" ", "T")).replace(tzinfo=timezone.utc).timestamp() * 1000
+
+
+def test_x_axis_time_mode_keeps_growing_live(driver: Any, served: tuple[str, Path]) -> None:
+    from runmaker import LiveRun
+
+    url, root = served
+    with LiveRun(root / "timed", delay=0.05, name="timed"):
+        time.sleep(1.0)
+        driver.get(url + "run/timed?x=relative")
+        wait_for(lambda: rendered(driver, "step-time-graph"), what="step-time graph")
+        first = _axis(driver, "step-time-graph")
+        assert first["type"] == "date"
+        n0, last0 = len(first["x"]), float(first["x"][-1])
+        wait_for(lambda: len(_axis(driver, "step-time-graph")["x"]) > n0 + 5, what="live points appended")
+        grown = [float(v) for v in _axis(driver, "step-time-graph")["x"]]
+        assert grown[-1] > last0 and grown == sorted(grown)  # appended in the same units, in time order
+        assert grown[-1] < 3_600_000  # relative ms, not steps and not epoch times
+    assert severe_logs(driver) == []
