@@ -52,9 +52,13 @@ class Progress:
         """The progress of a ``Facts.to_json()`` (a stored runs-list summary); None when it holds none."""
         if not isinstance(d, dict):
             return None
+        def opt(v: Any) -> float | None:
+            return None if v is None else float(v)
+
         try:
-            return cls(**{f: d.get(f) for f in ("done", "total", "fraction", "steps_left", "step_s", "eta_s")})
-        except TypeError:
+            return cls(done=int(d["done"]), total=int(d["total"]), fraction=float(d["fraction"]),
+                       steps_left=int(d["steps_left"]), step_s=opt(d.get("step_s")), eta_s=opt(d.get("eta_s")))
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
 
 

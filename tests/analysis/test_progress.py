@@ -104,3 +104,11 @@ def test_monitor_records_total_steps(tmp_path: Path) -> None:
     assert run.meta["total_steps"] == 60
     p = run_facts(run).progress
     assert p is not None and (p.done, p.total, p.eta_s) == (1, 60, None)
+
+
+def test_progress_from_a_stored_summary() -> None:
+    from gpudash.analysis.progress import Progress
+
+    p = run_facts(_run(10, total=100, step_s=2.0)).progress
+    assert p is not None and Progress.from_json(run_facts(_run(10, total=100, step_s=2.0)).to_json()["progress"]) == p
+    assert Progress.from_json(None) is None and Progress.from_json({"done": "x"}) is None
