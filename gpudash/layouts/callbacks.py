@@ -41,6 +41,7 @@ from gpudash.layouts.progressbar import register_progress_callbacks
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.layouts.runs_callbacks import register_runs_callbacks
 from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, xmode_of, zoom_range
+from gpudash.layouts.xaxis_callbacks import register_xaxis_callbacks
 from gpudash.store.reader import RunReader
 
 __all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
@@ -206,7 +207,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         return out
 
     register_runs_callbacks(app, runs_dir)
-    xaxis.register_xaxis_callbacks(app, readers)
+    register_xaxis_callbacks(app, readers)
     register_progress_callbacks(app, lambda run_id: facts_for(readers.get_or_skip(run_id)[0].path))
 
     @app.callback(

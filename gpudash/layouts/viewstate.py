@@ -9,9 +9,17 @@ from urllib.parse import parse_qs, urlencode
 
 from gpudash.layouts.inputs import BadInput, as_float, as_int
 from gpudash.layouts.series import SMOOTHING
-from gpudash.layouts.xaxis import mode_of
 
-__all__ = ["smoothing_of", "view_params", "view_search", "with_xmode", "xmode_of", "zoom_range"]
+__all__ = ["XMODES", "mode_of", "smoothing_of", "view_params", "view_search", "with_xmode", "xmode_of", "zoom_range"]
+
+
+#: The step graphs' x axis choices: (value, label) (drawn by :mod:`gpudash.layouts.xaxis`).
+XMODES = (("step", "step"), ("relative", "relative time"), ("wall", "wall time"))
+
+
+def mode_of(value: Any) -> str:
+    """One of the x axis modes (anything else: ``step``, as a link with a mistyped ``x=`` opens)."""
+    return value if isinstance(value, str) and value in dict(XMODES) else "step"
 
 
 def smoothing_of(value: Any) -> float:

@@ -1,4 +1,5 @@
 """The step graphs' x axis: step, relative time (h:mm:ss since the run's first step) or wall time.
+(Its callbacks: :mod:`gpudash.layouts.xaxis_callbacks`.)
 
 The choice is a control in the run page's header and ``x=step|relative|wall``
 in the address. Time modes draw each row at its recorded ``time`` on a date
@@ -22,23 +23,18 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import parse_qs
 
-import dash
 import numpy as np
 import pandas as pd
-from dash import Input, Output, Patch, State
-from dash.exceptions import PreventUpdate
 from gpudash.layouts.fig import Fig
-from gpudash.layouts.inputs import BadInput, as_float, as_int, live_state
+from gpudash.layouts.inputs import BadInput, as_float
 from gpudash.layouts.series import Series
+from gpudash.layouts.viewstate import XMODES, mode_of, zoom_range
 from gpudash.store.reader import RunReader
 
-__all__ = ["XMODES", "XAxis", "axis_range", "mode_of", "register_xaxis_callbacks", "steps_in", "style_figure",
+__all__ = ["XMODES", "XAxis", "axis_range", "cursor_ms", "mode_of", "steps_in", "style_figure",
            "time_range_of", "with_x", "x_of", "x_origin", "zoom_steps"]
 
-#: The x axis choices: (value, label).
-XMODES = (("step", "step"), ("relative", "relative time"), ("wall", "wall time"))
 _DAY_MS = 86_400_000.0
 
 
@@ -55,11 +51,6 @@ class XAxis:
 
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "origin": self.origin}
-
-
-def mode_of(value: Any) -> str:
-    """One of the modes (anything else: ``step``, as a link with a mistyped ``x=`` opens)."""
-    return value if isinstance(value, str) and value in dict(XMODES) else "step"
 
 
 def x_of(state: Any) -> XAxis:
@@ -155,8 +146,6 @@ def _ms(value: Any) -> float:
 def axis_range(relayout: Any, x: XAxis | None) -> tuple[float, float] | bool | None:
     """The range a ``relayoutData`` zoomed to, in the axis' units (steps, or ms on a date axis);
     True for a reset, None when x did not change."""
-    from gpudash.layouts.viewstate import zoom_range
-
     if x is None or not x.timed:
         return zoom_range(relayout)
     if not relayout:
@@ -206,7 +195,7 @@ def time_range_of(steps: pd.DataFrame, x: XAxis, s0: float, s1: float) -> list[f
     return None if to_x is None else [to_x(s0), to_x(s1)]
 
 
-def _cursor_ms(reader: RunReader, lock: threading.Lock, rank: int, step: int, x: XAxis) -> float | None:
+def cursor_ms(reader: RunReader, lock: threading.Lock, rank: int, step: int, x: XAxis) -> float | None:
     r = reader.ranks.get(rank) or next(iter(reader.ranks.values()), None)
     if r is None:
         return None
@@ -217,76 +206,3 @@ def _cursor_ms(reader: RunReader, lock: threading.Lock, rank: int, step: int, x:
         except Exception:  # noqa: BLE001 - a damaged table: the line stays where it is
             return None
     return None if row is None or row[0] is None else (float(row[0]) - x.origin) * 1000.0
-
-
-def register_xaxis_callbacks(app: dash.Dash, readers: Any) -> None:
-    """The x axis control (graphs redrawn in the new units, the live state's series switched, ``x=`` in the
-    address) and the cursor line moved to its step's time. ``readers``: the callbacks' ReaderCache."""
-    from gpudash.layouts import run_page
-    from gpudash.layouts.data import load_view
-    from gpudash.layouts.pages import facts_for, range_view
-    from gpudash.layouts.viewstate import smoothing_of, view_params, with_xmode
-
-    graphs = run_page.STEP_GRAPHS
-
-    @app.callback([*(Output(g, "figure", allow_duplicate=True) for g in graphs),
-                   Output("live-state", "data", allow_duplicate=True), Output("url", "search", allow_duplicate=True)],
-                  Input("x-mode", "value"), State("live-state", "data"), State("url", "search"),
-                  State("cursor-slider", "value"), State("smoothing", "value"), prevent_initial_call=True)
-    def switch_x(mode: Any, state: Any, search: Any, cursor: Any, smooth: Any) -> list[Any]:
-        if not state or not isinstance(state, dict) or not state.get("run"):
-            raise PreventUpdate
-        if not isinstance(search, str | None):
-            raise BadInput("search must be a string")
-        mode = mode_of(mode)
-        state = live_state(state)
-        if x_of(state).mode == mode:
-            raise PreventUpdate
-        cursor = None if cursor is None else as_int(cursor, "cursor")
-        rank = int(state.get("rank", 0))
-        reader, lock = readers.get_or_skip(state["run"])
-        with lock:
-            view = load_view(reader)
-            _, zoom, _ = view_params(parse_qs((search or "").lstrip("?")))
-            zoomed = range_view(reader, view, zoom[0], zoom[1]) if zoom is not None else view
-        full = view.full.get("steps", view.frame("steps"))
-        x = XAxis(mode, x_origin(mode, full))
-        facts = facts_for(reader.path)
-        live = view.status == "live"
-        new = dict(state, specs=dict(state.get("specs") or {}), points=dict(state.get("points") or {}), x=x.as_dict())
-        figs: list[Any] = []
-        for g in graphs:
-            at = cursor if g in run_page.CURSOR_GRAPHS and not (live and cursor is not None
-                                                                 and cursor >= (view.last_step or 0)) else None
-            fig, specs = run_page.build_graph(g, zoomed, rank, at, smooth=smoothing_of(smooth), x=x,
-                                              spikes=list(facts.loss_spike_steps) if facts is not None else None)
-            if zoom is not None:
-                rng = time_range_of(full, x, *zoom) if x.timed else list(zoom)
-                if rng is not None:
-                    fig.update_xaxes(range=rng)
-            new["specs"][g] = [s.as_dict() for s in specs]
-            new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
-            figs.append(fig)
-        return [*figs, new, with_xmode(search or "", mode)]
-
-    @app.callback([Output(g, "figure", allow_duplicate=True) for g in run_page.CURSOR_GRAPHS],
-                  Input("cursor-label", "children"), State("live-state", "data"), prevent_initial_call=True)
-    def cursor_in_time(label: Any, state: Any) -> list[Any]:
-        # the replay callback puts the cursor line at the step; on a time axis it goes to that step's time
-        if not state or not isinstance(state, dict) or not state.get("run"):
-            raise PreventUpdate
-        x = x_of(state)
-        if not x.timed or label in (None, "-"):
-            raise PreventUpdate
-        step = as_int(label, "cursor")
-        reader, lock = readers.get_or_skip(str(state["run"]))
-        at = _cursor_ms(reader, lock, as_int(state.get("rank", 0), "rank", lo=0), step, x)
-        if at is None:
-            raise PreventUpdate
-        out: list[Any] = []
-        for _ in run_page.CURSOR_GRAPHS:
-            p = Patch()
-            p["layout"]["shapes"][0]["x0"] = at
-            p["layout"]["shapes"][0]["x1"] = at
-            out.append(p)
-        return out
