@@ -111,12 +111,15 @@ def style_figure(fig: Fig, x: XAxis | None, steps: pd.DataFrame) -> None:
     if x.mode == "relative":
         t = pd.to_numeric(steps["time"], errors="coerce") if "time" in steps else pd.Series(dtype=float)
         span_ms = (float(t.max()) - x.origin) * 1000.0 if t.notna().any() else 0.0
-        fmt = "day %-j, %-H:%M" if span_ms > _DAY_MS else "%-H:%M:%S"
-        axis = {"type": "date", "tickformat": fmt, "hoverformat": "%-H:%M:%S", "uirevision": "relative",
-                "title": {"text": "time since the first step (h:mm:ss)"}}
+        hms = "day %-j, %-H:%M:%S" if span_ms > _DAY_MS else "%-H:%M:%S"
+        stops = [{"dtickrange": [None, 1000], "value": hms + ".%L"},  # sub-second ticks of a short run or a zoom
+                 {"dtickrange": [1000, _DAY_MS], "value": hms},
+                 {"dtickrange": [_DAY_MS, None], "value": "day %-j"}]
+        axis = {"type": "date", "tickformatstops": stops, "hoverformat": hms + ".%L", "uirevision": "relative",
+                "title": {"text": "time since the first step"}}
     else:
-        axis = {"type": "date", "hoverformat": "%Y-%m-%d %H:%M:%S", "uirevision": "wall",
-                "title": {"text": "wall time (server's local time)"}}
+        axis = {"type": "date", "hoverformat": "%Y-%m-%d %H:%M:%S.%L", "uirevision": "wall",
+                "title": {"text": "wall time"}}
     for name in [k for k in fig.layout if k.startswith("xaxis")] or ["xaxis"]:
         old = fig.layout.get(name) or {}
         title = old.get("title") if isinstance(old, dict) else None

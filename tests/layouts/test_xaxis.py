@@ -47,7 +47,8 @@ def test_time_axis_and_lines_at_a_step_move_to_its_time() -> None:
     fig.add_vline(1.0, text="OOM")
     style_figure(fig, XAxis("relative", 1000.0), STEPS)
     ax = fig.layout["xaxis"]
-    assert ax["type"] == "date" and ax["tickformat"] == "%-H:%M:%S" and ax["uirevision"] == "relative"
+    assert ax["type"] == "date" and ax["uirevision"] == "relative"
+    assert [st["value"] for st in ax["tickformatstops"]] == ["%-H:%M:%S.%L", "%-H:%M:%S", "day %-j"]
     assert fig.layout["shapes"][0]["x0"] == 11_000.0 and fig.layout["annotations"][0]["x"] == 11_000.0
     step = Fig({"xaxis": {"type": "date"}})
     style_figure(step, XAxis(), STEPS)
