@@ -27,6 +27,7 @@ from gpudash.layouts import memory, runs, throughput
 from gpudash.layouts.callbacks import ReaderCache, register_callbacks
 from gpudash.layouts.data import load_view
 from gpudash.layouts.inputs import BadInput
+from gpudash.layouts.links import PREFIX_KEY
 from gpudash.layouts.pages import verdicts_for
 from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir
 from gpudash.layouts.style import index_string
@@ -96,6 +97,7 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
                     assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"),
                     requests_pathname_prefix=requests_pathname_prefix)
     app.index_string = index_string().replace("<a href='/'>", f"<a href='{quote(requests_pathname_prefix)}'>")
+    app.server.config[PREFIX_KEY] = requests_pathname_prefix  # in-page links go under it (layouts.links.href)
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), dcc.Store(id="shown-page"),
                            html.Div(id="page")])
     readers = ReaderCache(runs_dir)

@@ -21,6 +21,7 @@ the writer thread, so nothing on this path waits on the GPU or the disk.
 from __future__ import annotations
 
 import atexit
+import numbers
 import os
 import signal
 import sqlite3
@@ -63,6 +64,11 @@ def _rank_from_env() -> tuple[int, int]:
     rank = env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID") or 0
     world = env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS") or 1
     return rank, world
+
+
+def _check_total(total: Any) -> None:
+    if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 1):
+        raise ValueError(f"total_steps={total!r}: pass the number of steps the run will take (a whole number >= 1)")
 
 
 class _Phase:
@@ -176,7 +182,8 @@ class Monitor:
     ``run_dir`` is created if needed. Several processes (torchrun ranks) may
     share one; each writes ``rank<RANK>.db``. Use as a context manager or call
     :meth:`close`; on exceptions, Ctrl-C, SIGTERM and interpreter exit the
-    Monitor flushes and records why the run ended.
+    Monitor flushes and records why the run ended. ``total_steps``: the steps
+    the run will take, when known (progress and ETA; see :meth:`set_total_steps`).
     """
 
     def __init__(
@@ -187,6 +194,7 @@ class Monitor:
         rank: int | None = None,
         world_size: int | None = None,
         config: dict[str, Any] | None = None,
+        total_steps: int | None = None,
         options: MonitorOptions | None = None,
         **option_overrides: Any,
     ) -> None:
@@ -194,6 +202,7 @@ class Monitor:
             options = MonitorOptions(**option_overrides)
         elif option_overrides:
             raise TypeError("pass either options= or keyword options, not both")
+        _check_total(total_steps)
         self.options = options
         env_rank, env_world = _rank_from_env()
         self.rank = env_rank if rank is None else rank
@@ -201,6 +210,7 @@ class Monitor:
         self.run_dir = Path(run_dir)
         self.name = name or self.run_dir.name
         self.step_index = 0
+        self.total_steps: int | None = None
         self.current_phase: str | None = None
         self.cuda_timer: StepTimer | None = None
         self._row: dict[str, Any] | None = None
@@ -234,6 +244,8 @@ class Monitor:
         except (OSError, sqlite3.Error) as exc:
             raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
                            f"to gpudash.Monitor") from exc
+        if total_steps is not None:
+            self.set_total_steps(total_steps)
         self.collectors: list[Collector] = []
         if env.get("cuda_available") and "device_capacity_bytes" not in env:
             self.add_step_hooks(end=self._record_cuda_device)
@@ -382,6 +394,13 @@ class Monitor:
     def set_meta(self, **items: Any) -> None:
         """Store run-level facts (config, estimator prediction, pre-flight checks...)."""
         self.recorder.put_meta(**items)
+
+    def set_total_steps(self, total: int) -> None:
+        """Say how many steps the run will take (its progress and ETA on every surface); call it again when
+        that changes. Raises ``ValueError`` for anything but a whole number >= 1."""
+        _check_total(total)
+        self.total_steps = int(total)
+        self.recorder.put_meta(total_steps=self.total_steps)
 
     def show(self, **kwargs: Any) -> Any:
         """Render the live dashboard inline in a Jupyter notebook."""

@@ -19,6 +19,7 @@ import pandas as pd
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
+from gpudash.analysis.progress import Progress, run_progress
 from gpudash.analysis.ranks import STRAGGLER_RATIO, node_stragglers, rank_nodes
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
 from gpudash.store.run import Run
@@ -73,6 +74,8 @@ class Facts:
     dropped_values: int = 0
     """Logged values that could not be stored (left empty), all ranks."""
     """Slow ranks on otherwise healthy nodes (worst first)."""
+    progress: Progress | None = None
+    """Steps done of the run's ``total_steps`` and the ETA while live (None when the total is unknown)."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -243,7 +246,7 @@ def run_facts(run: Run) -> Facts:
                     "spike_ratio": SPIKE_RATIO, "spike_window": float(SPIKE_WINDOW),
                     "straggler_ratio": STRAGGLER_RATIO},
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
-        rank_stragglers=tuple(strag["rank_stragglers"]))
+        rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n))
 
 
 def _steps_text(steps: tuple[int, ...], limit: int = 8) -> str:

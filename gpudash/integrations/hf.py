@@ -99,6 +99,9 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
                               config)
         if not self._driver.owned:
             m.set_meta(hf_config=config)  # the user's Monitor: keep the Trainer's settings beside theirs
+        left = int(state.max_steps or 0) - int(state.global_step or 0)  # a resumed run records what is left
+        if left > 0 and (self._driver.owned or m.total_steps is None):
+            m.set_total_steps(left)
         self._optimizer = optimizer
         # with tokens averaged across ranks each rank's loss is its share of the global mean
         average = getattr(args, "average_tokens_across_devices", False) and args.world_size > 1

@@ -20,6 +20,7 @@ file in the same run folder.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,20 @@ def _loss_of(outputs: Any) -> Any:
     if isinstance(outputs, dict):
         return outputs.get("loss")
     return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+def _total_steps(trainer: Any) -> int | None:
+    """Optimizer steps this fit has left: ``estimated_stepping_batches`` (max_steps, or epochs times batches
+    over accumulation) less those a resumed fit already took; None when Lightning cannot tell (an endless fit,
+    a dataloader without a length)."""
+    try:
+        est = float(trainer.estimated_stepping_batches)
+    except Exception:  # noqa: BLE001 - Lightning raises when it cannot size the fit
+        return None
+    if not math.isfinite(est):
+        return None
+    left = int(est) - int(trainer.global_step or 0)
+    return left if left > 0 else None
 
 
 class GpudashCallback(Callback):  # type: ignore[misc]
@@ -87,6 +102,9 @@ class GpudashCallback(Callback):  # type: ignore[misc]
                               config)
         if not self._driver.owned:
             m.set_meta(lightning_config=config)
+        total = _total_steps(trainer)
+        if total is not None and (self._driver.owned or m.total_steps is None):
+            m.set_total_steps(total)
         if self._watch:
             m.watch(pl_module, trainer.optimizers[0] if trainer.optimizers else None)
         self._global_step = trainer.global_step

@@ -17,12 +17,12 @@ from urllib.parse import parse_qs
 import dash
 from dash import Input, Output, Patch, State, dcc, html, no_update
 from dash.exceptions import PreventUpdate
-from gpudash.analysis.runcache import RunCache, shared_cache
 from gpudash.errors import RunError
-from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput
+from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput, xaxis
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
 from gpudash.layouts.inputs import BadInput, as_float, as_int, live_state, page_run, rank_of
+from gpudash.layouts.links import href
 from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
     activations_at,
@@ -36,11 +36,13 @@ from gpudash.layouts.pages import (
     segment_map_view,
     verdicts_for,
 )
+from gpudash.layouts.progressbar import register_progress_callbacks
+from gpudash.layouts.readers import ReaderCache
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.layouts.runs_callbacks import register_runs_callbacks
 from gpudash.layouts.snapshot_views import register_snapshot_callbacks
-from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, zoom_range
-from gpudash.store.reader import RunReader
+from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, xmode_of, zoom_range
+from gpudash.layouts.xaxis_callbacks import register_xaxis_callbacks
 
 __all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
            "view_search", "zoom_range"]
@@ -49,25 +51,6 @@ _ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph":
                 "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
 #: Live ticks (500 ms each) between refreshes of the ranks section.
 RANKS_EVERY = 10
-
-
-class ReaderCache:
-    """Open readers by run id: run ids resolved inside the runs folder, readers held by the one
-    run cache (:func:`gpudash.analysis.runcache.shared_cache`), one lock each."""
-
-    def __init__(self, runs_dir: Path, cache: RunCache | None = None) -> None:
-        self.runs_dir = runs_dir
-        self.cache = cache or shared_cache()
-
-    def get(self, run_id: str) -> tuple[RunReader, threading.Lock]:
-        return self.cache.reader(resolve_run_dir(self.runs_dir, run_id))
-
-    def get_or_skip(self, run_id: str) -> tuple[RunReader, threading.Lock]:
-        """:meth:`get` for a callback: a run that is gone (or never was) leaves the page as it is."""
-        try:
-            return self.get(run_id)
-        except (InvalidRunId, RunError):
-            raise PreventUpdate from None
 
 
 class SnapshotRequests:
@@ -127,7 +110,7 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         try:
             reader, lock = readers.get(run_id)
         except (InvalidRunId, RunError):
-            return html.Div([dcc.Link("← all runs", href="/"), note(f"no run named {run_id!r} in {runs_dir}")],
+            return html.Div([dcc.Link("← all runs", href=href("/")), note(f"no run named {run_id!r} in {runs_dir}")],
                             id="not-found")
         query = parse_qs(search.lstrip("?"))
         try:  # a rank typed into the address: the first rank when it is not one
@@ -136,7 +119,8 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
             rank = 0
         cursor, xrange, smooth = view_params(query)
         with lock:
-            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth)
+            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth,
+                                  xmode=xmode_of(query))
     if pathname == "/compare":
         query = parse_qs(search.lstrip("?"))
         wanted = [r for r in ",".join(query.get("runs", [])).split(",") if r]
@@ -156,7 +140,7 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         except BadInput:
             baseline = 0
         return compare.compare_page(views, missing, facts, baseline)
-    return html.Div([dcc.Link("← all runs", href="/"), note(f"no page {pathname}")], id="not-found")
+    return html.Div([dcc.Link("← all runs", href=href("/")), note(f"no page {pathname}")], id="not-found")
 
 
 def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> None:
@@ -173,8 +157,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         if prefix and (pathname + "/").startswith(prefix + "/"):
             pathname = pathname[len(prefix):] or "/"
         query = parse_qs(search.lstrip("?"))
-        here = {"path": pathname, "rank": query.get("rank", ["0"])[0]}
-        if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here and pathname.startswith("/run/"):
+        here: dict[str, Any] = {"path": pathname, "rank": query.get("rank", ["0"])[0]}
+        if not pathname.startswith("/run/"):  # other pages redraw for their query, not for the theme's
+            here["query"] = [[k, v] for k, v in sorted(query.items()) if k != "theme"]  # as the store echoes it
+        if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here:
             raise PreventUpdate
         return page_for(pathname, search, runs_dir, readers), here
 
@@ -182,10 +168,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                   Input("cursor-slider", "value"), Input("smoothing", "value"),
                   *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
                   State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
-                  prevent_initial_call=True)
+                  State("live-state", "data"), prevent_initial_call=True)
     def view_to_url(cursor: Any, smooth: Any, *rest: Any) -> str:
         # the view in the address: a copied link opens the same cursor and zoom (a live run's end is not a cursor)
-        *relayouts, search, status, hi = rest
+        *relayouts, search, status, hi, state = rest
         if not isinstance(search, str | None) or not isinstance(status, str | None):
             raise BadInput("search and status must be strings")
         cursor = None if cursor is None else as_int(cursor, "cursor")
@@ -195,13 +181,15 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         trig = dash.ctx.triggered_id
         zoom = None
         if trig in run_page.STEP_GRAPHS:
-            zoom = zoom_range(relayouts[run_page.STEP_GRAPHS.index(trig)])
+            zoom = xaxis.zoom_steps(relayouts[run_page.STEP_GRAPHS.index(trig)], state, readers)
         out = view_search(search or "", cursor, zoom, smoothing_of(smooth))
         if out == (search or ""):
             raise PreventUpdate
         return out
 
     register_runs_callbacks(app, runs_dir)
+    register_xaxis_callbacks(app, readers)
+    register_progress_callbacks(app, lambda run_id: facts_for(readers.get_or_skip(run_id)[0].path))
 
     @app.callback(
         [Output("live-state", "data"), *(Output(g, "extendData") for g in graphs),
@@ -241,7 +229,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                 if g in res.rebuild:
                     fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
                                                       spikes=list(facts.loss_spike_steps) if facts else None,
-                                                      smooth=smoothing_of(smooth))
+                                                      smooth=smoothing_of(smooth), x=xaxis.x_of(new))
                     figures[i] = fig
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
@@ -401,7 +389,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             fig, specs = run_page.build_graph(g, view, int(state.get("rank", 0)),
                                               cursor if g in run_page.CURSOR_GRAPHS else None,
                                               spikes=list(facts.loss_spike_steps) if facts is not None else None,
-                                              smooth=smooth)
+                                              smooth=smooth, x=xaxis.x_of(state))
             new["specs"][g] = [s.as_dict() for s in specs]
             new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
             out.append(fig)
@@ -452,19 +440,22 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
                   State("live-state", "data"), State("cursor-slider", "value"), State("smoothing", "value"),
                   prevent_initial_call=True)
     def requery(relayout: dict[str, Any] | None, state: dict[str, Any], cursor: int | None, smooth: Any = None) -> Any:
-        rng = zoom_range(relayout)
+        x = xaxis.x_of(state) if xmode == "step" else None  # the step graphs' axis may be in time
+        rng = xaxis.axis_range(relayout, x)
         if rng is None or not state or not isinstance(state, dict) or not state.get("downsampled"):
             raise PreventUpdate
         state = live_state(state)
         cursor = None if cursor is None else as_int(cursor, "cursor")
         reader, lock = readers.get_or_skip(state["run"])
+        steps = xaxis.steps_in(reader, lock, rng, x) if isinstance(rng, tuple) and x is not None and x.timed \
+            else rng
         with lock:
             view = load_view(reader)
-            if isinstance(rng, tuple):
-                view = range_view(reader, view, rng[0], rng[1], xmode)
+            if isinstance(steps, tuple):
+                view = range_view(reader, view, steps[0], steps[1], xmode)
         facts = facts_for(reader.path)
         fig, _ = run_page.build_graph(graph_id, view, int(state.get("rank", 0)), cursor, smooth=smoothing_of(smooth),
-                                      spikes=list(facts.loss_spike_steps) if facts is not None else None)
+                                      spikes=list(facts.loss_spike_steps) if facts is not None else None, x=x)
         if isinstance(rng, tuple):
             fig.update_xaxes(range=list(rng))
         return fig

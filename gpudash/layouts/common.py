@@ -26,6 +26,7 @@ __all__ = [
     "fmt_s",
     "note",
     "plot_text",
+    "recorded_reason",
     "source_reason",
     "waiting_figure",
 ]
@@ -56,8 +57,9 @@ _DEFAULT_REASON: dict[str, str] = {
 }
 
 
-def source_reason(source: str, meta: dict[str, Any], events: pd.DataFrame | None = None) -> str:
-    """One line saying why ``source`` recorded nothing (from the Monitor's own notes when it left any)."""
+def recorded_reason(source: str, meta: dict[str, Any], events: pd.DataFrame | None = None) -> str | None:
+    """Why ``source`` records nothing, as the collectors noted it (meta or a ``collector_unavailable`` event);
+    None when they noted nothing (yet)."""
     names = SOURCES.get(source, (source,))
     for name in names:
         reason = meta.get(f"unavailable_{name}")
@@ -69,6 +71,14 @@ def source_reason(source: str, meta: dict[str, Any], events: pd.DataFrame | None
             data = row.get("data") if isinstance(row.get("data"), dict) else {}
             if str(data.get("source", "")) in names:
                 return str(row.get("message") or "")
+    return None
+
+
+def source_reason(source: str, meta: dict[str, Any], events: pd.DataFrame | None = None) -> str:
+    """One line saying why ``source`` recorded nothing (from the Monitor's own notes when it left any)."""
+    noted = recorded_reason(source, meta, events)
+    if noted is not None:
+        return noted
     default = _DEFAULT_REASON.get(source, f"{source} not recorded")
     device = str(meta.get("device") or "")
     if source in ("allocator", "device", "snapshots") and device and not device.startswith("cuda"):

@@ -27,6 +27,7 @@ from gpudash.layouts.common import (
 from gpudash.layouts.data import RunView
 from gpudash.layouts.downsample import MAX_POINTS, downsample_indices
 from gpudash.layouts.fig import Fig
+from gpudash.layouts.links import href
 from gpudash.layouts.memory import CATEGORIES
 from gpudash.layouts.series import WINDOW
 
@@ -131,7 +132,7 @@ def compare_rows(views: list[tuple[str, RunView]], facts: list[Any], baseline: i
 
 def compare_page(views: list[tuple[str, RunView]], missing: list[str], facts: list[Any] | None = None,
                  baseline: int = 0) -> html.Div:
-    children: list[Any] = [html.H2("Compare runs"), dcc.Link("← all runs", href="/")]
+    children: list[Any] = [html.H2("Compare runs"), dcc.Link("← all runs", href=href("/"))]
     if missing:
         children.append(note("not found: " + ", ".join(missing)))
     if len(views) < 2:

@@ -19,7 +19,7 @@ __all__ = ["MAX_INT", "MAX_RANK", "BadInput", "as_float", "as_int", "live_state"
 MAX_INT = 2**53
 MAX_RANK = 2**31 - 1
 _SERIES_FIELDS = {f.name: f.type for f in fields(Series)}
-_CHOICES = {"x": ("step", "elapsed"), "fn": ("raw", "cache", "rate", "median", "p95", "spike", "frag", "ema",
+_CHOICES = {"x": ("step", "elapsed", "relative", "wall"), "fn": ("raw", "cache", "rate", "median", "p95", "spike", "frag", "ema",
                                              "rate_ema"),
             "style": ("line", "area", "bar", "markers")}
 
@@ -83,6 +83,8 @@ def _series(d: Any) -> dict[str, Any]:
         elif k == "scale":
             if as_float(v, "series scale") <= 0:
                 raise BadInput("series scale must be positive")
+        elif k == "origin":
+            as_float(v, "series origin")
         elif k == "smooth":
             if not 0 <= as_float(v, "series smoothing") < 1:
                 raise BadInput("series smoothing must be in [0, 1)")

@@ -23,6 +23,7 @@ from gpudash.layouts.snapshot_views import (
     segment_map_view,
     snapshot_options,
 )
+from gpudash.layouts.xaxis import XAxis, time_range_of, x_origin
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
@@ -95,10 +96,11 @@ def facts_for(path: Any) -> Any | None:
 
 def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None,
                    cursor: int | None = None, xrange: tuple[float, float] | None = None,
-                   smooth: float = 0.0) -> html.Div:
-    """The run page; ``cursor`` and ``xrange`` (a step range) come from the page's address, so a link
-    reproduces the view it was copied from."""
+                   smooth: float = 0.0, xmode: str = "step") -> html.Div:
+    """The run page; ``cursor``, ``xrange`` (a step range) and ``xmode`` (the step graphs' x axis) come from
+    the page's address, so a link reproduces the view it was copied from."""
     view = view if view is not None else load_view(reader)
+    x = XAxis(xmode, x_origin(xmode, view.full.get("steps", view.frame("steps"))))
     if rank not in view.ranks:
         rank = view.ranks[0]
     facts = facts_for(reader.path)
@@ -114,9 +116,10 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     for g in LIVE_GRAPHS:
         at = cursor if cursor is not None else None if view.status == "live" else last
         src = zoomed if g in STEP_GRAPHS else view
-        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes, smooth=smooth)
+        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes, smooth=smooth, x=x)
         if xrange is not None and g in STEP_GRAPHS:
-            figs[g].update_xaxes(range=list(xrange))
+            rng = time_range_of(view.full.get("steps", view.frame("steps")), x, *xrange) if x.timed else list(xrange)
+            figs[g].update_xaxes(range=rng)
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
@@ -135,8 +138,10 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
         "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta())),
         "facts": facts,
+        "x": x,
     }
     state = initial_state(run_id, view, specs, rank)
+    state["x"] = x.as_dict()
     state["downsampled"] = any(view.levels.values()) or any(
         len(view.frame(t)) >= MAX_POINTS or len(view.full.get(t, ())) > len(view.frame(t)) for t in NUMERIC_TABLES)
     return run_page(run_id, view, rank, figs, specs, state, extra)

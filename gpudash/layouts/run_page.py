@@ -9,12 +9,15 @@ from typing import Any
 import numpy as np
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.layouts.common import fmt_bytes, note, source_reason
+from gpudash.layouts.common import fmt_bytes, note, recorded_reason, source_reason
 from gpudash.layouts.data import RunView
 from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
+from gpudash.layouts.links import href
+from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
+from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, with_x
 
 __all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
@@ -96,9 +99,12 @@ def _mark_spikes(fig: Fig, specs: list[Series], steps: Any, spikes: Sequence[int
         return
     rows = steps[steps["rank"] == spec.rank] if "rank" in steps else steps
     rows = rows[rows["step"].isin(list(spikes))]
-    loss = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")["loss"]
+    rows = rows.dropna(subset=["step"]).drop_duplicates("step", keep="last").set_index("step")
+    loss = rows["loss"]
     shown = [int(s) for s in spikes if s in loss.index]
     trace["x"], trace["y"] = shown, [float(loss.loc[s]) for s in shown]
+    if spec.x in ("relative", "wall") and "time" in rows:  # drawn at the spike's time (ms on the date axis)
+        trace["x"] = [(float(rows["time"].loc[s]) - spec.origin) * 1000.0 for s in shown]
 
 
 def _full_ema(fig: Fig, specs: list[Series], view: RunView) -> None:
@@ -118,12 +124,16 @@ def _full_ema(fig: Fig, specs: list[Series], view: RunView) -> None:
 
 
 def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = None,
-                spikes: Sequence[int] | None = None, smooth: float = 0.0) -> tuple[Fig, list[Series]]:
+                spikes: Sequence[int] | None = None, smooth: float = 0.0,
+                x: XAxis | None = None) -> tuple[Fig, list[Series]]:
     """A whole figure for ``graph`` from the view's (downsampled) frames; ``spikes`` (the run's facts)
-    are the loss chart's markers when given; ``smooth`` > 0 adds EMA lines to loss and throughput."""
+    are the loss chart's markers when given; ``smooth`` > 0 adds EMA lines to loss and throughput; ``x``:
+    the step graphs' x axis (step, relative or wall time; :mod:`gpudash.layouts.xaxis`)."""
     live = view.status == "live"
     f = view.frames
     specs = graph_specs(graph, f, rank, view.meta, smooth)
+    if graph in STEP_GRAPHS:
+        specs = with_x(specs, x)
     if graph == "memory-graph":
         fig, _ = memory.memory_figure(view.frame("memory"), view.meta, view.frame("events"), rank, specs, live)
     elif graph == "step-time-graph":
@@ -149,6 +159,8 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
         fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
+    if graph in STEP_GRAPHS:
+        style_figure(fig, x, view.full.get("steps", view.frame("steps")))
     return fig, specs
 
 
@@ -156,13 +168,26 @@ def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
     return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph")
 
 
+#: Sources a collector gives up on at the start (no GPU, no NVML, no psutil): a live run says why at once.
+_WHOLE_RUN_REASONS = ("device", "host")
+
+
 def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[str, Fig],
           specs: dict[str, list[Series]]) -> Any:
-    """The graph, or for a finished run with nothing recorded, one line saying why (and a hidden graph)."""
+    """The graph, or for a run with nothing recorded, one line saying why (and a hidden graph): a live run's
+    only for a source whose collector noted why it records nothing for the whole run (no GPU, no NVML, no
+    permission), else it waits for the first records."""
     fig = figs[graph_id]
-    if specs.get(graph_id) or view.status == "live" or reason_source is None:
+    if specs.get(graph_id) or reason_source is None:
         return _graph(graph_id, fig)
-    reason = source_reason(reason_source, view.meta, view.frame("events"))
+    if view.status == "live":
+        if reason_source not in _WHOLE_RUN_REASONS:
+            return _graph(graph_id, fig)
+        reason = recorded_reason(reason_source, view.meta, view.frame("events"))
+        if reason is None:
+            return _graph(graph_id, fig)
+    else:
+        reason = source_reason(reason_source, view.meta, view.frame("events"))
     return html.Div([note(reason, id=f"{graph_id}-reason"),
                      html.Div(_graph(graph_id, fig), style={"display": "none"})])
 
@@ -221,17 +246,23 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     device_name = device_label(meta)
     cap = meta.get("device_capacity_bytes")
     header = html.Div([
-        html.Div([dcc.Link("← all runs", href="/"), html.H2(str(meta.get("name") or run_id), id="run-name")]),
+        html.Div([dcc.Link("← all runs", href=href("/")), html.H2(str(meta.get("name") or run_id), id="run-name")]),
         html.Div([
             html.Span(view.status, id="run-status", className=f"status status-{view.status}"),
             html.Span(f" {device_name}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
             html.Span(" · rank ", className="muted"),
-            *[dcc.Link(str(r), href=f"/run/{run_id}?rank={r}", className="rank-link" + (" current" if r == rank else ""))
+            *[dcc.Link(str(r), href=href(f"/run/{run_id}?rank={r}"), className="rank-link" + (" current" if r == rank else ""))
               for r in view.ranks],
             html.Span(" · step ", className="muted"), html.Span("-" if last is None else str(last), id="last-step"),
             html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")
             and view.status != "live" else None,
         ]),
+        html.Div(progress_bar(facts.progress if facts is not None else None), id="run-progress",
+                 className="run-progress"),
+        html.Div([html.Span("x axis ", className="muted"),
+                  dcc.RadioItems(id="x-mode", options=[{"label": label, "value": v} for v, label in XMODES],
+                                 value=(extra.get("x") or XAxis()).mode, inline=True, className="x-mode")],
+                 className="x-mode-row"),
         html.Div([note(p) for p in view.problems], id="run-problems"),
         html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
                  style={} if extra.get("verdicts") else {"display": "none"}),

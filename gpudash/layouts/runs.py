@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
+from gpudash.analysis.progress import Progress
 from gpudash.analysis.runcache import run_stamp as _run_stamp
 from gpudash.analysis.runcache import shared_cache
 from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
+from gpudash.layouts.links import href
+from gpudash.layouts.progressbar import progress_cell
 from gpudash.layouts.runid import list_run_dirs
 from gpudash.store.run import merged_meta
 from gpudash.store.schema import RUN_META_FILE, rank_from_db_name
@@ -60,7 +63,8 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
     loaded it, its headline numbers from :class:`gpudash.analysis.facts.Facts` (``"facts"`` holds them all)."""
     out: dict[str, Any] = {"id": run_id, "name": run_id, "status": "unreadable", "device": "?", "started": None,
                            "duration_s": None, "steps": 0, "peak_bytes": None, "tokens_per_s": None,
-                           "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None}
+                           "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None,
+                           "progress": None}
     try:
         loaded = shared_cache().get(path)
     except RunError as exc:
@@ -75,6 +79,7 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
                steps=facts.steps, peak_bytes=head["peak_memory_bytes"], duration_s=head["duration_s"],
                tokens_per_s=head["tokens_per_s"], samples_per_s=head["samples_per_s"],
                problems=list(run.problems), facts=facts.to_json())
+    out["progress"] = out["facts"]["progress"]
     return out
 
 
@@ -280,7 +285,7 @@ def filter_runs(rows: list[dict[str, Any]], query: str | None = None, status: st
 def row_signature(rows: list[dict[str, Any]]) -> list[list[Any]]:
     """What the table shows of each row: the table is redrawn only when this changes."""
     keys = ("id", "name", "status", "device", "started", "duration_s", "steps", "peak_bytes", "tokens_per_s",
-            "samples_per_s", "end_reason")
+            "samples_per_s", "end_reason", "progress")
     return [[r.get(k) for k in keys] for r in rows]
 
 
@@ -298,19 +303,21 @@ def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | No
             return note(f"no run matches the search or status filter ({total} run(s) in {runs_dir})")
         return note(f"no runs in {runs_dir} yet (start one: gpudash demo, or wrap a loop in Monitor); "
                     "this list updates by itself")
-    head = ["", "run", "status", "device", "started", "duration", "steps", "peak memory", "tokens/s", "samples/s"]
+    head = ["", "run", "status", "device", "started", "duration", "steps", "progress", "peak memory", "tokens/s",
+            "samples/s"]
     body = []
     for r in rows:
         body.append(html.Tr([
             html.Td(dcc.Checklist(id={"type": "compare-pick", "run": r["id"]}, options=[{"label": "", "value": r["id"]}],
                                   value=[r["id"]] if r["id"] in picked else [], inline=True)),
-            html.Td(dcc.Link(r["name"], href=f"/run/{r['id']}", className="run-link")),
+            html.Td(dcc.Link(r["name"], href=href(f"/run/{r['id']}"), className="run-link")),
             html.Td(html.Span(r["status"], className=f"status {_STATUS_CLASS.get(r['status'], '')}"),
                     title=r.get("end_reason") or ""),
             html.Td(r["device"]),
             html.Td(_started(r.get("started"))),
             html.Td(fmt_s(r.get("duration_s"))),
             html.Td(f"{r['steps']:,}"),
+            html.Td(progress_cell(Progress.from_json(r.get("progress")), r.get("status")), className="progress-cell"),
             html.Td(fmt_bytes(r.get("peak_bytes"))),
             html.Td(fmt_num(r.get("tokens_per_s"))),
             html.Td(fmt_num(r.get("samples_per_s"))),
@@ -355,6 +362,6 @@ def runs_page(runs_dir: Path, rows: list[dict[str, Any]], listing: RunsPage | No
         dcc.Store(id="runs-page-no", data=listing.page),
         dcc.Store(id="runs-shown", data=shown_signature(listing)),
         dcc.Interval(id="runs-interval", interval=REFRESH_MS),
-        html.Div([dcc.Link("Compare selected runs", id="compare-link", href="/compare", className="button"),
+        html.Div([dcc.Link("Compare selected runs", id="compare-link", href=href("/compare"), className="button"),
                   html.Span(" tick two or more runs", className="muted")], className="compare-bar"),
     ], id="runs-page")

@@ -12,6 +12,7 @@ from dash import ALL, Input, Output, State
 from dash.exceptions import PreventUpdate
 from gpudash.layouts import runs
 from gpudash.layouts.inputs import BadInput, as_int
+from gpudash.layouts.links import href
 
 __all__ = ["register_runs_callbacks"]
 
@@ -76,4 +77,4 @@ def register_runs_callbacks(app: dash.Dash, runs_dir: Path) -> None:
         if not isinstance(values, list) or not all(isinstance(v, list | None) for v in values):
             raise BadInput("compare picks must be lists of run ids")
         picked = [v for vals in values for v in (vals or []) if isinstance(v, str)]
-        return "/compare?" + urlencode({"runs": ",".join(picked)}) if picked else "/compare"
+        return href("/compare?" + urlencode({"runs": ",".join(picked)}) if picked else "/compare")

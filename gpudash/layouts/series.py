@@ -9,6 +9,7 @@ rebuild would have drawn.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ class Series:
     name: str
     rank: int = 0
     gpu: int | None = None
-    x: str = "step"  # "step" or "elapsed" (seconds since the run started)
+    x: str = "step"  # "step", "elapsed" (seconds since the run started), "relative" or "wall" (gpudash.layouts.xaxis)
     fn: str = "raw"  # raw | cache | rate | median | p95 | spike | frag | ema | rate_ema
     style: str = "line"  # line | area | bar | markers
     yaxis: str = "y"
@@ -44,10 +45,13 @@ class Series:
     unit: str = ""  # what the drawn values are in ("MiB", "ms", ...): named on hover
     scale: float = 1.0  # recorded value / scale = drawn value (bytes -> MiB, seconds -> ms)
     smooth: float = 0.0  # ema / rate_ema: the weight of the previous average (TensorBoard's smoothing)
+    origin: float = 0.0  # x "relative" / "wall": drawn at (time - origin) ms on a date axis
 
     @property
     def key(self) -> str:
-        return f"{self.table}|{self.col}|{self.rank}|{self.gpu}|{self.fn}"
+        """The trace's ``uid``: plotly selects by it (``.cb<uid>``) when a graph goes away, so it is a CSS
+        class name (a "|" in it broke leaving the run page by an in-page link)."""
+        return "-".join(_css(str(v)) for v in (self.table, self.col, self.rank, self.gpu, self.fn))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +63,11 @@ class Series:
     @property
     def windowed(self) -> bool:
         return self.fn in ("median", "p95", "spike", "ema", "rate_ema")
+
+
+def _css(text: str) -> str:
+    """``text`` with every character a CSS class name cannot hold written as ``_<hex>_``."""
+    return re.sub(r"[^0-9A-Za-z]", lambda m: f"_{ord(m.group(0)):x}_" if m.group(0) != "_" else "__", text)
 
 
 def _num(df: pd.DataFrame, col: str, mask: np.ndarray | None) -> np.ndarray | None:
@@ -154,6 +163,11 @@ def series_xy(spec: Series, df: pd.DataFrame, t0: float = 0.0,
         if x is None:
             return [], []
         x = x - t0
+    elif spec.x in ("relative", "wall"):
+        x = _num(df, "time", mask)
+        if x is None:
+            return [], []
+        x = (x - spec.origin) * 1000.0  # ms on a date axis
     else:
         x = _num(df, "step", mask)
         if x is None:

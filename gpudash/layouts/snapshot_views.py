@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc
@@ -29,12 +29,10 @@ from gpudash.layouts.common import (
 )
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.inputs import BadInput, as_int, page_run
+from gpudash.layouts.readers import ReaderCache
 from gpudash.store.reader import RunReader
 from gpudash.store.snapshot_trace import AllocTimeline, Band, allocation_timeline
 from gpudash.units import fmt_duration
-
-if TYPE_CHECKING:
-    from gpudash.layouts.callbacks import ReaderCache
 
 __all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "pick_snapshot",
            "register_snapshot_callbacks", "segment_map_view", "snapshot_options", "timeline_of"]

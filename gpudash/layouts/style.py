@@ -38,6 +38,12 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 .sev { font-size: 12px; padding: 0 6px; border-radius: 8px; margin-right: 6px; color: #fff; background: #888; }
 .sev-bad { background: #d62728; } .sev-warn { background: #ffb000; } .sev-ok { background: #2ca02c; }
 #last-step { font-weight: 600; }
+.run-progress { display: flex; align-items: center; gap: 10px; margin: 4px 0; font-size: 14px; }
+.progress-track { width: 260px; height: 8px; border-radius: 4px; background: #e3e5e8; overflow: hidden; }
+.progress-fill { height: 100%; background: #2ca02c; }
+body.dark .progress-track { background: #2a2e36; }
+.x-mode-row { display: flex; align-items: center; gap: 6px; font-size: 13px; margin: 2px 0; }
+.x-mode label { margin-right: 10px; }
 .theme-toggle { float: right; background: none; border: 1px solid #556; color: #fff; border-radius: 4px;
   font-size: 12px; cursor: pointer; padding: 1px 8px; }
 /* dark mode: follows the system unless toggled (the choice is remembered) or set by ?theme=dark|light */
@@ -62,7 +68,8 @@ body.dark .dash-spreadsheet td, body.dark .dash-spreadsheet th { background: #18
 """
 
 
-#: Light or dark: ``?theme=dark|light`` in the address, else the last choice of the toggle, else the system's.
+#: Light or dark: ``?theme=dark|light`` in the address, else the last choice of the toggle, else the system's;
+#: the toggle writes its choice into the address too.
 THEME_JS = """(function () {
   var q = new URLSearchParams(location.search).get('theme');
   q = (q === 'dark' || q === 'light') ? q : null;
@@ -80,12 +87,26 @@ THEME_JS = """(function () {
   if (mq && mq.addEventListener) {
     mq.addEventListener('change', function (e) { if (!q && !saved) { apply(e.matches ? 'dark' : 'light'); } });
   }
+  function intoAddress(t) {
+    // theme=... in the address, so a copied link opens in this theme; through the page's dcc.Location
+    // (its search is what the view's own address updates start from), else straight into the history
+    var params = new URLSearchParams(location.search);
+    params.set('theme', t);
+    var search = '?' + params.toString();
+    var dc = window.dash_clientside;
+    if (dc && dc.set_props) {
+      try { dc.set_props('url', {search: search}); return; } catch (e) {}
+    }
+    history.replaceState(history.state, '', location.pathname + search + location.hash);
+  }
   window.gpudashTheme = {
     get: function () { return theme; },
     toggle: function () {
       saved = theme === 'dark' ? 'light' : 'dark';
       try { localStorage.setItem('gpudash-theme', saved); } catch (e) {}
+      q = saved;
       apply(saved);
+      intoAddress(saved);
     }
   };
 })();"""

@@ -1,5 +1,6 @@
-"""The view's state in the address: replay cursor, zoomed step range and smoothing read from and written
-into the page's query string (so a copied link reopens the same view), and the x range a zoom sent."""
+"""The view's state in the address: replay cursor, zoomed step range, smoothing and the step graphs' x axis
+(``x=step|relative|wall``; the zoom stays in steps whatever the axis) read from and written into the page's
+query string (so a copied link reopens the same view), and the x range a zoom sent."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from urllib.parse import parse_qs, urlencode
 from gpudash.layouts.inputs import BadInput, as_float, as_int
 from gpudash.layouts.series import SMOOTHING
 
-__all__ = ["smoothing_of", "view_params", "view_search", "zoom_range"]
+__all__ = ["XMODES", "mode_of", "smoothing_of", "view_params", "view_search", "with_xmode", "xmode_of", "zoom_range"]
+
+
+#: The step graphs' x axis choices: (value, label) (drawn by :mod:`gpudash.layouts.xaxis`).
+XMODES = (("step", "step"), ("relative", "relative time"), ("wall", "wall time"))
+
+
+def mode_of(value: Any) -> str:
+    """One of the x axis modes (anything else: ``step``, as a link with a mistyped ``x=`` opens)."""
+    return value if isinstance(value, str) and value in dict(XMODES) else "step"
 
 
 def smoothing_of(value: Any) -> float:
@@ -39,6 +49,21 @@ def view_params(query: dict[str, list[str]]) -> tuple[int | None, tuple[float, f
     return cursor, xrange, smoothing_of(query.get("smooth", [None])[0])
 
 
+def xmode_of(query: dict[str, list[str]]) -> str:
+    """The x axis of the step graphs from the address (``?x=relative``); step when absent or not a mode."""
+    return mode_of(query.get("x", ["step"])[0])
+
+
+def with_xmode(search: str, mode: str) -> str:
+    """``search`` with ``x=mode`` written in (step, the default: removed)."""
+    query = {k: v[0] for k, v in parse_qs((search or "").lstrip("?")).items() if v}
+    if mode_of(mode) == "step":
+        query.pop("x", None)
+    else:
+        query["x"] = mode_of(mode)
+    return "?" + urlencode(query) if query else ""
+
+
 def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | bool | None, smooth: float = 0.0) -> str:
     """``search`` with the cursor (None: removed), the zoom (a range; True: reset; None: unchanged) and the
     smoothing (0: removed) written in."""
@@ -65,7 +90,7 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | 
         return None
     if not isinstance(relayout, dict):
         raise BadInput("relayoutData must be an object")
-    if relayout.get("xaxis.autorange") or relayout.get("autosize"):
+    if relayout.get("xaxis.autorange"):  # a reset ({"autosize": true} alone is a resize, not a zoom)
         return True
     if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
         return as_float(relayout["xaxis.range[0]"], "x range"), as_float(relayout["xaxis.range[1]"], "x range")

@@ -81,7 +81,7 @@ META_KEYS: dict[str, Callable[[Any], Any]] = {
     "node": _text, "shared_fs": _text, "live_db": _text,
     "local_rank": _int_in(0, 1 << 24), "node_rank": _int_in(0, 1 << 24), "local_world_size": _int_in(1, 1 << 24),
     "world_size": _int_in(1, 1 << 24), "rank": _int_in(0, 1 << 24), "pid": _int_in(0, 2**31 - 1),
-    "cpu_count": _int_in(1, 1 << 24), "dropped_records": _int_in(0, _MAX_INT),
+    "cpu_count": _int_in(1, 1 << 24), "dropped_records": _int_in(0, _MAX_INT), "total_steps": _int_in(1, _MAX_INT),
     "device_capacity_bytes": _BYTES, "memory_budget_bytes": _BYTES,
     "cuda_available": _bool,
     "argv": _list,

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from gpudash.analysis.progress import RECENT_STEPS, eta_text, progress
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
 from gpudash.collectors.oom import record_oom
 from gpudash.monitor import Monitor
@@ -410,7 +411,8 @@ class Trainer:
         self.build()
         run_dir = Path(cfg.run_dir)
         opts = dict(cfg.monitor_options)
-        with Monitor(run_dir, name=cfg.name or run_dir.name, config=cfg.to_dict(), **opts) as mon:
+        with Monitor(run_dir, name=cfg.name or run_dir.name, config=cfg.to_dict(), total_steps=cfg.steps,
+                     **opts) as mon:
             mon.watch(self.model, self.optimizer)
             mon.set_meta(trainer={"preset": cfg.preset, "model": self.model_cfg.to_dict(),
                                   "params": self.model_cfg.n_params(), "seq_len": self.seq_len,
@@ -450,24 +452,29 @@ class Trainer:
 
 
 class _Progress:
-    """One self-overwriting stderr line, at most ~10 redraws a second."""
+    """One self-overwriting stderr line, at most ~10 redraws a second. The ETA is the one the dashboard
+    shows (:func:`gpudash.analysis.progress.progress` of the steps' end times, as the run records them)."""
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.last = 0.0
         self.start = time.monotonic()
+        self.ends: deque[tuple[int, float]] = deque(maxlen=RECENT_STEPS + 1)
 
     def line(self, done: int, loss: float, micro: int, tok_s: float, now: float) -> str:
-        """``[####....] step 3/10  loss 5.139  micro 2  296 tok/s  12.0 s elapsed, ETA 28.0 s``"""
+        """``[####....] step 3/10  loss 5.139  micro 2  296 tok/s  12.0 s elapsed, ETA 28 s``"""
         width = 24
         fill = int(width * done / self.total)
         elapsed = now - self.start
-        eta = elapsed / done * (self.total - done) if done else None
-        timing = f"{fmt_duration(elapsed)} elapsed" + (f", ETA {fmt_duration(eta)}" if done < self.total else "")
+        p = progress(done, self.total, [s for s, _ in self.ends], [t for _, t in self.ends])
+        eta = eta_text(p) if done < self.total else ""
+        timing = f"{fmt_duration(elapsed)} elapsed" + (f", {eta}" if eta else "")
         return (f"[{'#' * fill}{'.' * (width - fill)}] step {done}/{self.total}  loss {loss:.3f}  "
                 f"micro {micro}  {tok_s:,.0f} tok/s  {timing} ")
 
-    def update(self, done: int, loss: float, micro: int, tok_s: float) -> None:
+    def update(self, done: int, loss: float, micro: int, tok_s: float, end: float | None = None) -> None:
+        """``end``: the wall time (``time.time()``) step ``done - 1`` ended, as the Monitor records it."""
+        self.ends.append((done - 1, time.time() if end is None else end))
         now = time.monotonic()
         if now - self.last < 0.1 and done < self.total:
             return

@@ -77,6 +77,7 @@ def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
     assert (mem["optimizer_bytes"].iloc[1:] >= 8 * n_params).all()  # AdamW moments once it stepped
     assert run.meta["config"]["framework"] == "transformers"
     assert run.meta["config"]["gradient_accumulation_steps"] == 2
+    assert run.meta["total_steps"] == STEPS  # state.max_steps: progress and ETA on every surface
     run.close()
 
 

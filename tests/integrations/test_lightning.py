@@ -74,6 +74,7 @@ def test_lightning_steps_loss_lr_grad_norm_memory(tmp_path: Path) -> None:
     assert (mem["grads_bytes"] == 4 * n_params).all()
     assert run.meta["config"]["framework"] == "lightning"
     assert run.meta["config"]["accumulate_grad_batches"] == 2
+    assert run.meta["total_steps"] == STEPS  # estimated_stepping_batches: optimizer steps, not batches
     run.close()
 
 

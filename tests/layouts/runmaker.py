@@ -18,12 +18,13 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 def train(run_dir: Path, steps: int = 40, *, rich: bool = False, name: str | None = None, delay: float = 0.0,
-          stop: threading.Event | None = None, flush_interval: float = 0.2, hostile: bool = True) -> Path:
+          stop: threading.Event | None = None, flush_interval: float = 0.2, hostile: bool = True,
+          total_steps: int | None = None) -> Path:
     from gpudash.monitor import Monitor
     from gpudash.testing import ToyLoop
 
     loop = ToyLoop((32, 64, 4), lr=1e-2, batch=16, tokens_per_sample=8, clip_grad_norm=10.0)
-    with Monitor(run_dir, name=name, flush_interval=flush_interval, host_hz=5.0,
+    with Monitor(run_dir, name=name, flush_interval=flush_interval, host_hz=5.0, total_steps=total_steps,
                  config={"memory_budget_gb": 0.001} if rich else None) as mon:
         mon.watch(loop.model, loop.opt)
         if rich:
@@ -62,11 +63,13 @@ def _store_snapshot(mon: Any, step: int) -> None:
 class LiveRun:
     """A run being written by a real Monitor in a background thread until :meth:`stop`."""
 
-    def __init__(self, run_dir: Path, delay: float = 0.05, name: str | None = None) -> None:
+    def __init__(self, run_dir: Path, delay: float = 0.05, name: str | None = None,
+                 total_steps: int | None = None) -> None:
         self.run_dir = run_dir
         self._stop = threading.Event()
         self._thread = threading.Thread(target=train, args=(run_dir, 1),
-                                        kwargs={"delay": delay, "stop": self._stop, "name": name}, daemon=True)
+                                        kwargs={"delay": delay, "stop": self._stop, "name": name,
+                                                "total_steps": total_steps}, daemon=True)
 
     def __enter__(self) -> LiveRun:
         self._thread.start()

@@ -94,8 +94,10 @@ def test_progress_line_has_elapsed_and_eta() -> None:
 
     p = _Progress(10)
     p.start = 100.0
-    mid = p.line(4, 5.0, 2, 300.0, now=112.0)  # 4 steps in 12 s: 6 steps left at 3 s each
-    assert "step 4/10" in mid and "12.00 s elapsed" in mid and "ETA 18.00 s" in mid
+    for done, end in ((1, 1010.0), (2, 1013.0), (3, 1016.0), (4, 1019.0)):  # a 10 s first step, then 3 s each
+        p.update(done, 5.0, 2, 300.0, end=end)
+    mid = p.line(4, 5.0, 2, 300.0, now=112.0)  # 6 steps left at the recent 3 s each (the first step not counted)
+    assert "step 4/10" in mid and "12.00 s elapsed" in mid and "ETA 18 s" in mid
     end = p.line(10, 4.0, 2, 300.0, now=130.0)
     assert "30.00 s elapsed" in end and "ETA" not in end
 

@@ -27,6 +27,7 @@ def test_tiny_preset_trains_50_steps_under_the_monitor(run_train) -> None:  # ty
     assert {"capacity_bytes", "precision_strategy", "fallback_plan", "warnings"} <= set(pre)
     assert "preflight" in set(r.events["kind"])
     assert r.meta["train_summary"]["tokens"] == s["tokens"].sum()
+    assert r.meta["total_steps"] == 50  # --steps: progress and ETA on every surface
 
 
 def test_slow_data_makes_the_data_phase_long(run_train) -> None:  # type: ignore[no-untyped-def]

@@ -164,6 +164,7 @@ def test_hf_trainer_script_is_recorded_by_its_callback_once(tmp_path: Path) -> N
     run = load_run(tmp_path / "run")
     assert run.status == "finished"
     assert run.meta["config"]["framework"] == "transformers"  # the richer callback recorded it
+    assert run.meta["total_steps"] == 4  # the auto-attached callback says how many: progress and ETA
     s = run.steps
     assert list(s["step"]) == [0, 1, 2, 3]  # not counted twice by the optimizer hooks
     assert (s["samples"] == 4).all() and (s["tokens"] == 4 * 16).all()
@@ -184,6 +185,7 @@ def test_lightning_script_is_recorded_by_its_callback_once(tmp_path: Path) -> No
     run = load_run(tmp_path / "run")
     assert run.meta["config"]["framework"] == "lightning"
     assert list(run.steps["step"]) == [0, 1, 2, 3]
+    assert run.meta["total_steps"] == 4
     model = _example(pl).build_model()
     n = _param_bytes(model)
     assert (run.memory["params_bytes"] == n).all()
