@@ -139,10 +139,19 @@ def _write_trackio(root: Path, steps: int) -> None:
     import trackio
 
     cols = {k: v.tolist() for k, v in series(steps).items()}
-    trackio.init(project=PROJECT, name=RUN, auto_log_cpu=False, auto_log_gpu=False)
+    run = trackio.init(project=PROJECT, name=RUN, auto_log_cpu=False, auto_log_gpu=False)
     for i in range(steps):
         trackio.log({k: cols[k][i] for k in SCALARS}, step=i)
     trackio.finish()
+    sender = getattr(run, "_local_sender_thread", None)
+    if sender is not None:  # finish() waits 30 s for its sender, a long run needs longer: not a row lost
+        sender.join()
+    import sqlite3
+
+    with sqlite3.connect(root / f"{PROJECT}.db") as db:
+        stored = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+    if stored != steps:
+        raise RuntimeError(f"trackio stored {stored} of {steps} steps")
 
 
 def _write_tensorboard(root: Path, steps: int) -> None:
@@ -182,11 +191,16 @@ def write_all(work: Path, steps: int, tools: Iterable[str]) -> dict[str, float]:
         if tool == "gpudash" and not (dest / "done").exists():
             took[tool] = write_gpudash(dest / RUN, steps)
             (dest / "done").touch()
-    for tool, (t0, proc) in procs.items():
-        if proc.wait() != 0:
-            raise RuntimeError(f"writing the {tool} run failed (is {BENCH_VENV} set up? benchmarks/setup_env.sh)")
-        took[tool] = time.perf_counter() - t0
-        (work / f"{tool}-{steps}" / "done").touch()
+    while procs:
+        for tool, (t0, proc) in list(procs.items()):
+            if proc.poll() is None:
+                continue
+            if proc.returncode != 0:
+                raise RuntimeError(f"writing the {tool} run failed (is {BENCH_VENV} set up? benchmarks/setup_env.sh)")
+            took[tool] = time.perf_counter() - t0
+            (work / f"{tool}-{steps}" / "done").touch()
+            del procs[tool]
+        time.sleep(0.2)
     return took
 
 
@@ -203,6 +217,9 @@ class Tool:
     """Regex of the line the server prints when it is ready (the URL a user then opens)."""
     capture: str = ""
     """Regex of the URLs whose response bodies the page keeps (to read what the chart was given)."""
+    empty: str = ""
+    """Text of a page that will not recover by itself (opened before the server read the run): the
+    benchmark reloads it every 2 s, as a user would."""
 
 
 GPUDASH_DRAWN = """
@@ -238,8 +255,12 @@ TOOLS = {
     "trackio": Tool("trackio", "trackio", f"?project={PROJECT}", TRACKIO_DRAWN, r"launched at",
                     r"/api/get_logs_batch"),
     "tensorboard": Tool("tensorboard", "TensorBoard", "", TENSORBOARD_DRAWN, r"TensorBoard .* at http",
-                        r"/timeseries/timeSeries"),
+                        r"/timeseries/timeSeries", "No dashboards are active"),
 }
+
+
+#: The gpudash source tree whose server is measured (``--gpudash-src``): this checkout unless told.
+GPUDASH_SRC = [ROOT]
 
 
 def command(tool: str, data: Path, port: int) -> tuple[list[str], dict[str, str]]:
@@ -247,7 +268,7 @@ def command(tool: str, data: Path, port: int) -> tuple[list[str], dict[str, str]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     bench = str(BENCH_VENV / "bin" / "python")
     if tool == "gpudash":
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(GPUDASH_SRC[0]) + os.pathsep + env.get("PYTHONPATH", "")
         return [sys.executable, "-m", "gpudash", "serve", str(data), "--port", str(port)], env
     if tool == "trackio":
         env["TRACKIO_DIR"] = str(data)
@@ -452,9 +473,19 @@ def measure(tool: Tool, data: Path, timeout: float, settle: bool) -> dict[str, A
             t_port, t_ready = server.wait_ready(timeout)
             driver.set_page_load_timeout(timeout)
             driver.get(f"http://127.0.0.1:{port}/{tool.path}")
-            wait_for(lambda: driver.execute_script("return window.__fp && window.__fp.drawn !== null"),
-                     max(1.0, timeout - (time.time() - t_launch)))
+            earlier_bytes, reloads = 0, 0
+            while True:
+                left = timeout - (time.time() - t_launch)
+                drawn = wait_for(lambda: driver.execute_script("return window.__fp && window.__fp.drawn !== null"),
+                                 max(1.0, min(left, 2.0) if tool.empty else left))
+                if drawn or left <= 2.0 or not tool.empty or tool.empty not in driver.execute_script(
+                        "return document.body ? document.body.innerText : ''"):
+                    break
+                earlier_bytes += bytes_until(driver.execute_script(COLLECT, False), float("inf"))
+                reloads += 1
+                driver.refresh()
             page = driver.execute_script(COLLECT, bool(tool.capture))
+            page["earlier_bytes"], page["reloads"] = earlier_bytes, reloads
             if settle and page["drawn"] is not None:  # then until no new request for 1.5 s: the whole page
                 seen, quiet_since = len(page["resources"]), time.time()
                 deadline = time.time() + 30
@@ -472,7 +503,7 @@ def measure(tool: Tool, data: Path, timeout: float, settle: bool) -> dict[str, A
     page["t_launch"], page["t_port"], page["t_ready"] = t_launch, t_port, t_ready
     if page["drawn"] is not None:
         page["launch_to_drawn_s"] = (page["origin"] + page["drawn"]) / 1e3 - t_launch
-        page["bytes"] = bytes_until(page, page["drawn"])
+        page["bytes"] = page["earlier_bytes"] + bytes_until(page, page["drawn"])
     return page
 
 
@@ -581,6 +612,7 @@ def gpudash_breakdown(page: dict[str, Any]) -> dict[str, Any]:
     scripts = [r for r in res if r["type"] == "script" and r["end"] <= drawn]
     out["scripts"], out["script_bytes"] = len(scripts), sum(r["transfer"] for r in scripts)
     out["scripts_done_ms"] = max((r["end"] for r in scripts), default=None)
+    out["last_script"] = max(scripts, key=lambda r: r["end"])["name"].split("?")[0].rsplit("/", 1)[-1] if scripts else ""
     calls = [r for r in res if "_dash-update-component" in r["name"] and r["end"] <= drawn]
     out["calls"] = len(calls)
     out["calls_ms"] = sum(r["end"] - r["start"] for r in calls)
@@ -594,9 +626,12 @@ def gpudash_breakdown(page: dict[str, Any]) -> dict[str, Any]:
     for r in sorted(calls, key=lambda r: r["start"]):
         call = min(page["calls"], key=lambda c: abs(c["t0"] - r["start"]), default=None)
         what = _outputs(call["output"]) if call is not None else "?"
-        detail.append(f"{what} {r['end'] - r['start']:.0f} ms {fmt_bytes(r['transfer'])}")
+        detail.append(f"{what}: {r['end'] - r['start']:.0f} ms, {fmt_bytes(r['transfer'])}, in at "
+                      f"{r['end'] / 1e3:.2f} s")
     out["calls_detail"] = "; ".join(detail)
+    out["drawn_ms"] = drawn
     out["browser_after_last_ms"] = drawn - max((r["end"] for r in calls), default=drawn)
+    out["browser_after_largest_ms"] = drawn - max(calls, key=lambda r: r["decoded"])["end"] if calls else None
     snap = page.get("snap") or {}
     out["graphs_drawn"] = snap.get("graphs")
     out["graphs_first_screen"] = snap.get("graphs_first_screen")
@@ -617,20 +652,30 @@ def _outputs(output: Any) -> str:
     return ", ".join(parts[:3]) + (f" +{len(parts) - 3}" if len(parts) > 3 else "")
 
 
-def facts_cold(run_dir: Path, repeats: int) -> tuple[float, float]:
-    """(load_run s, run_facts s) on a freshly loaded run, medians."""
-    from gpudash.analysis.facts import run_facts
-    from gpudash.store.run import load_run
+FACTS_COLD = """
+import json, statistics, sys, time
+from gpudash.analysis.facts import run_facts
+from gpudash.store.run import load_run
+loads, facts = [], []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); run = load_run(sys.argv[1]); loads.append(time.perf_counter() - t)
+    t = time.perf_counter(); run_facts(run); facts.append(time.perf_counter() - t)
+print(json.dumps([statistics.median(loads), statistics.median(facts)]))
+"""
 
-    loads, facts = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run = load_run(run_dir)
-        loads.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        run_facts(run)
-        facts.append(time.perf_counter() - t)
-    return statistics.median(loads), statistics.median(facts)
+
+def facts_cold(run_dir: Path, repeats: int, src: Path) -> tuple[float, float]:
+    """(load_run s, run_facts s) on a freshly loaded run, medians, with the gpudash of ``src``."""
+    env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", FACTS_COLD, str(run_dir), str(repeats)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    load_s, facts_s = json.loads(out.strip().splitlines()[-1])
+    return float(load_s), float(facts_s)
+
+
+def git_commit(src: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True,
+                          text=True).stdout.strip() or str(src)
 
 
 # ---- the table ---------------------------------------------------------------------------------------------
@@ -673,6 +718,7 @@ def summarize(pages: list[dict[str, Any]], tool: str, spike: float) -> dict[str,
         "first_screen": median_or_none((p.get("snap") or {}).get("loss_first_screen") for p in drawn),
         "spike": "/".join(answers), "spike_why": verdicts[0][1] if verdicts else "",
         "browser": pages[0].get("browser", "?") if pages else "?",
+        "reloads": [p.get("reloads", 0) for p in pages],
     }
 
 
@@ -705,6 +751,8 @@ def table(results: dict[int, dict[str, Any]], args: argparse.Namespace, env: dic
     for steps, res in results.items():
         for tool, r in res["tools"].items():
             runs = ", ".join("—" if t is None else f"{t:.2f}" for t in r["launch_all"])
+            if any(r["reloads"]):
+                runs += "; page reloaded " + "/".join(str(n) for n in r["reloads"]) + " times"
             fs = r["first_screen"]
             lines.append(f"| {steps:,} | {TOOLS[tool].label} | {fmt_s(r['launch'])} ({runs}) | {fmt_s(r['nav'])} | "
                          f"{fmt_s(r['ready'])} | {fmt_bytes(r['bytes'])} | "
@@ -727,13 +775,15 @@ def table(results: dict[int, dict[str, Any]], args: argparse.Namespace, env: dic
          lambda b: f"{b['doc_ms']:.0f} ms (first byte {b['doc_ttfb_ms']:.0f} ms), {fmt_bytes(b['doc_bytes'])}"),
         ("`_dash-layout`: time, bytes", lambda b: "n/a" if b.get("layout_ms") is None else
          f"{b['layout_ms']:.0f} ms, {fmt_bytes(b['layout_bytes'])}"),
-        ("scripts before the chart: count, bytes, last one in (after navigation)",
-         lambda b: f"{b['scripts']}, {fmt_bytes(b['script_bytes'])}, {fmt_ms(b['scripts_done_ms'])}"),
+        ("scripts before the chart: count, bytes, the last one in (after navigation)",
+         lambda b: f"{b['scripts']}, {fmt_bytes(b['script_bytes'])}, {b['last_script']} at "
+                   f"{fmt_ms(b['scripts_done_ms'])}"),
         ("`_dash-update-component` round-trips before the chart: count, time summed, bytes",
          lambda b: f"{b['calls']}, {b['calls_ms'] / 1e3:.2f} s, {fmt_bytes(b['calls_bytes'])}"),
-        ("those round-trips: outputs, time, bytes", lambda b: b.get("calls_detail") or "none"),
-        ("browser: last of them received → loss chart drawn (parse, plotly, render)",
-         lambda b: fmt_ms(b.get("browser_after_last_ms"))),
+        ("those round-trips: outputs, time, bytes, response in at (after navigation)",
+         lambda b: b.get("calls_detail") or "none"),
+        ("browser: the largest of them (the figures) received → loss chart drawn; the last → drawn",
+         lambda b: f"{fmt_ms(b.get('browser_after_largest_ms'))}; {fmt_ms(b.get('browser_after_last_ms'))}"),
         ("largest callback response (JSON; on the wire)",
          lambda b: f"{fmt_bytes(b['largest_response_bytes'])}; {fmt_bytes(b['largest_response_wire'])}"),
         ("graphs drawn when the loss chart is: in the first screen / all / graphs on the page",
@@ -750,8 +800,9 @@ def table(results: dict[int, dict[str, Any]], args: argparse.Namespace, env: dic
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     cells = []
     for res in results.values():
-        fc = res.get("facts")
-        cells.append("n/a" if fc is None else f"{fc[1]:.3f} s (`load_run` {fc[0]:.2f} s)")
+        fc = res.get("facts") or {}
+        cells.append("; ".join(f"{f:.3f} s (`load_run` {load:.2f} s) at `{git_commit(src)}`"
+                               for src, (load, f) in fc.items()) or "n/a")
     lines.append("| `run_facts` cold (a freshly loaded run; server side) | " + " | ".join(cells) + " |")
     lines += ["", "Notes: \"drawn\" is per tool: gpudash, the loss graph's plotly SVG line paths exist; trackio, "
               "the loss card's vega canvas holds coloured pixels; TensorBoard draws in a web worker "
@@ -759,12 +810,21 @@ def table(results: dict[int, dict[str, Any]], args: argparse.Namespace, env: dic
               "and its series has arrived (the worker draws within a frame after). \"Spike drawn\" reads what each "
               "chart was given: gpudash, the largest y of the loss line in the browser's figure; trackio and "
               "TensorBoard, the loss points in the answers their pages received (trackio serves a strided subset, "
-              "TensorBoard a reservoir sample of 1,000 points per tag). The written runs: "
-              + ", ".join(f"{s:,} steps: gpudash {res['writes'].get('gpudash', 0):.0f} s, trackio "
-                          f"{res['writes'].get('trackio', 0):.0f} s, tensorboardX {res['writes'].get('tensorboard', 0):.0f} s"
-                          for s, res in results.items() if res.get("writes"))
-              + " (0: written by an earlier invocation, `--keep`)."]
+              "TensorBoard a reservoir sample of 1,000 points per tag). A TensorBoard page opened before it has "
+              "read the run says \"No dashboards are active\" and stays so: the benchmark reloads it every 2 s "
+              "(as a user would), the time still counts from the process launch and the bytes of every load. "
+              + written(results)]
     return "\n".join(lines)
+
+
+def written(results: dict[int, dict[str, Any]]) -> str:
+    """How long writing the runs took (not written here: kept from an earlier invocation)."""
+    parts = []
+    for steps, res in results.items():
+        w = res.get("writes") or {}
+        took = ", ".join(f"{TOOLS[t].label} {w[t]:.0f} s" for t in TOOLS if t in w)
+        parts.append(f"{steps:,} steps: " + (took or "kept from an earlier invocation (`--keep`)"))
+    return "Writing the runs (the peers in parallel with gpudash's writer): " + "; ".join(parts) + "."
 
 
 def main() -> int:
@@ -778,10 +838,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="10,000 steps, 1 repeat (a smoke run)")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for one chart")
     ap.add_argument("--keep", type=Path, help="write the runs here and reuse them next time (default: a temp dir)")
+    ap.add_argument("--gpudash-src", type=Path, default=ROOT,
+                    help="the gpudash source tree to serve (default: this checkout), e.g. a clone of main")
     ap.add_argument("--write", action="store_true", help="update the section in benchmarks/RESULTS.md")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.repeats = [10_000], 1
+    GPUDASH_SRC[0] = args.gpudash_src.resolve()
     if any(t != "gpudash" for t in args.tools) and not (BENCH_VENV / "bin" / "python").exists():
         print(f"{BENCH_VENV} not found: run benchmarks/setup_env.sh, or pass --tools gpudash", file=sys.stderr)
         return 2
@@ -812,13 +875,13 @@ def main() -> int:
                     res["breakdown"] = {k: median_or_none(b.get(k) for b in drawn)
                                         if all(isinstance(b.get(k), (int, float, type(None))) for b in drawn)
                                         else drawn[0].get(k) for k in drawn[0]}
-                res["facts"] = facts_cold(work / f"gpudash-{steps}" / RUN, args.repeats)
+                res["facts"] = {src: facts_cold(work / f"gpudash-{steps}" / RUN, args.repeats, src)
+                                for src in dict.fromkeys([GPUDASH_SRC[0], ROOT])}
             results[steps] = res
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "?"
+    commit = git_commit(GPUDASH_SRC[0])
     env = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": load_start,
            "load_end": "/".join(f"{x:.1f}" for x in os.getloadavg()), "browser": browser, "commit": commit,
            "versions": versions()}
