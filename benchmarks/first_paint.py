@@ -393,13 +393,13 @@ class Server:
     """A server process launched cold, its output read on a thread: when its port first accepted a
     connection, and when it printed its ready line."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], port: int, ready: str) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], port: int, ready: str, cwd: Path | None = None) -> None:
         self.port, self.ready_re = port, re.compile(ready)
         self.t_ready: float | None = None
         self.lines: list[str] = []
         self.t_launch = time.time()
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=cwd)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -467,7 +467,8 @@ def measure(tool: Tool, data: Path, timeout: float, settle: bool) -> dict[str, A
         driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": inject_script(tool)})
         port = free_port()
         argv, env = command(tool.name, data, port)
-        server = Server(argv, env, port, tool.ready)
+        # gpudash runs in its source tree: `python -m` puts the working directory first on sys.path
+        server = Server(argv, env, port, tool.ready, cwd=GPUDASH_SRC[0] if tool.name == "gpudash" else None)
         t_launch = server.t_launch
         try:
             t_port, t_ready = server.wait_ready(timeout)
@@ -654,13 +655,14 @@ def _outputs(output: Any) -> str:
 
 FACTS_COLD = """
 import json, statistics, sys, time
+import gpudash
 from gpudash.analysis.facts import run_facts
 from gpudash.store.run import load_run
 loads, facts = [], []
 for _ in range(int(sys.argv[2])):
     t = time.perf_counter(); run = load_run(sys.argv[1]); loads.append(time.perf_counter() - t)
     t = time.perf_counter(); run_facts(run); facts.append(time.perf_counter() - t)
-print(json.dumps([statistics.median(loads), statistics.median(facts)]))
+print(json.dumps([statistics.median(loads), statistics.median(facts), gpudash.__file__]))
 """
 
 
@@ -668,8 +670,10 @@ def facts_cold(run_dir: Path, repeats: int, src: Path) -> tuple[float, float]:
     """(load_run s, run_facts s) on a freshly loaded run, medians, with the gpudash of ``src``."""
     env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", FACTS_COLD, str(run_dir), str(repeats)], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    load_s, facts_s = json.loads(out.strip().splitlines()[-1])
+                         capture_output=True, text=True, cwd=src).stdout  # -c puts the working directory first
+    load_s, facts_s, where = json.loads(out.strip().splitlines()[-1])
+    if not Path(where).resolve().is_relative_to(src.resolve()):
+        raise RuntimeError(f"measured the gpudash in {where}, not the one in {src}")
     return float(load_s), float(facts_s)
 
 
