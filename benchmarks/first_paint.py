@@ -741,7 +741,7 @@ def versions() -> dict[str, str]:
 
 def table(results: dict[int, dict[str, Any]], args: argparse.Namespace, env: dict[str, Any]) -> str:
     v = env["versions"]
-    lines = [SECTION, "",
+    lines = [SECTION, ""] + ([args.note.strip(), ""] if args.note.strip() else []) + [
              f"Measured {env['date']} on CPU only, {os.cpu_count()} cores, load average {env['load_start']} at the "
              f"start and {env['load_end']} at the end (the machine is shared with other work: timings are noisy, "
              f"compare the tools within one run), Python {platform.python_version()}, headless Chromium "
@@ -844,6 +844,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="write the runs here and reuse them next time (default: a temp dir)")
     ap.add_argument("--gpudash-src", type=Path, default=ROOT,
                     help="the gpudash source tree to serve (default: this checkout), e.g. a clone of main")
+    ap.add_argument("--note", default="", help="a sentence put first in the section (what this run is)")
     ap.add_argument("--write", action="store_true", help="update the section in benchmarks/RESULTS.md")
     args = ap.parse_args()
     if args.quick:
