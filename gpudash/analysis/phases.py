@@ -30,12 +30,11 @@ def _names(meta: Mapping[str, Any] | None) -> list[str]:
 def run_phases(meta: Mapping[str, Any] | None, steps: pd.DataFrame | Iterable[str]) -> list[str]:
     """Phase names of a run that have a ``<name>_s`` column with data: known phases first, then in the
     order they were first opened. ``steps`` is the steps frame (or just its column names)."""
-    if isinstance(steps, pd.DataFrame):
-        present = {c for c in steps.columns if steps[c].notna().any()}
-    else:
-        present = set(steps)
     names = _names(meta)
     ordered = [p for p in KNOWN_PHASES if p in names] + [p for p in names if p not in KNOWN_PHASES]
+    if isinstance(steps, pd.DataFrame):  # only the phases' own columns are looked at
+        return [p for p in ordered if f"{p}_s" in steps and bool(steps[f"{p}_s"].notna().any())]
+    present = set(steps)
     return [p for p in ordered if f"{p}_s" in present]
 
 
