@@ -19,7 +19,7 @@ import pandas as pd
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
-from gpudash.analysis.progress import Progress, run_progress
+from gpudash.analysis.progress import Progress, progress_text, run_progress
 from gpudash.analysis.ranks import STRAGGLER_RATIO, node_stragglers, rank_nodes
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
 from gpudash.store.run import Run
@@ -276,6 +276,8 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     if facts.steps:
         rows.append(("steps", f"{facts.steps}, step time median {fmt_s(h.get('step_time_median_s'))}, "
                               f"p95 {fmt_s(h.get('step_time_p95_s'))}"))
+    if facts.progress is not None:
+        rows.append(("progress", f"{100 * facts.progress.fraction:.0f} %, " + progress_text(facts.progress)))
     if h.get("duration_s") is not None:
         rows.append(("duration", fmt_s(h["duration_s"])))
     rates = [f"{h[k]:,.0f} {k.removesuffix('_per_s')}/s" for k in ("tokens_per_s", "samples_per_s")

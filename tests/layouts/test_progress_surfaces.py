@@ -80,6 +80,17 @@ def test_same_eta_in_header_runs_list_and_terminal(live_run: Any) -> None:
     cell = _texts(runs.runs_table(root, listing.rows))["progress-cell"]
     assert cell == f"6 % · {want}"
 
+    from gpudash.analysis.facts import headline_rows
+    from gpudash.info import summarize
+    from gpudash.store import load_run
+
+    # gpudash info and the report's table: the same row from the same facts
+    row = dict(headline_rows(facts))["progress"]
+    assert row == f"6 %, step 30 of 500 · {want}"
+    run = load_run(root / "eta")
+    assert f"{'progress':<13} 6 %, step 30 of 500 · {want}" in summarize(run)
+    run.close()
+
     term = _Progress(500)
     for s, t in enumerate(ends):
         term.update(s + 1, 1.0, 1, 100.0, end=t)
