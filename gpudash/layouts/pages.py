@@ -16,8 +16,9 @@ from gpudash.layouts.common import source_reason
 from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.fig import Fig
+from gpudash.layouts.lazy import EAGER, page_graph, placeholder
 from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, build_graph, run_page
+from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, graph_specs, run_page
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
@@ -171,12 +172,13 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         cursor = None
     zoomed = range_view(reader, view, xrange[0], xrange[1]) if xrange is not None else view
     figs, specs = {}, {}
+    at = cursor if cursor is not None else None if view.status == "live" else last
     for g in LIVE_GRAPHS:
-        at = cursor if cursor is not None else None if view.status == "live" else last
-        src = zoomed if g in STEP_GRAPHS else view
-        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes, smooth=smooth)
-        if xrange is not None and g in STEP_GRAPHS:
-            figs[g].update_xaxes(range=list(xrange))
+        if g in EAGER:
+            figs[g], specs[g] = page_graph(g, view, zoomed, rank, at, xrange, spikes, smooth)
+        else:  # drawn when scrolled to (gpudash.layouts.lazy); its series say whether it has anything to draw
+            specs[g] = graph_specs(g, (zoomed if g in STEP_GRAPHS else view).frames, rank, view.meta, smooth)
+            figs[g] = placeholder(g, specs[g])
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
@@ -194,7 +196,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta())),
         "facts": facts,
     }
-    state = initial_state(run_id, view, specs, rank)
+    state = initial_state(run_id, view, {g: specs[g] for g in EAGER}, rank)  # the live tick extends these
     state["downsampled"] = any(view.levels.values()) or any(
         len(view.frame(t)) >= MAX_POINTS or len(view.full.get(t, ())) > len(view.frame(t)) for t in NUMERIC_TABLES)
     return run_page(run_id, view, rank, figs, specs, state, extra)

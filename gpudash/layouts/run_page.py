@@ -16,7 +16,7 @@ from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
 
-__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
+__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
@@ -82,7 +82,7 @@ def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[st
     raise KeyError(graph)
 
 
-def _cursor_shape(step: int | None) -> dict[str, Any]:
+def cursor_shape(step: int | None) -> dict[str, Any]:
     return {"type": "line", "xref": "x", "yref": "paper", "x0": step or 0, "x1": step or 0, "y0": 0, "y1": 1,
             "line": {"color": "#111", "width": 1.5, "dash": "dot"}, "visible": step is not None}
 
@@ -148,12 +148,15 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
     if smooth > 0:
         _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
-        fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
+        fig.layout["shapes"] = [cursor_shape(cursor), *(fig.layout.shapes or ())]
     return fig, specs
 
 
 def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
-    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph")
+    # its height before plotly.js has drawn it: the page does not jump, and what is below the fold stays there
+    height = fig.layout.get("height") if isinstance(fig, Fig) else None
+    style = {"minHeight": f"{height}px"} if isinstance(height, int | float) else {}
+    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph", style=style)
 
 
 def _view(graph_id: str, view: RunView, reason_source: str | None, figs: dict[str, Fig],
@@ -306,6 +309,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     return html.Div([
         header, replay, mem_section, tp_section, ranks_box, dev_section, stab_section, ev_section, hot_section,
         dcc.Store(id="live-state", data=state),
+        dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in state.get("specs", {})]),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
         dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1,
                                        "mfu_meta": throughput.mfu_meta(meta)}),

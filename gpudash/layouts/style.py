@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CSS", "index_string"]
+__all__ = ["CSS", "TYPED_JS", "index_string"]
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; background: #f6f7f9; color: #222; }
@@ -91,9 +91,44 @@ THEME_JS = """(function () {
 })();"""
 
 
+#: Typed arrays (:func:`gpudash.layouts.fig.wire`) back into plain arrays before plotly.js draws them: the page
+#: parses a base64 string instead of thousands of numbers, and live ``extendData`` appends to an array as
+#: before. plotly.js is loaded after this script, so it is caught when it is set on ``window``.
+TYPED_JS = """(function () {
+  var TYPES = {f4: Float32Array, f8: Float64Array, i4: Int32Array};
+  function decode(v) {
+    if (!v || typeof v.bdata !== 'string' || !TYPES[v.dtype]) { return v; }
+    var s = atob(v.bdata), n = s.length, u = new Uint8Array(n);
+    for (var i = 0; i < n; i++) { u[i] = s.charCodeAt(i); }
+    return Array.from(new TYPES[v.dtype](u.buffer));
+  }
+  function plain(data) {
+    (Array.isArray(data) ? data : []).forEach(function (t) {
+      if (t) { t.x = decode(t.x); t.y = decode(t.y); }
+    });
+  }
+  function wrap(P) {
+    if (!P || P.__gpudashTyped) { return P; }
+    ['react', 'newPlot'].forEach(function (name) {
+      var f = P[name];
+      if (typeof f !== 'function') { return; }
+      P[name] = function (gd, data) {
+        plain(data && data.data ? data.data : data);
+        return f.apply(this, arguments);
+      };
+    });
+    P.__gpudashTyped = true;
+    return P;
+  }
+  var current = wrap(window.Plotly);
+  Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
+    get: function () { return current; }, set: function (v) { current = wrap(v); }});
+})();"""
+
+
 def index_string(title: str = "gpudash") -> str:
     return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>{%favicon%}{%css%}<style>" + CSS
             + "</style></head><body><div class='topbar'><a href='/'>gpudash</a>"
             "<button id='theme-toggle' class='theme-toggle' type='button' onclick='gpudashTheme.toggle()'>"
             "dark mode</button></div><script>" + THEME_JS + "</script>{%app_entry%}<footer>"
-            "{%config%}{%scripts%}{%renderer%}</footer></body></html>")
+            "{%config%}<script>" + TYPED_JS + "</script>{%scripts%}{%renderer%}</footer></body></html>")

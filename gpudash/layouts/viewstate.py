@@ -60,12 +60,13 @@ def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | boo
 
 
 def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
-    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change."""
+    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change
+    (``{"autosize": true}``, sent by every chart when first drawn, is not a zoom)."""
     if not relayout:
         return None
     if not isinstance(relayout, dict):
         raise BadInput("relayoutData must be an object")
-    if relayout.get("xaxis.autorange") or relayout.get("autosize"):
+    if relayout.get("xaxis.autorange"):
         return True
     if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
         return as_float(relayout["xaxis.range[0]"], "x range"), as_float(relayout["xaxis.range[1]"], "x range")
