@@ -29,7 +29,7 @@ from gpudash.layouts.inputs import BadInput, as_int, page_run
 from gpudash.layouts.run_page import CURSOR_GRAPHS, LIVE_GRAPHS, STEP_GRAPHS, build_graph, cursor_shape
 from gpudash.layouts.series import Series
 
-__all__ = ["EAGER", "LAZY", "OBSERVE_JS", "fill", "page_graph", "placeholder", "register_lazy_callbacks",
+__all__ = ["EAGER", "LAZY", "OBSERVE_JS", "PLACEHOLDER", "fill", "page_graph", "placeholder", "register_lazy_callbacks",
            "wire_tree"]
 
 #: Live charts sent with the page (the first screen, and the loss chart with its spikes).
@@ -39,6 +39,8 @@ LAZY = tuple(g for g in LIVE_GRAPHS if g not in EAGER)
 _TITLES = {"rates-graph": "Samples/s and tokens/s", "phases-graph": "Phase breakdown per step",
            "device-graph": "Device", "host-graph": "Host (CPU, process memory)", "signals-graph": "Stability signals"}
 _PANELS = ("device-graph", "host-graph", "signals-graph")
+#: ``layout.meta`` of a chart not drawn yet (what a test or script can look for).
+PLACEHOLDER = "gpudash-lazy"
 
 #: Runs when the run page mounts and after each fill: watches the charts not drawn yet and names those in
 #: view (or within 300 px of it) in ``lazy-seen``. A chart in a folded section has no box, so it is named
@@ -83,6 +85,7 @@ def placeholder(graph: str, specs: list[Series]) -> Fig:
                          "drawn when scrolled into view")
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False)
+    fig.layout["meta"] = PLACEHOLDER
     if graph in CURSOR_GRAPHS:
         fig.layout["shapes"] = [cursor_shape(None)]
     return fig
