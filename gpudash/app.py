@@ -6,30 +6,28 @@ token check, the server thread and the CLI.
 
     app = create_app(Path("runs"))            # a dash.Dash; app.server is Flask
     url, stop = serve_in_thread(Path("runs"), "127.0.0.1", 0)
+
+Dash, Flask and the pages are imported when the app is made, after the port is bound: ``serve --help``
+answers at once, and a browser opened right away waits for the first page instead of being refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-import dash
-from dash import dcc, html
-from flask import jsonify, request
 
 from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.errors import RunError, UserError
-from gpudash.layouts import memory, runs, throughput
-from gpudash.layouts.callbacks import ReaderCache, register_callbacks
-from gpudash.layouts.data import load_view
-from gpudash.layouts.inputs import BadInput
-from gpudash.layouts.pages import verdicts_for
-from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir
-from gpudash.layouts.style import index_string
+
+if TYPE_CHECKING:
+    import dash
+
+    from gpudash.layouts.callbacks import ReaderCache
 
 __all__ = ["add_arguments", "create_app", "run", "serve_in_thread"]
 
@@ -65,6 +63,13 @@ def _install_compression(server: Any) -> None:
 
 
 def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
+    from flask import jsonify, request
+
+    from gpudash.layouts import memory, runs, throughput
+    from gpudash.layouts.data import load_view
+    from gpudash.layouts.pages import verdicts_for
+    from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
+
     @server.get("/api/runs")
     def api_runs() -> Any:
         # paged like the runs page (newest first, search and status filter before paging): a folder of
@@ -121,6 +126,13 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
 
     ``requests_pathname_prefix``: the path the browser reaches the server under (a proxy that strips it,
     e.g. Jupyter's ``/user/NAME/proxy/PORT/``); the server answers under it as well as at ``/``."""
+    import dash
+    from dash import dcc, html
+
+    from gpudash.layouts.callbacks import ReaderCache, register_callbacks
+    from gpudash.layouts.inputs import BadInput
+    from gpudash.layouts.style import index_string
+
     runs_dir = Path(runs_dir)
     no_title: Any = None  # no "Updating..." tab-title flicker on every live tick
     app = dash.Dash(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
@@ -156,16 +168,27 @@ def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
     """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port.
     ``prefix_for_port``: the ``requests_pathname_prefix`` for the port bound (a proxy path naming it)."""
     check_bind(host, token)
-    answer: list[Any] = []  # bound first, so the prefix can name the port; nobody has the URL before the app
-    server, thread = serve_wsgi(lambda environ, start: answer[0](environ, start), host, port, "gpudash-serve")
+    # bound first, so the prefix can name the port; a request that comes while the app is made waits for it
+    answer: list[Any] = []
+    ready = threading.Event()
+
+    def when_ready(environ: dict[str, Any], start: Callable[..., Any]) -> Any:
+        if not ready.wait(120) or not answer:
+            start("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"gpudash: the dashboard did not start\n"]
+        return answer[0](environ, start)
+
+    server, thread = serve_wsgi(when_ready, host, port, "gpudash-serve")
     try:
         app = create_app(Path(runs_dir), token=token, metrics=metrics, host=host, allow_hosts=allow_hosts,
                          requests_pathname_prefix=prefix_for_port(server.server_port) if prefix_for_port else "/")
     except BaseException:
+        ready.set()
         server.shutdown()
         server.server_close()
         raise
     answer.append(app.server)
+    ready.set()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
 
@@ -193,6 +216,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpudash.layouts.runid import list_run_dirs
+
     runs_dir: Path = args.runs_dir
     if not runs_dir.is_dir():
         raise UserError(f"{runs_dir}: no such directory (pass the folder your runs are written to)")
