@@ -103,9 +103,11 @@ def page_graph(graph: str, view: RunView, zoomed: RunView, rank: int, at: int | 
 
 
 def wire_tree(node: Any) -> Any:
-    """Every graph's figure in a page as it is sent (typed arrays); the page's own figures are not changed."""
-    if isinstance(node, dcc.Graph) and isinstance(getattr(node, "figure", None), dict):
-        node.figure = wire(node.figure)
+    """Each graph of a page about to be sent gets its figure as sent (typed arrays); the figures built are
+    not changed (each graph holds a copy)."""
+    figure = getattr(node, "figure", None)
+    if isinstance(node, dcc.Graph) and isinstance(figure, dict):
+        node.figure = wire(figure)  # type: ignore[attr-defined]
     children = getattr(node, "children", None)
     for child in children if isinstance(children, list | tuple) else [children]:
         if child is not None and not isinstance(child, str | int | float):

@@ -78,10 +78,10 @@ def test_run_page_compressed_typed_and_lazy(runs_dir: Path) -> None:
     """The route's answer is compressed; its charts are typed arrays that decode to the built figure; the charts
     below the fold are empty frames; the loss chart carries the spike."""
     from gpudash.app import create_app
+    from gpudash.layouts.data import load_view
     from gpudash.layouts.lazy import EAGER, LAZY, PLACEHOLDER
     from gpudash.layouts.pages import facts_for
     from gpudash.layouts.run_page import build_graph
-    from gpudash.layouts.data import load_view
     from gpudash.store.reader import RunReader
 
     app = create_app(runs_dir)
