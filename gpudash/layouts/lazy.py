@@ -7,7 +7,7 @@ as empty frames of the same size. A script in the page watches them
 opened, its id goes into the ``lazy-seen`` store and :func:`fill` builds it
 from the run as it is now, with the cursor, zoom, smoothing and rank the page
 shows (the address's zoom included), through the same :func:`page_graph` the
-first screen uses. The live tick appends only to charts it has drawn: a chart
+first screen uses (:mod:`gpudash.layouts.run_page`). The live tick appends only to charts it has drawn: a chart
 filled while a run is live is rebuilt once by the tick, then extended.
 
 :func:`wire_tree` is where the page's figures leave the server: their numeric
@@ -22,25 +22,12 @@ from urllib.parse import parse_qs
 import dash
 from dash import Input, Output, State, dcc, no_update
 from dash.exceptions import PreventUpdate
-from gpudash.layouts.common import base_figure, waiting_figure
-from gpudash.layouts.data import RunView
 from gpudash.layouts.fig import Fig, wire
 from gpudash.layouts.inputs import BadInput, as_int, page_run
-from gpudash.layouts.run_page import CURSOR_GRAPHS, LIVE_GRAPHS, STEP_GRAPHS, build_graph, cursor_shape
-from gpudash.layouts.series import Series
+from gpudash.layouts.run_page import EAGER, LAZY, PLACEHOLDER, page_graph, placeholder
 
 __all__ = ["EAGER", "LAZY", "OBSERVE_JS", "PLACEHOLDER", "fill", "page_graph", "placeholder", "register_lazy_callbacks",
-           "wire_tree"]
-
-#: Live charts sent with the page (the first screen, and the loss chart with its spikes).
-EAGER = ("memory-graph", "step-time-graph", "loss-graph")
-#: Live charts drawn when scrolled to or opened.
-LAZY = tuple(g for g in LIVE_GRAPHS if g not in EAGER)
-_TITLES = {"rates-graph": "Samples/s and tokens/s", "phases-graph": "Phase breakdown per step",
-           "device-graph": "Device", "host-graph": "Host (CPU, process memory)", "signals-graph": "Stability signals"}
-_PANELS = ("device-graph", "host-graph", "signals-graph")
-#: ``layout.meta`` of a chart not drawn yet (what a test or script can look for).
-PLACEHOLDER = "gpudash-lazy"
+           "wire_tree"]  # EAGER, LAZY, PLACEHOLDER, page_graph and placeholder live in run_page (the page builds them)
 
 #: Runs when the run page mounts and after each fill: watches the charts not drawn yet and names those in
 #: view (or within 300 px of it) in ``lazy-seen``. A chart in a folded section has no box, so it is named
@@ -75,31 +62,6 @@ OBSERVE_JS = """function (drawn) {
   })();
   return window.dash_clientside.no_update;
 }""".replace("LAZY_IDS", repr(list(LAZY)))
-
-
-def placeholder(graph: str, specs: list[Series]) -> Fig:
-    """The frame a lazy chart shows until drawn: its title and height (no jump when it fills), the cursor
-    line the replay moves (shapes[0], as on the drawn chart)."""
-    n = len({s.yaxis for s in specs}) or 1
-    fig = waiting_figure(base_figure(_TITLES.get(graph, ""), height=170 + 130 * n if graph in _PANELS else 300),
-                         "drawn when scrolled into view")
-    fig.update_xaxes(showticklabels=False)
-    fig.update_yaxes(showticklabels=False)
-    fig.layout["meta"] = PLACEHOLDER
-    if graph in CURSOR_GRAPHS:
-        fig.layout["shapes"] = [cursor_shape(None)]
-    return fig
-
-
-def page_graph(graph: str, view: RunView, zoomed: RunView, rank: int, at: int | None,
-               xrange: tuple[float, float] | None, spikes: list[int] | None, smooth: float) -> tuple[Fig, list[Series]]:
-    """``graph`` as the page shows it: ``zoomed`` (the address's step range) for the step charts, the cursor
-    line at ``at``, the run's spike facts on the loss chart."""
-    fig, specs = build_graph(graph, zoomed if graph in STEP_GRAPHS else view, rank, cursor=at, spikes=spikes,
-                             smooth=smooth)
-    if xrange is not None and graph in STEP_GRAPHS:
-        fig.update_xaxes(range=list(xrange))
-    return fig, specs
 
 
 def wire_tree(node: Any) -> Any:

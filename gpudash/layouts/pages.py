@@ -16,9 +16,8 @@ from gpudash.layouts.common import source_reason
 from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.fig import Fig
-from gpudash.layouts.lazy import EAGER, page_graph, placeholder
 from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, graph_specs, run_page
+from gpudash.layouts.run_page import EAGER, LIVE_GRAPHS, STEP_GRAPHS, graph_specs, page_graph, placeholder, run_page
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.layouts.common import fmt_bytes, note, source_reason
+from gpudash.layouts.common import base_figure, fmt_bytes, note, source_reason, waiting_figure
 from gpudash.layouts.data import RunView
 from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
 
-__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
+__all__ = ["EAGER", "LAZY", "PLACEHOLDER", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
@@ -149,6 +149,43 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
         fig.layout["shapes"] = [cursor_shape(cursor), *(fig.layout.shapes or ())]
+    return fig, specs
+
+
+#: Live charts sent with the page (the first screen, and the loss chart with its spikes); the others are drawn
+#: when scrolled into view (:mod:`gpudash.layouts.lazy`).
+EAGER = ("memory-graph", "step-time-graph", "loss-graph")
+#: Live charts drawn when scrolled to or opened.
+LAZY = tuple(g for g in LIVE_GRAPHS if g not in EAGER)
+_TITLES = {"rates-graph": "Samples/s and tokens/s", "phases-graph": "Phase breakdown per step",
+           "device-graph": "Device", "host-graph": "Host (CPU, process memory)", "signals-graph": "Stability signals"}
+_PANELS = ("device-graph", "host-graph", "signals-graph")
+#: ``layout.meta`` of a chart not drawn yet (what a test or script can look for).
+PLACEHOLDER = "gpudash-lazy"
+
+
+def placeholder(graph: str, specs: list[Series]) -> Fig:
+    """The frame a lazy chart shows until drawn: its title and height (no jump when it fills), the cursor
+    line the replay moves (shapes[0], as on the drawn chart)."""
+    n = len({s.yaxis for s in specs}) or 1
+    fig = waiting_figure(base_figure(_TITLES.get(graph, ""), height=170 + 130 * n if graph in _PANELS else 300),
+                         "drawn when scrolled into view")
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False)
+    fig.layout["meta"] = PLACEHOLDER
+    if graph in CURSOR_GRAPHS:
+        fig.layout["shapes"] = [cursor_shape(None)]
+    return fig
+
+
+def page_graph(graph: str, view: RunView, zoomed: RunView, rank: int, at: int | None,
+               xrange: tuple[float, float] | None, spikes: list[int] | None, smooth: float) -> tuple[Fig, list[Series]]:
+    """``graph`` as the page shows it: ``zoomed`` (the address's step range) for the step charts, the cursor
+    line at ``at``, the run's spike facts on the loss chart."""
+    fig, specs = build_graph(graph, zoomed if graph in STEP_GRAPHS else view, rank, cursor=at, spikes=spikes,
+                             smooth=smooth)
+    if xrange is not None and graph in STEP_GRAPHS:
+        fig.update_xaxes(range=list(xrange))
     return fig, specs
 
 
