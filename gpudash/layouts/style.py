@@ -91,9 +91,11 @@ THEME_JS = """(function () {
 })();"""
 
 
-#: Typed arrays (:func:`gpudash.layouts.fig.wire`) back into plain arrays before plotly.js draws them: the page
-#: parses a base64 string instead of thousands of numbers, and live ``extendData`` appends to an array as
-#: before. plotly.js is loaded after this script, so it is caught when it is set on ``window``.
+#: plotly.js for the page, and typed arrays (:func:`gpudash.layouts.fig.wire`) back into plain arrays before it
+#: draws them: the page parses a base64 string instead of thousands of numbers, and live ``extendData`` appends
+#: to an array as before. On a run or compare page plotly.js (4.8 MB) is fetched and parsed at once, while the
+#: server builds the page, not after the first graph is mounted; until it has run, ``window.Plotly`` is a
+#: promise of it, which is what Dash's graph waits on (``Promise.resolve(window.Plotly || load())``).
 TYPED_JS = """(function () {
   var TYPES = {f4: Float32Array, f8: Float64Array, i4: Int32Array};
   function decode(v) {
@@ -108,7 +110,7 @@ TYPED_JS = """(function () {
     });
   }
   function wrap(P) {
-    if (!P || P.__gpudashTyped) { return P; }
+    if (!P || P.__gpudashTyped || typeof P.then === 'function') { return P; }
     ['react', 'newPlot'].forEach(function (name) {
       var f = P[name];
       if (typeof f !== 'function') { return; }
@@ -120,9 +122,21 @@ TYPED_JS = """(function () {
     P.__gpudashTyped = true;
     return P;
   }
-  var current = wrap(window.Plotly);
+  var current = wrap(window.Plotly), loaded = null, done = null;
+  if (!current && /\/(run|compare)(\/|$)/.test(location.pathname)) {
+    try {
+      var cfg = JSON.parse(document.getElementById('_dash-config').textContent);
+      var el = document.createElement('script');
+      el.src = (cfg.requests_pathname_prefix || '/') + '_dash-component-suites/plotly/package_data/plotly.min.js';
+      el.async = true;
+      loaded = new Promise(function (resolve) { done = resolve; });
+      el.onerror = function () { loaded = null; };
+      document.head.appendChild(el);
+    } catch (e) { loaded = null; }
+  }
   Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
-    get: function () { return current; }, set: function (v) { current = wrap(v); }});
+    get: function () { return current || loaded || undefined; },
+    set: function (v) { current = wrap(v); if (done && current) { done(current); } }});
 })();"""
 
 
