@@ -96,7 +96,7 @@ THEME_JS = """(function () {
 #: to an array as before. On a run or compare page plotly.js (4.8 MB) is fetched and parsed at once, while the
 #: server builds the page, not after the first graph is mounted; until it has run, ``window.Plotly`` is a
 #: promise of it, which is what Dash's graph waits on (``Promise.resolve(window.Plotly || load())``).
-TYPED_JS = """(function () {
+TYPED_JS = r"""(function () {
   var TYPES = {f4: Float32Array, f8: Float64Array, i4: Int32Array};
   function decode(v) {
     if (!v || typeof v.bdata !== 'string' || !TYPES[v.dtype]) { return v; }
