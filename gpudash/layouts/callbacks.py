@@ -21,7 +21,9 @@ from gpudash.errors import RunError
 from gpudash.layouts import compare, events, memory, ranks, run_page, runs, stability, throughput, xaxis
 from gpudash.layouts.common import note
 from gpudash.layouts.data import RunView, load_view
+from gpudash.layouts.fig import wire
 from gpudash.layouts.inputs import BadInput, as_float, as_int, live_state, page_run, rank_of
+from gpudash.layouts.lazy import register_lazy_callbacks, wire_tree
 from gpudash.layouts.links import href
 from gpudash.layouts.live import live_tick
 from gpudash.layouts.pages import (
@@ -162,7 +164,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
             here["query"] = [[k, v] for k, v in sorted(query.items()) if k != "theme"]  # as the store echoes it
         if "url.pathname" not in dash.ctx.triggered_prop_ids and shown == here:
             raise PreventUpdate
-        return page_for(pathname, search, runs_dir, readers), here
+        return wire_tree(page_for(pathname, search, runs_dir, readers)), here  # figures as typed arrays
 
     @app.callback(Output("url", "search"),
                   Input("cursor-slider", "value"), Input("smoothing", "value"),
@@ -200,12 +202,12 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
          Output("events-graph", "figure"), Output("events-table", "data"), Output("live-interval", "max_intervals")],
         Input("live-interval", "n_intervals"),
         State("live-state", "data"), State("cursor-slider", "value"), State("cursor-slider", "max"),
-        State("page-run", "data"), State("smoothing", "value"),
+        State("page-run", "data"), State("smoothing", "value"), State("lazy-drawn", "data"),
         running=[(Output("live-interval", "disabled"), True, False)],
         prevent_initial_call=True,
     )
     def live(n: int, state: dict[str, Any], cursor: int | None, slider_max: int | None,
-             page: dict[str, Any] | None, smooth: Any = None) -> Any:
+             page: dict[str, Any] | None, smooth: Any = None, drawn: Any = None) -> Any:
         if not state or not isinstance(state, dict) or not state.get("run"):
             raise PreventUpdate
         state = live_state(state)
@@ -220,6 +222,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         with lock:
             phases = {"phases": list(facts.phases)} if facts is not None else None
             res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, int(state.get("rank", 0)), phases))
+            # a chart drawn after the page (scrolled to) is rebuilt once here, then extended like the others
+            res.rebuild.update(g for g in graphs if isinstance(drawn, list) and g in drawn and g not in state["specs"])
             view: RunView | None = load_view(reader) if (res.rebuild or res.new_events) else None
         new = res.state
         extends = [res.extends.get(g, no_update) for g in graphs]
@@ -230,7 +234,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                     fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
                                                       spikes=list(facts.loss_spike_steps) if facts else None,
                                                       smooth=smoothing_of(smooth), x=xaxis.x_of(new))
-                    figures[i] = fig
+                    figures[i] = wire(fig)
                     extends[i] = no_update
                     new["specs"][g] = [s.as_dict() for s in specs]
                     new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
@@ -392,7 +396,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                                               smooth=smooth, x=xaxis.x_of(state))
             new["specs"][g] = [s.as_dict() for s in specs]
             new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
-            out.append(fig)
+            out.append(wire(fig))
         return [*out, new]
 
     snapshots = SnapshotRequests()
@@ -400,6 +404,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         _register_zoom(app, readers, graph_id, xmode)
     _register_ranks(app, readers)
     register_snapshot_callbacks(app, readers)
+    register_lazy_callbacks(app, readers)
 
     @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),
                   Input("summary-timer", "n_intervals"), Input("run-status", "children"), State("page-run", "data"),
@@ -458,4 +463,4 @@ def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str, xmode: s
                                       spikes=list(facts.loss_spike_steps) if facts is not None else None, x=x)
         if isinstance(rng, tuple):
             fig.update_xaxes(range=list(rng))
-        return fig
+        return wire(fig)

@@ -5,13 +5,32 @@ validates every property and every list element (tens of ms per trace, most
 of the page's build time). :class:`Fig` is a ``dict`` with the few
 ``go.Figure``-style helpers the views use, and attribute access for reading
 back (``fig.data[0].uid``, ``fig.layout.annotations``) in tests.
+
+Figures keep plain lists while the server builds, reads and extends them;
+:func:`wire` is applied when one leaves the server: its numeric x/y become
+plotly typed arrays (``{"dtype": "f4", "bdata": base64}``), a quarter of the
+JSON of a list of floats, float32 only where that moves no point by more than
+a ten-thousandth of the trace's span (steps go as int32, wall-clock seconds
+stay float64). The page's script turns them back into arrays before plotting
+(:data:`gpudash.layouts.style.TYPED_JS`), so live ``extendData`` appends to
+them as before.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
-__all__ = ["AttrDict", "Fig"]
+import numpy as np
+
+__all__ = ["AttrDict", "Fig", "decode_array", "encode_array", "wire"]
+
+#: Trace keys sent as typed arrays, and the shortest list worth it (a spike marker stays a list).
+WIRE_KEYS = ("x", "y")
+WIRE_MIN = 16
+#: float32 when it moves no value by more than this fraction of the values' span (far below a pixel).
+F4_TOLERANCE = 1e-4
+_I4 = np.iinfo(np.int32)
 
 
 class AttrDict(dict):  # type: ignore[type-arg]
@@ -76,3 +95,49 @@ class Fig(dict):  # type: ignore[type-arg]
         if text:
             self.add_annotation(xref="x", x=x, yref="paper", y=1, text=text, showarrow=False, yanchor="bottom",
                                 font={"size": 11, "color": color})
+
+
+def encode_array(values: Any) -> Any:
+    """``values`` as a plotly typed array (int32, float32 or float64), or unchanged when not all numbers."""
+    if isinstance(values, dict) or not hasattr(values, "__len__") or len(values) < WIRE_MIN:
+        return values
+    try:
+        a = np.asarray(values)
+    except (ValueError, TypeError):
+        return values
+    if a.ndim != 1:
+        return values
+    if a.dtype.kind in "iu":
+        if len(a) and (a.min() < _I4.min or a.max() > _I4.max):
+            a, dtype = a.astype("<f8"), "f8"
+        else:
+            a, dtype = a.astype("<i4"), "i4"
+    elif a.dtype.kind == "f":
+        a = a.astype("<f8")
+        f4 = a.astype("<f4")
+        finite = np.isfinite(a)
+        ok = bool(np.array_equal(np.isfinite(f4), finite))
+        if ok and finite.any():
+            v = a[finite]
+            span = float(v.max() - v.min()) or abs(float(v.max()))
+            ok = float(np.max(np.abs(f4[finite].astype("<f8") - v))) <= F4_TOLERANCE * span
+        a, dtype = (f4, "f4") if ok else (a, "f8")
+    else:  # None (a gap), text, booleans: a plain list
+        return values
+    return {"dtype": dtype, "bdata": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def decode_array(spec: Any) -> Any:
+    """The values of a typed array (what plotly.js and the page's script read); anything else unchanged."""
+    if not (isinstance(spec, dict) and "bdata" in spec and "dtype" in spec):
+        return spec
+    return np.frombuffer(base64.b64decode(spec["bdata"]), dtype="<" + str(spec["dtype"])).tolist()
+
+
+def wire(fig: Any) -> Any:
+    """The figure as it is sent: a copy whose numeric x/y are typed arrays (the figure is not changed)."""
+    if not isinstance(fig, dict) or not isinstance(fig.get("data"), list):
+        return fig
+    data = [{k: encode_array(v) if k in WIRE_KEYS else v for k, v in t.items()} if isinstance(t, dict) else t
+            for t in fig["data"]]
+    return {**fig, "data": data}

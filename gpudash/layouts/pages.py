@@ -14,7 +14,7 @@ from gpudash.layouts import events, hotspots, memory, ranks
 from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import LIVE_GRAPHS, STEP_GRAPHS, build_graph, run_page
+from gpudash.layouts.run_page import EAGER, LIVE_GRAPHS, STEP_GRAPHS, graph_specs, page_graph, placeholder, run_page
 from gpudash.layouts.snapshot_views import (
     alloc_timeline_child,
     alloc_timeline_view,
@@ -23,7 +23,7 @@ from gpudash.layouts.snapshot_views import (
     segment_map_view,
     snapshot_options,
 )
-from gpudash.layouts.xaxis import XAxis, time_range_of, x_origin
+from gpudash.layouts.xaxis import XAxis, x_origin
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import NUMERIC_TABLES, SNAPSHOT_REQUEST_FILE
 
@@ -113,13 +113,13 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         cursor = None
     zoomed = range_view(reader, view, xrange[0], xrange[1]) if xrange is not None else view
     figs, specs = {}, {}
+    at = cursor if cursor is not None else None if view.status == "live" else last
     for g in LIVE_GRAPHS:
-        at = cursor if cursor is not None else None if view.status == "live" else last
-        src = zoomed if g in STEP_GRAPHS else view
-        figs[g], specs[g] = build_graph(g, src, rank, cursor=at, spikes=spikes, smooth=smooth, x=x)
-        if xrange is not None and g in STEP_GRAPHS:
-            rng = time_range_of(view.full.get("steps", view.frame("steps")), x, *xrange) if x.timed else list(xrange)
-            figs[g].update_xaxes(range=rng)
+        if g in EAGER:
+            figs[g], specs[g] = page_graph(g, view, zoomed, rank, at, xrange, spikes, smooth, x)
+        else:  # drawn when scrolled to (gpudash.layouts.lazy); its series say whether it has anything to draw
+            specs[g] = graph_specs(g, (zoomed if g in STEP_GRAPHS else view).frames, rank, view.meta, smooth)
+            figs[g] = placeholder(g, specs[g])
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
@@ -140,7 +140,7 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "facts": facts,
         "x": x,
     }
-    state = initial_state(run_id, view, specs, rank)
+    state = initial_state(run_id, view, {g: specs[g] for g in EAGER}, rank)  # the live tick extends these
     state["x"] = x.as_dict()
     state["downsampled"] = any(view.levels.values()) or any(
         len(view.frame(t)) >= MAX_POINTS or len(view.full.get(t, ())) > len(view.frame(t)) for t in NUMERIC_TABLES)

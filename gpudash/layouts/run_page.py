@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from dash import dcc, html
 from gpudash.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.layouts.common import fmt_bytes, note, recorded_reason, source_reason
+from gpudash.layouts.common import base_figure, fmt_bytes, note, recorded_reason, source_reason, waiting_figure
 from gpudash.layouts.data import RunView
 from gpudash.layouts.downsample import downsample_indices
 from gpudash.layouts.fig import Fig
@@ -17,9 +17,9 @@ from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
-from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, with_x
+from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
 
-__all__ = ["LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "graph_specs", "replay_speed",
+__all__ = ["EAGER", "LAZY", "PLACEHOLDER", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
@@ -85,7 +85,7 @@ def graph_specs(graph: str, frames: dict[str, Any], rank: int = 0, meta: dict[st
     raise KeyError(graph)
 
 
-def _cursor_shape(step: int | None) -> dict[str, Any]:
+def cursor_shape(step: int | None) -> dict[str, Any]:
     return {"type": "line", "xref": "x", "yref": "paper", "x0": step or 0, "x1": step or 0, "y0": 0, "y1": 1,
             "line": {"color": "#111", "width": 1.5, "dash": "dot"}, "visible": step is not None}
 
@@ -158,14 +158,58 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
     if smooth > 0:
         _full_ema(fig, specs, view)
     if graph in CURSOR_GRAPHS:
-        fig.layout["shapes"] = [_cursor_shape(cursor), *(fig.layout.shapes or ())]
+        fig.layout["shapes"] = [cursor_shape(cursor), *(fig.layout.shapes or ())]
     if graph in STEP_GRAPHS:
         style_figure(fig, x, view.full.get("steps", view.frame("steps")))
     return fig, specs
 
 
+#: Live charts sent with the page (the first screen, and the loss chart with its spikes); the others are drawn
+#: when scrolled into view (:mod:`gpudash.layouts.lazy`).
+EAGER = ("memory-graph", "step-time-graph", "loss-graph")
+#: Live charts drawn when scrolled to or opened.
+LAZY = tuple(g for g in LIVE_GRAPHS if g not in EAGER)
+_TITLES = {"rates-graph": "Samples/s and tokens/s", "phases-graph": "Phase breakdown per step",
+           "device-graph": "Device", "host-graph": "Host (CPU, process memory)", "signals-graph": "Stability signals"}
+_PANELS = ("device-graph", "host-graph", "signals-graph")
+#: ``layout.meta`` of a chart not drawn yet (what a test or script can look for).
+PLACEHOLDER = "gpudash-lazy"
+
+
+def placeholder(graph: str, specs: list[Series]) -> Fig:
+    """The frame a lazy chart shows until drawn: its title and height (no jump when it fills), the cursor
+    line the replay moves (shapes[0], as on the drawn chart)."""
+    n = len({s.yaxis for s in specs}) or 1
+    fig = waiting_figure(base_figure(_TITLES.get(graph, ""), height=170 + 130 * n if graph in _PANELS else 300),
+                         "drawn when scrolled into view")
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False)
+    fig.layout["meta"] = PLACEHOLDER
+    if graph in CURSOR_GRAPHS:
+        fig.layout["shapes"] = [cursor_shape(None)]
+    return fig
+
+
+def page_graph(graph: str, view: RunView, zoomed: RunView, rank: int, at: int | None,
+               xrange: tuple[float, float] | None, spikes: list[int] | None, smooth: float,
+               x: XAxis | None = None) -> tuple[Fig, list[Series]]:
+    """``graph`` as the page shows it: ``zoomed`` (the address's step range) for the step charts, the cursor
+    line at ``at``, the run's spike facts on the loss chart, the step charts' x axis ``x`` (a step range
+    drawn as the time those steps took on a time axis)."""
+    x = x or XAxis()
+    fig, specs = build_graph(graph, zoomed if graph in STEP_GRAPHS else view, rank, cursor=at, spikes=spikes,
+                             smooth=smooth, x=x)
+    if xrange is not None and graph in STEP_GRAPHS:
+        rng = time_range_of(view.full.get("steps", view.frame("steps")), x, *xrange) if x.timed else list(xrange)
+        fig.update_xaxes(range=rng)
+    return fig, specs
+
+
 def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
-    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph")
+    # its height before plotly.js has drawn it: the page does not jump, and what is below the fold stays there
+    height = fig.layout.get("height") if isinstance(fig, Fig) else None
+    style = {"minHeight": f"{height}px"} if isinstance(height, int | float) else {}
+    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph", style=style)
 
 
 #: Sources a collector gives up on at the start (no GPU, no NVML, no psutil): a live run says why at once.
@@ -338,6 +382,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     return html.Div([
         header, replay, mem_section, tp_section, ranks_box, dev_section, stab_section, ev_section, hot_section,
         dcc.Store(id="live-state", data=state),
+        dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in state.get("specs", {})]),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
         dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1,
                                        "mfu_meta": throughput.mfu_meta(meta)}),

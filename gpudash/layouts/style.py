@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CSS", "index_string"]
+__all__ = ["CSS", "TYPED_JS", "index_string"]
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; background: #f6f7f9; color: #222; }
@@ -112,9 +112,58 @@ THEME_JS = """(function () {
 })();"""
 
 
+#: plotly.js for the page, and typed arrays (:func:`gpudash.layouts.fig.wire`) back into plain arrays before it
+#: draws them: the page parses a base64 string instead of thousands of numbers, and live ``extendData`` appends
+#: to an array as before. On a run or compare page plotly.js (4.8 MB) is fetched and parsed at once, while the
+#: server builds the page, not after the first graph is mounted; until it has run, ``window.Plotly`` is a
+#: promise of it, which is what Dash's graph waits on (``Promise.resolve(window.Plotly || load())``).
+TYPED_JS = r"""(function () {
+  var TYPES = {f4: Float32Array, f8: Float64Array, i4: Int32Array};
+  function decode(v) {
+    if (!v || typeof v.bdata !== 'string' || !TYPES[v.dtype]) { return v; }
+    var s = atob(v.bdata), n = s.length, u = new Uint8Array(n);
+    for (var i = 0; i < n; i++) { u[i] = s.charCodeAt(i); }
+    return Array.from(new TYPES[v.dtype](u.buffer));
+  }
+  function plain(data) {
+    (Array.isArray(data) ? data : []).forEach(function (t) {
+      if (t) { t.x = decode(t.x); t.y = decode(t.y); }
+    });
+  }
+  function wrap(P) {
+    if (!P || P.__gpudashTyped || typeof P.then === 'function') { return P; }
+    ['react', 'newPlot'].forEach(function (name) {
+      var f = P[name];
+      if (typeof f !== 'function') { return; }
+      P[name] = function (gd, data) {
+        plain(data && data.data ? data.data : data);
+        return f.apply(this, arguments);
+      };
+    });
+    P.__gpudashTyped = true;
+    return P;
+  }
+  var current = wrap(window.Plotly), loaded = null, done = null;
+  if (!current && /\/(run|compare)(\/|$)/.test(location.pathname)) {
+    try {
+      var cfg = JSON.parse(document.getElementById('_dash-config').textContent);
+      var el = document.createElement('script');
+      el.src = (cfg.requests_pathname_prefix || '/') + '_dash-component-suites/plotly/package_data/plotly.min.js';
+      el.async = true;
+      loaded = new Promise(function (resolve) { done = resolve; });
+      el.onerror = function () { loaded = null; };
+      document.head.appendChild(el);
+    } catch (e) { loaded = null; }
+  }
+  Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
+    get: function () { return current || loaded || undefined; },
+    set: function (v) { current = wrap(v); if (done && current) { done(current); } }});
+})();"""
+
+
 def index_string(title: str = "gpudash") -> str:
     return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>{%favicon%}{%css%}<style>" + CSS
             + "</style></head><body><div class='topbar'><a href='/'>gpudash</a>"
             "<button id='theme-toggle' class='theme-toggle' type='button' onclick='gpudashTheme.toggle()'>"
             "dark mode</button></div><script>" + THEME_JS + "</script>{%app_entry%}<footer>"
-            "{%config%}{%scripts%}{%renderer%}</footer></body></html>")
+            "{%config%}<script>" + TYPED_JS + "</script>{%scripts%}{%renderer%}</footer></body></html>")

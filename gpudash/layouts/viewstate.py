@@ -85,7 +85,8 @@ def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | boo
 
 
 def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
-    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change."""
+    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change
+    (``{"autosize": true}``, sent by every chart when first drawn, is not a zoom)."""
     if not relayout:
         return None
     if not isinstance(relayout, dict):

@@ -12,6 +12,7 @@ from dash import Input, Output, Patch, State
 from dash.exceptions import PreventUpdate
 from gpudash.layouts import run_page
 from gpudash.layouts.data import load_view
+from gpudash.layouts.fig import wire
 from gpudash.layouts.inputs import BadInput, as_int, live_state
 from gpudash.layouts.pages import facts_for, range_view
 from gpudash.layouts.readers import ReaderCache
@@ -63,7 +64,7 @@ def register_xaxis_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
                     fig.update_xaxes(range=rng)
             new["specs"][g] = [s.as_dict() for s in specs]
             new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
-            figs.append(fig)
+            figs.append(wire(fig))
         return [*figs, new, with_xmode(search or "", mode)]
 
     @app.callback([Output(g, "figure", allow_duplicate=True) for g in run_page.CURSOR_GRAPHS],

@@ -37,9 +37,12 @@ def severe_logs(driver: Any) -> list[str]:
 
 
 def rendered(driver: Any, graph_id: str) -> bool:
+    """``graph_id`` drawn with its data; scrolled to first (a chart below the fold is drawn when in view)."""
     return bool(driver.execute_script(
         "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
-        "return !!(g && g._fullLayout && g.querySelector('.main-svg'));", graph_id))
+        "if (g && g.layout && g.layout.meta === 'gpudash-lazy') { g.scrollIntoView({block: 'center'}); }"
+        "return !!(g && g._fullLayout && g.querySelector('.main-svg') && g.layout.meta !== 'gpudash-lazy');",
+        graph_id))
 
 
 def full_screenshot(driver: Any, path: Path) -> None:

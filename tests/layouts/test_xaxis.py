@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpudash.layouts.fig import Fig
+from gpudash.layouts.fig import Fig, decode_array
 from gpudash.layouts.inputs import BadInput, live_state
 from gpudash.layouts.series import Series, series_xy
 from gpudash.layouts.viewstate import view_search, with_xmode, xmode_of, zoom_range
@@ -142,7 +142,7 @@ def test_zoom_on_a_time_axis_rereads_the_steps_in_it(tmp_path: Path) -> None:
     resp = client.post("/_dash-update-component", json=body)
     assert resp.status_code == 200, resp.data[:300]
     fig = resp.get_json()["response"]["loss-graph"]["figure"]
-    xs = fig["data"][0]["x"]
+    xs = list(decode_array(fig["data"][0]["x"]))  # sent as a typed array (gpudash.layouts.fig.wire)
     assert fig["layout"]["xaxis"]["type"] == "date" and len(xs) == 101  # every step in the range, no sampling
     assert xs[0] == pytest.approx(50_000.0) and xs[-1] == pytest.approx(100_000.0)
     url_key = next(k for k in app.callback_map if "url.search" in k and any(
