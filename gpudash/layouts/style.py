@@ -112,9 +112,13 @@ THEME_JS = """(function () {
 })();"""
 
 
+#: The plotly.js gpudash's pages load (``gpudash/<this path>``): plotly.js's cartesian partial bundle, 1.5 MB
+#: instead of the full 4.8 MB (gpudash/layouts/vendor/README.md); served by :mod:`gpudash.app` in place of Dash's.
+PLOTLY_BUNDLE = "gpudash/layouts/vendor/plotly-cartesian.min.js"
+
 #: plotly.js for the page, and typed arrays (:func:`gpudash.layouts.fig.wire`) back into plain arrays before it
 #: draws them: the page parses a base64 string instead of thousands of numbers, and live ``extendData`` appends
-#: to an array as before. On a run or compare page plotly.js (4.8 MB) is fetched and parsed at once, while the
+#: to an array as before. On a run or compare page plotly.js (:data:`PLOTLY_BUNDLE`) is fetched and parsed at once, while the
 #: server builds the page, not after the first graph is mounted; until it has run, ``window.Plotly`` is a
 #: promise of it, which is what Dash's graph waits on (``Promise.resolve(window.Plotly || load())``).
 TYPED_JS = r"""(function () {
@@ -148,7 +152,7 @@ TYPED_JS = r"""(function () {
     try {
       var cfg = JSON.parse(document.getElementById('_dash-config').textContent);
       var el = document.createElement('script');
-      el.src = (cfg.requests_pathname_prefix || '/') + '_dash-component-suites/plotly/package_data/plotly.min.js';
+      el.src = (cfg.requests_pathname_prefix || '/') + '_dash-component-suites/' + PLOTLY_PATH;
       el.async = true;
       loaded = new Promise(function (resolve) { done = resolve; });
       el.onerror = function () { loaded = null; };
@@ -158,7 +162,7 @@ TYPED_JS = r"""(function () {
   Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
     get: function () { return current || loaded || undefined; },
     set: function (v) { current = wrap(v); if (done && current) { done(current); } }});
-})();"""
+})();""".replace("PLOTLY_PATH", repr(PLOTLY_BUNDLE))
 
 
 def index_string(title: str = "gpudash") -> str:
