@@ -41,10 +41,11 @@ def table_columns(conn: sqlite3.Connection, table: str) -> dict[str, str]:
 
 
 def column_room(conn: sqlite3.Connection, ncols: int) -> int:
-    """How many more columns a table of ``ncols`` columns can take on this connection."""
+    """How many more columns a table of ``ncols`` columns can take on this connection. One below
+    SQLite's limit: readers select the rowid with every column, and a result row has the same limit."""
     getlimit = getattr(conn, "getlimit", None)
     limit = getlimit(sqlite3.SQLITE_LIMIT_COLUMN) if getlimit is not None else _SQLITE_MAX_COLUMN
-    return max(0, limit - ncols)
+    return max(0, limit - 1 - ncols)
 
 
 def add_columns(conn: sqlite3.Connection, table: str, defs: Sequence[tuple[str, str]]) -> dict[str, sqlite3.Error]:

@@ -13,6 +13,10 @@ because the disk is full (or the file is locked, or unwritable for a while)
 keeps its records in memory and is retried every flush until it succeeds;
 any other failure loses only the records that cause it. Each problem is said
 once: in :attr:`Recorder.errors`, on stderr, and as an event in the run.
+
+The SQL side lives in :mod:`gpudash.store.tables` (and :mod:`~gpudash.store.columns`),
+value conversion in :mod:`gpudash.store.values`, the failure classes in
+:mod:`gpudash.store.failures`.
 """
 
 from __future__ import annotations
