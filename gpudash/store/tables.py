@@ -14,6 +14,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,27 @@ _BASE = {t: frozenset(c for c, _ in cols) for t, cols in TABLE_BASE_COLUMNS.item
 
 #: ``report(message, key=..., kind=...)``: say a problem once (see ``Recorder._report``)
 Report = Callable[..., None]
+
+
+_FAST_TYPES = frozenset({float, int, bool, type(None)})
+_BIG = float(1 << 63)
+
+
+def _plain_numbers(rows: list[tuple[Any, ...]]) -> np.ndarray | None:
+    """``rows`` as a float matrix when every value is a number SQLite stores as it is (floats,
+    bools, None, integers within 64 bits); None when some value needs :func:`cell`."""
+    if not _FAST_TYPES.issuperset(map(type, chain.from_iterable(rows))):
+        return None
+    try:
+        full = np.array(rows, dtype=float)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if full.ndim != 2 or len(full) != len(rows):
+        return None
+    big = np.abs(full) >= _BIG  # an integer beyond 64 bits (or a float that large: the slow path is exact)
+    if big.any() and (big & np.isfinite(full)).any():
+        return None
+    return full
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -145,12 +167,12 @@ class TableWriter:
     def insert(self, table: str, rows: list[dict[Any, Any]]) -> None:
         if table not in self._columns:
             raise sqlite3.OperationalError(f"unknown table {table!r}")
-        keys: dict[Any, str] = {TABLE_TAG: ""}  # seeded: the table tag is no column
-        for r in rows:
-            for k in r:
-                if k not in keys:
-                    keys[k] = self._column(table, k)
-        del keys[TABLE_TAG]
+        keys: dict[Any, str] = {}
+        for i in range(0, len(rows), _SLICE):  # each key once, in first-seen order (C loops, per slice)
+            keys.update(dict.fromkeys(chain.from_iterable(rows[i:i + _SLICE]), ""))
+        keys.pop(TABLE_TAG, None)  # the table tag is no column
+        for k in keys:
+            keys[k] = self._column(table, k)
         if table in DYNAMIC_TABLES:
             self._ensure_columns(table, keys, rows)
         known = self._columns[table]
@@ -159,29 +181,41 @@ class TableWriter:
         if not cols:
             return
         src = [by_col[c] for c in cols]
-        quoted = ", ".join(map(quote_ident, cols))
-        marks = ", ".join("?" * len(cols))
+        numeric = table in NUMERIC_TABLES
+        idx = [i for i, c in enumerate(cols) if known.get(c) in ("REAL", "INTEGER")] if numeric else []
         data: list[tuple[Any, ...]] = []
+        arrays: list[np.ndarray] = []
         for i in range(0, len(rows), _SLICE):
             part = rows[i:i + _SLICE]
-            try:
-                data += [tuple([cell(r.get(k)) for k in src]) for r in part]
-            except Unstorable:
-                data += [self._cells(table, r, src, cols) for r in part]
             if i:
                 time.sleep(0)  # hand the GIL back to the training thread between slices
-        first = (self._conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
-        self._conn.executemany(f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ({marks})", data)
-        if table in NUMERIC_TABLES:
-            idx = [i for i, c in enumerate(cols) if known.get(c) in ("REAL", "INTEGER")]
-            numeric = [cols[i] for i in idx]
+            if numeric:  # rows of plain numbers, as most are: checked a slice at a time, in C
+                fast = [tuple(map(r.get, src)) for r in part]
+                full = _plain_numbers(fast)
+                if full is not None:
+                    data += fast
+                    arrays.append(full[:, idx])
+                    continue
             try:
-                arr = np.array(data, dtype=float)[:, idx]
-            except (TypeError, ValueError):
-                arr = np.array([[num(row[i]) for i in idx] for row in data], dtype=float)
-            arr = arr.reshape(len(data), len(numeric))
-            self.chunks.append(table, first, numeric, arr)
-            self.rollups.update(table, numeric, arr)
+                slow = [tuple([cell(r.get(k)) for k in src]) for r in part]
+            except Unstorable:
+                slow = [self._cells(table, r, src, cols) for r in part]
+            data += slow
+            if numeric:
+                try:
+                    arrays.append(np.array(slow, dtype=float)[:, idx].reshape(len(slow), len(idx)))
+                except (TypeError, ValueError, OverflowError):
+                    arrays.append(np.array([[num(row[j]) for j in idx] for row in slow], dtype=float)
+                                  .reshape(len(slow), len(idx)))
+        first = (self._conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
+        quoted = ", ".join(map(quote_ident, cols))
+        marks = ", ".join("?" * len(cols))
+        self._conn.executemany(f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ({marks})", data)
+        if numeric:
+            names = [cols[j] for j in idx]
+            arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            self.chunks.append(table, first, names, arr)
+            self.rollups.update(table, names, arr)
 
     def _cells(self, table: str, row: dict[Any, Any], src: list[Any], cols: list[str]) -> tuple[Any, ...]:
         """One row cell by cell: a value that cannot be stored is left empty and counted."""
