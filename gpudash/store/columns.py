@@ -32,6 +32,7 @@ __all__ = ["STATS", "add_columns", "column_room", "table_columns"]
 #: statements issued here, by kind ("schema_edit", "alter", "table_info"): read by tests
 STATS: Counter[str] = Counter()
 _SQLITE_MAX_COLUMN = 2000  # SQLite's default; Connection.getlimit (Python 3.11) reads the real one
+_LIMIT_COLUMN: int = getattr(sqlite3, "SQLITE_LIMIT_COLUMN", 2)
 
 
 def table_columns(conn: sqlite3.Connection, table: str) -> dict[str, str]:
@@ -44,7 +45,7 @@ def column_room(conn: sqlite3.Connection, ncols: int) -> int:
     """How many more columns a table of ``ncols`` columns can take on this connection. One below
     SQLite's limit: readers select the rowid with every column, and a result row has the same limit."""
     getlimit = getattr(conn, "getlimit", None)
-    limit = getlimit(sqlite3.SQLITE_LIMIT_COLUMN) if getlimit is not None else _SQLITE_MAX_COLUMN
+    limit = getlimit(_LIMIT_COLUMN) if getlimit is not None else _SQLITE_MAX_COLUMN
     return max(0, limit - 1 - ncols)
 
 
@@ -97,7 +98,7 @@ def _edit_schema(conn: sqlite3.Connection, table: str, defs: Sequence[tuple[str,
         # parse it back (with writable_schema off a bad schema is an error, not ignored)
         got = table_columns(conn, table)
         want = {**old, **dict(defs)}
-        if list(got) != list(want):
+        if list(got) != list(want) or conn.execute("PRAGMA schema_version").fetchone()[0] != int(version) + 1:
             raise sqlite3.OperationalError(f"schema of {table!r} did not parse back as written")
     except BaseException:
         try:

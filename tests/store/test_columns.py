@@ -104,3 +104,20 @@ def test_columns_beyond_the_limit_are_refused_before_the_schema_is_written(tmp_p
     conn.close()
     with sqlite3.connect(tmp_path / "t.db") as again:
         assert again.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_reader_that_already_read_the_schema_sees_the_new_columns(tmp_path: Path) -> None:
+    writer = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("CREATE TABLE t (a REAL)")
+    writer.execute("INSERT INTO t VALUES (1.0)")
+    reader = sqlite3.connect(tmp_path / "t.db")
+    assert reader.execute("SELECT * FROM t").fetchall() == [(1.0,)]  # its schema is cached now
+    writer.execute("BEGIN")
+    assert columns.add_columns(writer, "t", [(f"c{i}", "REAL") for i in range(50)]) == {}
+    writer.execute("INSERT INTO t (a, c49) VALUES (2.0, 3.0)")
+    writer.execute("COMMIT")
+    assert reader.execute("SELECT a, c0, c49 FROM t ORDER BY a").fetchall() == [(1.0, None, None), (2.0, None, 3.0)]
+    assert [r[1] for r in reader.execute("PRAGMA table_info(t)")][-1] == "c49"
+    reader.close()
+    writer.close()
