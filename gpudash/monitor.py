@@ -101,12 +101,11 @@ class _Phase:
         timer = m.cuda_timer
         if timer is not None:
             timer.phase_end(self.name)
-        if m._phase_end_hooks:
-            for hook in m._phase_end_hooks:
-                try:
-                    hook(self.name)
-                except Exception as exc:  # noqa: BLE001
-                    m.collector_failed(hook, exc)
+        for hook in m._phase_end_hooks:
+            try:
+                hook(self.name)
+            except Exception as exc:  # noqa: BLE001
+                m.collector_failed(hook, exc)
         row = m._row
         if row is not None:
             key = self.key
@@ -125,22 +124,19 @@ class _Step:
 
     def __enter__(self) -> _Step:
         m = self._m
-        pending = m._pending
-        if pending:
-            row = dict(pending)
-            pending.clear()
-        else:
-            row = {}
+        row: dict[str, Any] = {}
+        if m._pending:
+            row.update(m._pending)
+            m._pending.clear()
         m._row = row
-        if m._start_hooks:
-            step = m.step_index
-            for hook in m._start_hooks:
-                try:
-                    hook(step)
-                except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
-                    m.collector_failed(hook, exc)
+        step = m.step_index
+        for hook in m._start_hooks:
+            try:
+                hook(step)
+            except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                m.collector_failed(hook, exc)
         if m.cuda_timer is not None:
-            m.cuda_timer.step_start(m.step_index)
+            m.cuda_timer.step_start(step)
         self._t0 = _perf()
         return self
 
@@ -172,12 +168,11 @@ class _Step:
                     m.collector_failed(hook, exc)
             m._mem = None
             return
-        if m._end_hooks:
-            for hook in m._end_hooks:
-                try:
-                    hook(step, row)
-                except Exception as exc:  # noqa: BLE001
-                    m.collector_failed(hook, exc)
+        for hook in m._end_hooks:
+            try:
+                hook(step, row)
+            except Exception as exc:  # noqa: BLE001
+                m.collector_failed(hook, exc)
         if m._mem is not None:
             m._emit_memory()
         if m.cuda_timer is not None:
@@ -337,9 +332,7 @@ class Monitor:
     def log(self, **scalars: Any) -> None:
         """Record scalars for the current step (or the next one, outside a step).
         Tensors are fine: they are detached here and read by the writer thread."""
-        row = self._row
-        if row is None:
-            row = self._pending
+        row = self._row if self._row is not None else self._pending
         if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
             row.update(scalars)
             return
