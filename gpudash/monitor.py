@@ -51,6 +51,10 @@ _CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_by
 #: Names the Monitor itself writes into a table's rows: a user's value under one is renamed.
 _OWN_COLUMNS = {t: frozenset(c for c, _ in TABLE_BASE_COLUMNS[t]) for t in ("steps", "memory")}
 _MAX_NAMES = 10_000  # names remembered per table (log() of ever-new names must not grow memory)
+#: Values ``log()`` stores as they are (no ``detach``): checked for all of a call's values at once, in C.
+_PLAIN = frozenset({float, int, bool, str, type(None)})
+_perf = time.perf_counter
+_time = time.time
 
 
 def _rank_from_env() -> tuple[int, int]:
@@ -88,11 +92,11 @@ class _Phase:
         timer = m.cuda_timer
         if timer is not None:
             timer.phase_start(self.name)
-        self._t0 = time.perf_counter()
+        self._t0 = _perf()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        dt = time.perf_counter() - self._t0
+        dt = _perf() - self._t0
         m = self._m
         timer = m.cuda_timer
         if timer is not None:
@@ -104,7 +108,8 @@ class _Phase:
                 m.collector_failed(hook, exc)
         row = m._row
         if row is not None:
-            row[self.key] = row.get(self.key, 0.0) + dt
+            key = self.key
+            row[key] = row.get(key, 0.0) + dt
         m.current_phase = self._prev
 
 
@@ -132,11 +137,11 @@ class _Step:
                 m.collector_failed(hook, exc)
         if m.cuda_timer is not None:
             m.cuda_timer.step_start(step)
-        self._t0 = time.perf_counter()
+        self._t0 = _perf()
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        t1 = time.perf_counter()
+        t1 = _perf()
         m = self._m
         row = m._row
         m._row = None
@@ -147,7 +152,7 @@ class _Step:
         if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
             m._rename_own(row)
         row["step"] = step
-        row["time"] = time.time()
+        row["time"] = _time()
         row["duration_s"] = t1 - self._t0
         if self.samples is not None:
             row["samples"] = self.samples
@@ -168,7 +173,8 @@ class _Step:
                 hook(step, row)
             except Exception as exc:  # noqa: BLE001
                 m.collector_failed(hook, exc)
-        m._emit_memory()
+        if m._mem is not None:
+            m._emit_memory()
         if m.cuda_timer is not None:
             m.cuda_timer.step_end(step, row)  # the timer hands the row to put_step once its events resolve
         else:
@@ -327,6 +333,9 @@ class Monitor:
         """Record scalars for the current step (or the next one, outside a step).
         Tensors are fine: they are detached here and read by the writer thread."""
         row = self._row if self._row is not None else self._pending
+        if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
+            row.update(scalars)
+            return
         for k, v in scalars.items():
             detach = getattr(v, "detach", None)
             row[k] = detach() if detach is not None else v

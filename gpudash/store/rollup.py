@@ -18,12 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from gpudash.store.columns import add_columns, column_room, table_columns
 from gpudash.store.schema import ROLLUP_KEYS, ROLLUP_LEVELS, quote_ident, rollup_table
 
 __all__ = ["Rollups"]
 
 # (table, level, bucket, *keys) -> {column: [sum, count, min, max]}, plus "__n__"
 _Acc = dict[str, list[float]]
+_SUFFIXES = ("", "__min", "__max")
 
 
 class Rollups:
@@ -71,22 +73,29 @@ class Rollups:
             self._conn.execute(
                 f"CREATE UNIQUE INDEX IF NOT EXISTS {quote_ident(name + '_key')} ON {quote_ident(name)}({uniq})"
             )
-            known = {row[1] for row in self._conn.execute(f"PRAGMA table_info({quote_ident(name)})")}
+            known = set(table_columns(self._conn, name))
             self._cols[name] = known
         skip = self._skip.setdefault(name, set())
+        defs: list[tuple[str, str]] = []
+        room = -1
+        seen: set[str] = set()
         for c in cols:
-            if c in keys or c == "time" or c in skip:
+            if c in keys or c == "time" or c in skip or c in seen:
                 continue
-            for suffix in ("", "__min", "__max"):
-                if c + suffix not in known:
-                    try:
-                        self._conn.execute(f"ALTER TABLE {quote_ident(name)} ADD COLUMN {quote_ident(c + suffix)} REAL")
-                    except sqlite3.OperationalError as exc:
-                        if "too many columns" not in str(exc):
-                            raise
-                        skip.add(c)  # the raw rows keep it; only its roll-up is missing
-                        break
-                    known.add(c + suffix)
+            seen.add(c)
+            add = [(c + suffix, "REAL") for suffix in _SUFFIXES if c + suffix not in known]
+            if not add:
+                continue
+            if room < 0:
+                room = column_room(self._conn, len(known))
+            if len(defs) + len(add) > room:
+                skip.add(c)  # SQLite's column limit: the raw rows keep it, only its roll-up is missing
+                continue
+            defs += add
+        refused = add_columns(self._conn, name, defs)  # all at once: one schema change, not 3 per column
+        for col in refused:
+            skip.add(col.removesuffix("__min").removesuffix("__max"))
+        known.update(c for c, _ in defs if c not in refused)
         return name
 
     def update(self, table: str, numeric: list[str], arr: np.ndarray) -> None:

@@ -13,6 +13,10 @@ because the disk is full (or the file is locked, or unwritable for a while)
 keeps its records in memory and is retried every flush until it succeeds;
 any other failure loses only the records that cause it. Each problem is said
 once: in :attr:`Recorder.errors`, on stderr, and as an event in the run.
+
+The SQL side lives in :mod:`gpudash.store.tables` (and :mod:`~gpudash.store.columns`),
+value conversion in :mod:`gpudash.store.values`, the failure classes in
+:mod:`gpudash.store.failures`.
 """
 
 from __future__ import annotations
@@ -28,148 +32,20 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from gpudash.store.chunks import ChunkWriter
-from gpudash.store.rollup import Rollups
-from gpudash.store.schema import (
-    DYNAMIC_TABLES,
-    NUMERIC_TABLES,
-    RUN_META_FILE,
-    TABLE_BASE_COLUMNS,
-    column_name,
-    is_reserved_column,
-    namespaced_column,
-    quote_ident,
-    rank_db_name,
-)
+from gpudash.store.failures import is_transient
+from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.sharedfs import Publisher, shared_mode
+from gpudash.store.tables import TABLE_TAG, TableWriter, connect
+from gpudash.store.values import to_plain
 
-__all__ = ["Recorder", "to_plain"]
+__all__ = ["Recorder", "to_plain", "write_run_meta"]
 
-#: Rows converted between GIL hand-backs: the training thread never waits for a whole flush.
-_SLICE = 4096
 #: Records per transaction.
 _BATCH = 50_000
-#: A queued record carries its table under this key (no column name is ``None``). A wrapping
-#: ``(table, row)`` tuple would be one GC-tracked object per record: waiting for the next flush,
-#: records reach the oldest GC generation and bring on full collections in the training thread.
-#: A row of numbers is a dict that the GC does not track at all.
-_TABLE: Any = None
+_TABLE = TABLE_TAG
 _Record = dict[Any, Any]
 #: Failed transactions per flush spent on isolating the records that cannot be written.
 _FAIL_BUDGET = 64
-#: SQLite primary result codes that mean "not now" (disk full, I/O, locked, unwritable, out of memory):
-#: the records are kept and retried. Any other error is the records' fault: they are isolated and dropped.
-_TRANSIENT_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})  # BUSY LOCKED NOMEM READONLY IOERR FULL CANTOPEN PROTOCOL
-_TRANSIENT_WORDS = ("disk is full", "disk i/o", "locked", "readonly", "unable to open", "out of memory")
-_INT64 = 1 << 63
-_BASE = {t: frozenset(c for c, _ in cols) for t, cols in TABLE_BASE_COLUMNS.items()}
-
-
-class _Unstorable(Exception):
-    """A value that SQLite cannot store in any form (the message says why)."""
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    if not isinstance(exc, sqlite3.Error):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in _TRANSIENT_CODES
-    return any(w in str(exc).lower() for w in _TRANSIENT_WORDS)  # pragma: no cover - Python < 3.11
-
-
-def to_plain(value: Any) -> Any:
-    """Turn tensors and numpy scalars into plain Python values (off the hot path). Never raises:
-    what cannot be converted becomes ``None``."""
-    if value is None or isinstance(value, (int, float, str, bytes, dict, list)):
-        return value
-    try:
-        return _plain(value)
-    except _Unstorable:
-        return None
-
-
-def _plain(value: Any) -> Any:
-    item = getattr(value, "item", None)
-    if item is not None:
-        try:
-            n = getattr(value, "numel", None) or getattr(value, "size", 1)
-            n = n() if callable(n) else n
-            if n == 1:
-                return item()
-        except Exception as exc:  # noqa: BLE001 - a broken tensor must not stop the writer
-            raise _Unstorable(f"{type(value).__name__}.item() failed: {exc}") from None
-        raise _Unstorable(f"a {type(value).__name__} of {n} values; log one number (e.g. .mean())")
-    try:
-        return float(value)
-    except Exception:  # noqa: BLE001 - any object: store its text
-        try:
-            return str(value)
-        except Exception as exc:  # noqa: BLE001
-            raise _Unstorable(f"{type(value).__name__} has no number or text form ({exc})") from None
-
-
-def _storable(value: Any) -> Any:
-    """Slow path of :func:`_cell`: any value as something SQLite stores, or :class:`_Unstorable`."""
-    try:
-        if isinstance(value, (dict, list, tuple)):
-            return json.dumps(value, default=str)
-        if not isinstance(value, (bool, int, float, str, bytes, bytearray, memoryview)):
-            value = _plain(value)
-            if isinstance(value, (dict, list)):
-                return json.dumps(value, default=str)
-        if isinstance(value, bool):
-            return int(value)
-        if isinstance(value, int):
-            value = int(value)
-            if -_INT64 <= value < _INT64:
-                return value
-            try:
-                return float(value)  # beyond 64 bits: a float keeps the magnitude
-            except OverflowError:
-                raise _Unstorable(f"an integer of {value.bit_length()} bits is beyond any float") from None
-        if isinstance(value, float):
-            return float(value)
-        if isinstance(value, str):
-            value = str(value)
-            try:
-                value.encode("utf-8")
-                return value
-            except UnicodeEncodeError:  # lone surrogates: SQLite wants UTF-8
-                return value.encode("utf-8", "backslashreplace").decode("utf-8")
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return bytes(value)
-        if value is None:
-            return None
-        return float(value)  # e.g. numpy longdouble from .item()
-    except _Unstorable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any value, any failure: say which
-        raise _Unstorable(f"{type(value).__name__}: {type(exc).__name__}: {exc}") from None
-
-
-def _sql_type(value: Any) -> str:
-    try:
-        value = _cell(value)
-    except _Unstorable:
-        return "REAL"
-    if isinstance(value, str):
-        return "TEXT"
-    if isinstance(value, (bytes, bytearray)):
-        return "BLOB"
-    return "REAL"
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-    conn.execute("PRAGMA page_size=65536")  # big pages: short overflow chains for chunk blobs
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
 
 
 def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
@@ -212,7 +88,6 @@ class Recorder:
         self.dropped = 0
         #: values that could not be stored in any form (their cell is left empty; see errors)
         self.dropped_values = 0
-        self._txn_dropped_values = 0
         self.errors: list[str] = []
         self._reported: set[str] = set()
         self._retry: list[_Record] = []  # records of a write that failed for now
@@ -220,7 +95,6 @@ class Recorder:
         self._failing: tuple[float, str] | None = None  # (since, message) while writes fail for now
         self._budget = _FAIL_BUDGET
         self._last_step: Any = None
-        self._ignored: dict[str, set[str]] = {}  # columns SQLite refused to add (e.g. too many columns)
         self._meta_pending: dict[str, Any] = {}
         self._meta_lock = threading.Lock()
         self._buf: deque[_Record] = deque(maxlen=capacity)
@@ -229,18 +103,14 @@ class Recorder:
         self._flushed = threading.Condition()
         self._req_seq = 0  # flush requests made / served (see flush())
         self._done_seq = 0
-        self._columns: dict[str, dict[str, str]] = {}
         self._publish_failed = False  # the last attempt to publish a copy failed
-        self._colnames: dict[str, dict[str, str]] = {t: {} for t in TABLE_BASE_COLUMNS}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
         # a run folder other hosts share: the live database on local storage, copies published here
         shared = shared_mode(self.run_dir)
         self._publisher = Publisher(self.path) if shared else None
-        self._conn = _connect(self._publisher.live_path if self._publisher else self.path)
-        self._create_tables()
-        self._rollups = Rollups(self._conn)
-        self._chunks = ChunkWriter(self._conn)
+        self._conn = connect(self._publisher.live_path if self._publisher else self.path)
+        self._tables = TableWriter(self._conn, self._report)
         start = {
             "rank": rank,
             "pid": os.getpid(),
@@ -254,7 +124,7 @@ class Recorder:
             start.update(shared_fs=shared, publish_interval=self._publisher.interval,
                          live_db=str(self._publisher.live_path))
         start.update(meta or {})
-        self._write_meta(start)
+        self._tables.write_meta(start)
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
         self._thread.start()
 
@@ -391,21 +261,21 @@ class Recorder:
         if steps:
             self._last_step = steps[-1].get("step", self._last_step)
         try:
-            self._rollups.begin()
+            tables = self._tables
+            tables.begin()
             self._conn.execute("BEGIN")
-            self._txn_dropped_values = 0
             for table, rows in by_table.items():
-                self._insert(table, rows)
-            if self.dropped_values or self._txn_dropped_values:
-                meta["dropped_values"] = self.dropped_values + self._txn_dropped_values
-            self._write_meta(meta)
+                tables.insert(table, rows)
+            if self.dropped_values or tables.txn_dropped_values:
+                meta["dropped_values"] = self.dropped_values + tables.txn_dropped_values
+            tables.write_meta(meta)
             self._conn.execute("COMMIT")
-            self.dropped_values += self._txn_dropped_values
+            self.dropped_values += tables.txn_dropped_values
         except BaseException as exc:  # noqa: BLE001 - whatever failed, the transaction is undone
             self._rollback()
             with self._meta_lock:
                 self._meta_pending = {**meta, **self._meta_pending}
-            if _transient(exc):
+            if is_transient(exc):
                 self._write_failed(exc, items)
             elif not items:
                 self._report(f"writer: {type(exc).__name__}: {exc}")
@@ -428,14 +298,7 @@ class Recorder:
             self._conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # SQLite may have rolled back already (e.g. on a full disk)
-        self._rollups.rollback()
-        try:
-            for table in DYNAMIC_TABLES:
-                cols = {name: ctype for _, name, ctype, *_ in self._conn.execute(f"PRAGMA table_info({quote_ident(table)})")}
-                if cols:
-                    self._columns[table] = cols
-        except sqlite3.Error:
-            pass
+        self._tables.rollback()
 
     def _write_failed(self, exc: BaseException, items: list[_Record]) -> None:
         """A write failed for now: keep the records (bounded by ``capacity``) and say so once."""
@@ -472,140 +335,3 @@ class Recorder:
         if event:
             self.put("events", {"time": time.time(), "step": self._last_step, "kind": kind,
                                 "message": msg, "data": None})
-
-    def _value_dropped(self, table: str, col: str, why: str) -> None:
-        self._txn_dropped_values += 1  # counted once the transaction commits
-        self._report(f"writer: {table}.{col}: a value cannot be stored ({why}); it is left empty",
-                     key=f"value {table}.{col}")
-
-    def _create_tables(self) -> None:
-        c = self._conn
-        c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-        for table, cols in TABLE_BASE_COLUMNS.items():
-            body = ", ".join(f"{quote_ident(n)} {t}" for n, t in cols)
-            c.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table)} ({body})")
-            self._columns[table] = {n: t for n, t in cols}
-            if "time" in dict(cols):
-                c.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(table + '_time')} ON {quote_ident(table)}(time)")
-        c.execute('CREATE INDEX IF NOT EXISTS "steps_step" ON steps(step)')
-        for table in DYNAMIC_TABLES:
-            for _, name, ctype, *_ in c.execute(f"PRAGMA table_info({quote_ident(table)})"):
-                self._columns[table][name] = ctype
-
-    def _ensure_columns(self, table: str, keys: dict[Any, str], rows: list[_Record]) -> None:
-        """Add the columns first seen in ``rows``. The cache is re-read from the file on rollback."""
-        known = self._columns[table]
-        ignored = self._ignored.setdefault(table, set())
-        for key, col in keys.items():
-            if col in known or col in ignored:
-                continue
-            value = next((r[key] for r in rows if r.get(key) is not None), None)
-            if value is None:
-                continue
-            ctype = _sql_type(value)
-            try:
-                self._conn.execute(f"ALTER TABLE {quote_ident(table)} ADD COLUMN {quote_ident(col)} {ctype}")
-            except sqlite3.Error as exc:
-                if _transient(exc):
-                    raise
-                ignored.add(col)  # e.g. "too many columns": record the rest of the row
-                self._report(f"writer: {table}.{col} cannot be added ({exc}); its values are not recorded",
-                             key=f"add column to {table}: {exc}")  # said once, not once per column
-                continue
-            known[col] = ctype
-
-    def _column(self, table: str, key: str) -> str:
-        cache = self._colnames[table]
-        col = cache.get(key)
-        if col is None:
-            col = column_name(key)
-            # a name the reader adds or the roll-ups use, or one of the table's own under another
-            # spelling ("Step"): renamed, said once (the hot path checks nothing per name)
-            if table in DYNAMIC_TABLES and (is_reserved_column(col) or (col in _BASE[table] and key != col)):
-                new = namespaced_column(col)
-                self._report(f"{table}: {key[:60]!r} is a name gpudash uses itself; recorded as {new!r} "
-                             f"(rename it to silence this)", kind="reserved_name")
-                col = new
-            cache[key] = col
-        return col
-
-    def _insert(self, table: str, rows: list[_Record]) -> None:
-        if table not in self._columns:
-            raise sqlite3.OperationalError(f"unknown table {table!r}")
-        keys: dict[Any, str] = {_TABLE: ""}  # seeded: the table tag is no column
-        for r in rows:
-            for k in r:
-                if k not in keys:
-                    keys[k] = self._column(table, k)
-        del keys[_TABLE]
-        if table in DYNAMIC_TABLES:
-            self._ensure_columns(table, keys, rows)
-        known = self._columns[table]
-        by_col = {c: k for k, c in keys.items() if c in known}
-        cols = [c for c in known if c in by_col]
-        if not cols:
-            return
-        src = [by_col[c] for c in cols]
-        quoted = ", ".join(map(quote_ident, cols))
-        marks = ", ".join("?" * len(cols))
-        data: list[tuple[Any, ...]] = []
-        for i in range(0, len(rows), _SLICE):
-            part = rows[i:i + _SLICE]
-            try:
-                data += [tuple([_cell(r.get(k)) for k in src]) for r in part]
-            except _Unstorable:
-                data += [self._cells(table, r, src, cols) for r in part]
-            if i:
-                time.sleep(0)  # hand the GIL back to the training thread between slices
-        first = (self._conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
-        self._conn.executemany(f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ({marks})", data)
-        if table in NUMERIC_TABLES:
-            numeric = [c for c in cols if self._columns[table].get(c) in ("REAL", "INTEGER")]
-            idx = [cols.index(c) for c in numeric]
-            try:
-                arr = np.array(data, dtype=float)[:, idx]
-            except (TypeError, ValueError):
-                arr = np.array([[_num(row[i]) for i in idx] for row in data], dtype=float)
-            arr = arr.reshape(len(data), len(numeric))
-            self._chunks.append(table, first, numeric, arr)
-            self._rollups.update(table, numeric, arr)
-
-    def _cells(self, table: str, row: dict[str, Any], src: list[str], cols: list[str]) -> tuple[Any, ...]:
-        """One row cell by cell: a value that cannot be stored is left empty and counted."""
-        out = []
-        for k, c in zip(src, cols, strict=False):
-            try:
-                out.append(_cell(row.get(k)))
-            except _Unstorable as exc:
-                out.append(None)
-                self._value_dropped(table, c, str(exc))
-        return tuple(out)
-
-    def _write_meta(self, meta: dict[str, Any]) -> None:
-        rows = []
-        for k, v in meta.items():
-            try:
-                rows.append((_storable(str(k)), json.dumps(v, default=str)))
-            except Exception as exc:  # noqa: BLE001 - one bad fact must not block the heartbeat
-                self._report(f"writer: meta {k!r} not stored ({type(exc).__name__}: {exc})")
-        self._conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
-
-
-def _num(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _cell(value: Any) -> Any:
-    """A value as SQLite stores it (hot loop of the writer: plain values return at once)."""
-    cls = value.__class__
-    if cls is float or value is None or cls is bytes:
-        return value
-    if cls is int:
-        if -_INT64 <= value < _INT64:
-            return value
-    elif cls is str and value.isascii():
-        return value
-    return _storable(value)

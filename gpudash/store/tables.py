@@ -1,0 +1,240 @@
+"""The SQL side of the writer: one rank's tables, their columns, and inserting batches.
+
+:class:`TableWriter` creates the tables of :mod:`gpudash.store.schema`, adds a
+dynamic table's new columns the first time a record carries them (all of a
+batch's new columns in one schema change, see :mod:`gpudash.store.columns`),
+inserts rows, and keeps the columnar copies and time roll-ups current. It
+runs inside the transaction the :class:`~gpudash.store.writer.Recorder`
+opens, and forgets what it learnt there when that is rolled back.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpudash.store.chunks import ChunkWriter
+from gpudash.store.columns import add_columns, column_room, table_columns
+from gpudash.store.rollup import Rollups
+from gpudash.store.schema import (
+    DYNAMIC_TABLES,
+    NUMERIC_TABLES,
+    TABLE_BASE_COLUMNS,
+    column_name,
+    is_reserved_column,
+    namespaced_column,
+    quote_ident,
+)
+from gpudash.store.values import Unstorable, cell, num, sql_type, storable
+
+__all__ = ["TABLE_TAG", "TableWriter", "connect"]
+
+#: Rows converted between GIL hand-backs: the training thread never waits for a whole flush.
+_SLICE = 4096
+#: A queued record carries its table under this key (no column name is ``None``). A wrapping
+#: ``(table, row)`` tuple would be one GC-tracked object per record: waiting for the next flush,
+#: records reach the oldest GC generation and bring on full collections in the training thread.
+#: A row of numbers is a dict that the GC does not track at all.
+TABLE_TAG: Any = None
+_BASE = {t: frozenset(c for c, _ in cols) for t, cols in TABLE_BASE_COLUMNS.items()}
+
+#: ``report(message, key=..., kind=...)``: say a problem once (see ``Recorder._report``)
+Report = Callable[..., None]
+
+
+_FAST_TYPES = frozenset({float, int, bool, type(None)})
+_BIG = float(1 << 63)
+
+
+def _plain_numbers(rows: list[tuple[Any, ...]]) -> np.ndarray | None:
+    """``rows`` as a float matrix when every value is a number SQLite stores as it is (floats,
+    bools, None, integers within 64 bits); None when some value needs :func:`cell`."""
+    if not _FAST_TYPES.issuperset(map(type, chain.from_iterable(rows))):
+        return None
+    try:
+        full = np.array(rows, dtype=float)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if full.ndim != 2 or len(full) != len(rows):
+        return None
+    big = np.abs(full) >= _BIG  # an integer beyond 64 bits (or a float that large: the slow path is exact)
+    if big.any() and (big & np.isfinite(full)).any():
+        return None
+    return full
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    conn.execute("PRAGMA page_size=65536")  # big pages: short overflow chains for chunk blobs
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+class TableWriter:
+    """Writes batches of records into one rank's database (inside the caller's transaction)."""
+
+    def __init__(self, conn: sqlite3.Connection, report: Report) -> None:
+        self._conn = conn
+        self._report = report
+        #: values left empty in the open transaction (the caller adds them up once it commits)
+        self.txn_dropped_values = 0
+        self._columns: dict[str, dict[str, str]] = {}
+        self._colnames: dict[str, dict[Any, str]] = {t: {} for t in TABLE_BASE_COLUMNS}
+        self._ignored: dict[str, set[str]] = {}  # columns SQLite refused to add (e.g. too many columns)
+        self._create_tables()
+        self.rollups = Rollups(conn)
+        self.chunks = ChunkWriter(conn)
+
+    def begin(self) -> None:
+        self.rollups.begin()
+        self.txn_dropped_values = 0
+
+    def rollback(self) -> None:
+        """The transaction was rolled back: undo what the caches learnt in it (added columns, roll-up sums)."""
+        self.rollups.rollback()
+        try:
+            for table in DYNAMIC_TABLES:
+                cols = table_columns(self._conn, table)
+                if cols:
+                    self._columns[table] = cols
+        except sqlite3.Error:
+            pass
+
+    def _create_tables(self) -> None:
+        c = self._conn
+        c.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        for table, cols in TABLE_BASE_COLUMNS.items():
+            body = ", ".join(f"{quote_ident(n)} {t}" for n, t in cols)
+            c.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table)} ({body})")
+            self._columns[table] = {n: t for n, t in cols}
+            if "time" in dict(cols):
+                c.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(table + '_time')} ON {quote_ident(table)}(time)")
+        c.execute('CREATE INDEX IF NOT EXISTS "steps_step" ON steps(step)')
+        for table in DYNAMIC_TABLES:
+            self._columns[table].update(table_columns(c, table))
+
+    def _ensure_columns(self, table: str, keys: dict[Any, str], rows: list[dict[Any, Any]]) -> None:
+        """Add the columns first seen in ``rows``, all in one schema change."""
+        known = self._columns[table]
+        ignored = self._ignored.setdefault(table, set())
+        new: dict[str, str] = {}
+        for key, col in keys.items():
+            if col in known or col in ignored or col in new:
+                continue
+            value = next((r[key] for r in rows if r.get(key) is not None), None)
+            if value is not None:
+                new[col] = sql_type(value)
+        if not new:
+            return
+        defs = list(new.items())
+        room = column_room(self._conn, len(known))
+        if len(defs) > room:
+            ignored.update(c for c, _ in defs[room:])  # record the rest of the row
+            self._report(f"writer: {table}.{defs[room][0]} and {len(defs) - room - 1} more cannot be added (too "
+                         f"many columns: SQLite allows {len(known) + room}); their values are not recorded",
+                         key=f"add column to {table}: too many columns")  # said once, not once per column
+            defs = defs[:room]
+        refused = add_columns(self._conn, table, defs)  # a failure "for now" raises: the caller retries
+        for col, exc in refused.items():
+            ignored.add(col)
+            self._report(f"writer: {table}.{col} cannot be added ({exc}); its values are not recorded",
+                         key=f"add column to {table}: {exc}")
+        known.update((c, t) for c, t in defs if c not in refused)
+
+    def _column(self, table: str, key: Any) -> str:
+        cache = self._colnames[table]
+        col = cache.get(key)
+        if col is None:
+            col = column_name(key)
+            # a name the reader adds or the roll-ups use, or one of the table's own under another
+            # spelling ("Step"): renamed, said once (the hot path checks nothing per name)
+            if table in DYNAMIC_TABLES and (is_reserved_column(col) or (col in _BASE[table] and key != col)):
+                new = namespaced_column(col)
+                self._report(f"{table}: {key[:60]!r} is a name gpudash uses itself; recorded as {new!r} "
+                             f"(rename it to silence this)", kind="reserved_name")
+                col = new
+            cache[key] = col
+        return col
+
+    def insert(self, table: str, rows: list[dict[Any, Any]]) -> None:
+        if table not in self._columns:
+            raise sqlite3.OperationalError(f"unknown table {table!r}")
+        keys: dict[Any, str] = {}
+        for i in range(0, len(rows), _SLICE):  # each key once, in first-seen order (C loops, per slice)
+            keys.update(dict.fromkeys(chain.from_iterable(rows[i:i + _SLICE]), ""))
+        keys.pop(TABLE_TAG, None)  # the table tag is no column
+        for k in keys:
+            keys[k] = self._column(table, k)
+        if table in DYNAMIC_TABLES:
+            self._ensure_columns(table, keys, rows)
+        known = self._columns[table]
+        by_col = {c: k for k, c in keys.items() if c in known}
+        cols = [c for c in known if c in by_col]
+        if not cols:
+            return
+        src = [by_col[c] for c in cols]
+        numeric = table in NUMERIC_TABLES
+        idx = [i for i, c in enumerate(cols) if known.get(c) in ("REAL", "INTEGER")] if numeric else []
+        data: list[tuple[Any, ...]] = []
+        arrays: list[np.ndarray] = []
+        for i in range(0, len(rows), _SLICE):
+            part = rows[i:i + _SLICE]
+            if i:
+                time.sleep(0)  # hand the GIL back to the training thread between slices
+            if numeric:  # rows of plain numbers, as most are: checked a slice at a time, in C
+                fast = [tuple(map(r.get, src)) for r in part]
+                full = _plain_numbers(fast)
+                if full is not None:
+                    data += fast
+                    arrays.append(full[:, idx])
+                    continue
+            try:
+                slow = [tuple([cell(r.get(k)) for k in src]) for r in part]
+            except Unstorable:
+                slow = [self._cells(table, r, src, cols) for r in part]
+            data += slow
+            if numeric:
+                try:
+                    arrays.append(np.array(slow, dtype=float)[:, idx].reshape(len(slow), len(idx)))
+                except (TypeError, ValueError, OverflowError):
+                    arrays.append(np.array([[num(row[j]) for j in idx] for row in slow], dtype=float)
+                                  .reshape(len(slow), len(idx)))
+        first = (self._conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
+        quoted = ", ".join(map(quote_ident, cols))
+        marks = ", ".join("?" * len(cols))
+        self._conn.executemany(f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ({marks})", data)
+        if numeric:
+            names = [cols[j] for j in idx]
+            arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            self.chunks.append(table, first, names, arr)
+            self.rollups.update(table, names, arr)
+
+    def _cells(self, table: str, row: dict[Any, Any], src: list[Any], cols: list[str]) -> tuple[Any, ...]:
+        """One row cell by cell: a value that cannot be stored is left empty and counted."""
+        out = []
+        for k, c in zip(src, cols, strict=False):
+            try:
+                out.append(cell(row.get(k)))
+            except Unstorable as exc:
+                out.append(None)
+                self.txn_dropped_values += 1  # counted once the transaction commits
+                self._report(f"writer: {table}.{c}: a value cannot be stored ({exc}); it is left empty",
+                             key=f"value {table}.{c}")
+        return tuple(out)
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        rows = []
+        for k, v in meta.items():
+            try:
+                rows.append((storable(str(k)), json.dumps(v, default=str)))
+            except Exception as exc:  # noqa: BLE001 - one bad fact must not block the heartbeat
+                self._report(f"writer: meta {k!r} not stored ({type(exc).__name__}: {exc})")
+        self._conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
