@@ -147,12 +147,17 @@ TYPED_JS = r"""(function () {
     P.__gpudashTyped = true;
     return P;
   }
-  var current = wrap(window.Plotly), loaded = null, done = null;
-  if (!current && /\/(run|compare)(\/|$)/.test(location.pathname)) {
+  var current = wrap(window.Plotly), loaded = null, done = null, bundle = null;
+  try {  // Dash's renderer names the full plotly.js for its graphs to load: they load gpudash's bundle instead
+    var cfg = JSON.parse(document.getElementById('_dash-config').textContent);
+    bundle = (cfg.requests_pathname_prefix || '/') + '_dash-component-suites/' + PLOTLY_PATH;
+    Object.defineProperty(window, '_dashPlotlyJSURL', {configurable: true, enumerable: true,
+      get: function () { return bundle; }, set: function (v) {}});
+  } catch (e) { bundle = null; }
+  if (!current && bundle && /\/(run|compare)(\/|$)/.test(location.pathname)) {
     try {
-      var cfg = JSON.parse(document.getElementById('_dash-config').textContent);
       var el = document.createElement('script');
-      el.src = (cfg.requests_pathname_prefix || '/') + '_dash-component-suites/' + PLOTLY_PATH;
+      el.src = bundle;
       el.async = true;
       loaded = new Promise(function (resolve) { done = resolve; });
       el.onerror = function () { loaded = null; };
