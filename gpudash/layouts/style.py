@@ -154,18 +154,34 @@ TYPED_JS = r"""(function () {
     Object.defineProperty(window, '_dashPlotlyJSURL', {configurable: true, enumerable: true,
       get: function () { return bundle; }, set: function (v) {}});
   } catch (e) { bundle = null; }
-  if (!current && bundle && /\/(run|compare)(\/|$)/.test(location.pathname)) {
+  var started = false;
+  function start() {  // fetch and run plotly.js now (once)
+    if (started || !loaded) { return; }
+    started = true;
     try {
       var el = document.createElement('script');
       el.src = bundle;
       el.async = true;
-      loaded = new Promise(function (resolve) { done = resolve; });
       el.onerror = function () { loaded = null; };
       document.head.appendChild(el);
     } catch (e) { loaded = null; }
   }
+  if (!current && bundle && /\/(run|compare)(\/|$)/.test(location.pathname)) {
+    loaded = new Promise(function (resolve) { done = resolve; });
+    // evaluated while the server builds the page: started by the page's first callback request (the renderer
+    // has asked for its layout by then), or by whoever asks for Plotly first, or after 1.5 s at the latest
+    var f = window.fetch;
+    if (typeof f === 'function') {
+      window.fetch = function (u) {
+        try { if (!started && String((u && u.url) || u).indexOf('_dash-update-component') >= 0) { setTimeout(start, 0); } }
+        catch (e) {}
+        return f.apply(this, arguments);
+      };
+    }
+    setTimeout(start, 1500);
+  }
   Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
-    get: function () { return current || loaded || undefined; },
+    get: function () { if (!current && loaded) { start(); } return current || loaded || undefined; },
     set: function (v) { current = wrap(v); if (done && current) { done(current); } }});
 })();""".replace("PLOTLY_PATH", repr(PLOTLY_BUNDLE))
 
