@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlencode
 from gpudash.layouts.inputs import BadInput, as_float, as_int
 from gpudash.layouts.series import SMOOTHING
 
-__all__ = ["XMODES", "mode_of", "smoothing_of", "view_params", "view_search", "with_xmode", "xmode_of", "zoom_range"]
+__all__ = ["XMODES", "mode_of", "smoothing_of", "view_params", "view_search", "with_xmode", "relayout_range", "xmode_of", "zoom_range"]
 
 
 #: The step graphs' x axis choices: (value, label) (drawn by :mod:`gpudash.layouts.xaxis`).
@@ -84,9 +84,10 @@ def view_search(search: str, cursor: int | None, zoom: tuple[float, float] | boo
     return "?" + urlencode(query) if query else ""
 
 
-def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
-    """The x range a ``relayoutData`` payload zoomed to; True for a reset; None when x did not change
-    (``{"autosize": true}``, sent by every chart when first drawn, is not a zoom)."""
+def relayout_range(relayout: dict[str, Any] | None) -> tuple[Any, Any] | bool | None:
+    """The x range a ``relayoutData`` payload zoomed to, as sent (numbers, or dates on a date axis); True for
+    a reset; None when x did not change (``{"autosize": true}``, sent by every chart when first drawn, is not
+    a zoom)."""
     if not relayout:
         return None
     if not isinstance(relayout, dict):
@@ -94,8 +95,16 @@ def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | 
     if relayout.get("xaxis.autorange"):  # a reset ({"autosize": true} alone is a resize, not a zoom)
         return True
     if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
-        return as_float(relayout["xaxis.range[0]"], "x range"), as_float(relayout["xaxis.range[1]"], "x range")
+        return relayout["xaxis.range[0]"], relayout["xaxis.range[1]"]
     rng = relayout.get("xaxis.range")
     if isinstance(rng, list) and len(rng) == 2:
-        return as_float(rng[0], "x range"), as_float(rng[1], "x range")
+        return rng[0], rng[1]
     return None
+
+
+def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
+    """:func:`relayout_range` on a step axis: the range as numbers."""
+    rng = relayout_range(relayout)
+    if isinstance(rng, tuple):
+        return as_float(rng[0], "x range"), as_float(rng[1], "x range")
+    return rng

@@ -29,7 +29,7 @@ import pandas as pd
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.inputs import BadInput, as_float
 from gpudash.layouts.series import Series
-from gpudash.layouts.viewstate import XMODES, mode_of, zoom_range
+from gpudash.layouts.viewstate import XMODES, mode_of, relayout_range, zoom_range
 from gpudash.store.reader import RunReader
 
 __all__ = ["XMODES", "XAxis", "axis_range", "cursor_ms", "mode_of", "steps_in", "style_figure",
@@ -151,18 +151,8 @@ def axis_range(relayout: Any, x: XAxis | None) -> tuple[float, float] | bool | N
     True for a reset, None when x did not change."""
     if x is None or not x.timed:
         return zoom_range(relayout)
-    if not relayout:
-        return None
-    if not isinstance(relayout, dict):
-        raise BadInput("relayoutData must be an object")
-    if relayout.get("xaxis.autorange"):  # a reset ({"autosize": true} alone is a resize, not a zoom)
-        return True
-    pair = (relayout.get("xaxis.range[0]"), relayout.get("xaxis.range[1]")) if "xaxis.range[0]" in relayout \
-        else tuple(relayout["xaxis.range"]) if isinstance(relayout.get("xaxis.range"), list) \
-        and len(relayout["xaxis.range"]) == 2 else None
-    if pair is None:
-        return None
-    return _ms(pair[0]), _ms(pair[1])
+    rng = relayout_range(relayout)
+    return (_ms(rng[0]), _ms(rng[1])) if isinstance(rng, tuple) else rng
 
 
 def steps_in(reader: RunReader, lock: threading.Lock, ms: tuple[float, float], x: XAxis) -> tuple[float, float] | None:
