@@ -2,7 +2,8 @@
 
 ``Monitor`` sits in the training loop; ``load_run`` reads a run directory
 into pandas; ``load_snapshot`` reads a torch allocator snapshot pickle.
-Importing gpudash does not import torch or dash.
+Importing gpudash imports none of them (not torch, dash or pandas): each name is
+imported when first used, so ``gpudash serve`` binds its port before pandas loads.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpudash._version import __version__
 from gpudash.errors import RunError
-from gpudash.store import Run, load_run
 
 if TYPE_CHECKING:
     from gpudash.monitor import Monitor
+    from gpudash.store import Run, load_run
     from gpudash.store.snapshot import MemoryMap, load_snapshot
 
 __all__ = ["MemoryMap", "Monitor", "Run", "RunError", "__version__", "load_run", "load_snapshot", "show"]
@@ -25,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from gpudash.monitor import Monitor
 
         return Monitor
+    if name in ("Run", "load_run"):
+        from gpudash import store
+
+        return getattr(store, name)
     if name in ("load_snapshot", "MemoryMap"):
         from gpudash.store import snapshot
 

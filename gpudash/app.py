@@ -71,8 +71,12 @@ def _dash_class() -> Any:
     return GpudashDash
 
 
-def _warm_bundles(app: Any, token: str | None) -> None:
-    """Compress plotly.js into the cache while no browser waits for it (a quarter of a second of CPU)."""
+def _warm(app: Any, token: str | None, runs_dir: Path) -> None:
+    """While no browser waits for it: compress plotly.js into the cache (its first request answers at once),
+    finish the imports the pages need (pandas, when ``serve`` deferred it) and read the newest run's facts into
+    the run cache (its page then builds in about half the time). Not the pages themselves: a page being
+    built holds its run's lock, and the browser's first request would wait for it. Only a head start: a
+    failure here leaves it to the first request."""
     headers = {"Accept-Encoding": "br"} | ({"Authorization": f"Bearer {token}"} if token else {})
     try:
         from gpudash.layouts.style import PLOTLY_BUNDLE
@@ -80,7 +84,16 @@ def _warm_bundles(app: Any, token: str | None) -> None:
         client = app.server.test_client()
         client.get("/", headers=headers)  # the index registers the bundles' paths
         client.get(_BUNDLES + PLOTLY_BUNDLE, headers=headers)
-    except Exception:  # noqa: BLE001 - only a head start: the first browser compresses it otherwise
+        from gpudash.deferred import finish
+
+        finish("pandas")
+        from gpudash.layouts.pages import facts_for
+        from gpudash.layouts.runid import list_run_dirs
+
+        newest = max(list_run_dirs(runs_dir), key=lambda r: r[1].stat().st_mtime, default=None)
+        if newest is not None:
+            facts_for(newest[1])
+    except Exception:  # noqa: BLE001 - only a head start: the first browser pays for it otherwise
         pass
 
 
@@ -224,7 +237,7 @@ def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
         raise
     answer.append(app.server)
     ready.set()
-    threading.Thread(target=_warm_bundles, args=(app, token), name="gpudash-warm", daemon=True).start()
+    threading.Thread(target=_warm, args=(app, token, Path(runs_dir)), name="gpudash-warm", daemon=True).start()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
 
@@ -252,6 +265,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpudash.deferred import defer, without
+
+    # this process only serves: dash's Jupyter support (IPython, ~0.1 s) is never used, and pandas loads
+    # after the first page is answered, while the browser fetches its scripts (gpudash.deferred)
+    without("IPython")
+    defer("pandas")
     from gpudash.layouts.runid import list_run_dirs
 
     runs_dir: Path = args.runs_dir

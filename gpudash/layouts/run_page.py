@@ -17,6 +17,7 @@ from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
+from gpudash.layouts.style import DRAW_FIRST
 from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
 
 __all__ = ["EAGER", "LAZY", "PLACEHOLDER", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
@@ -209,7 +210,8 @@ def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
     # its height before plotly.js has drawn it: the page does not jump, and what is below the fold stays there
     height = fig.layout.get("height") if isinstance(fig, Fig) else None
     style = {"minHeight": f"{height}px"} if isinstance(height, int | float) else {}
-    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, className="graph", style=style)
+    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, style=style,
+                     className=f"graph {DRAW_FIRST}" if graph_id in EAGER else "graph")
 
 
 #: Sources a collector gives up on at the start (no GPU, no NVML, no psutil): a live run says why at once.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CSS", "TYPED_JS", "index_string"]
+__all__ = ["CSS", "DRAW_FIRST", "TYPED_JS", "index_string"]
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; background: #f6f7f9; color: #222; }
@@ -112,6 +112,10 @@ THEME_JS = """(function () {
 })();"""
 
 
+#: Class of the graphs a page draws first (the first screen's charts); the page's other graphs are first drawn
+#: a task later (``TYPED_JS``), once these are painted.
+DRAW_FIRST = "draw-first"
+
 #: The plotly.js gpudash's pages load (``gpudash/<this path>``): plotly.js's cartesian partial bundle, 1.5 MB
 #: instead of the full 4.8 MB (gpudash/layouts/vendor/README.md); served by :mod:`gpudash.app` in place of Dash's.
 PLOTLY_BUNDLE = "gpudash/layouts/vendor/plotly-cartesian.min.js"
@@ -134,14 +138,27 @@ TYPED_JS = r"""(function () {
       if (t) { t.x = decode(t.x); t.y = decode(t.y); }
     });
   }
+  // a page's first draw: the charts of class DRAW_FIRST_CLASS (the first screen's) are drawn in the task that mounts them,
+  // the others' first draw waits a task, so the first screen is painted before them
+  function later(gd) {
+    return !!(gd && gd.nodeType === 1 && !gd._fullLayout && document.querySelector('.DRAW_FIRST_CLASS')
+              && !(gd.parentElement && gd.parentElement.classList.contains('DRAW_FIRST_CLASS')));
+  }
   function wrap(P) {
     if (!P || P.__gpudashTyped || typeof P.then === 'function') { return P; }
     ['react', 'newPlot'].forEach(function (name) {
       var f = P[name];
       if (typeof f !== 'function') { return; }
       P[name] = function (gd, data) {
-        plain(data && data.data ? data.data : data);
-        return f.apply(this, arguments);
+        var self = this, args = arguments;
+        function draw() {
+          plain(data && data.data ? data.data : data);
+          return f.apply(self, args);
+        }
+        if (!later(gd)) { return draw(); }
+        return new Promise(function (resolve) {  // after the first-screen charts (a task later, once painted)
+          setTimeout(function () { resolve(gd.isConnected ? draw() : gd); }, 0);
+        });
       };
     });
     P.__gpudashTyped = true;
@@ -183,7 +200,7 @@ TYPED_JS = r"""(function () {
   Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
     get: function () { if (!current && loaded) { start(); } return current || loaded || undefined; },
     set: function (v) { current = wrap(v); if (done && current) { done(current); } }});
-})();""".replace("PLOTLY_PATH", repr(PLOTLY_BUNDLE))
+})();""".replace("PLOTLY_PATH", repr(PLOTLY_BUNDLE)).replace("DRAW_FIRST_CLASS", DRAW_FIRST)
 
 
 def index_string(title: str = "gpudash") -> str:
