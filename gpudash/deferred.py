@@ -40,7 +40,7 @@ def _load(stand_in: Deferred) -> types.ModuleType:
             sys.modules.pop(name, None)
             real = importlib.import_module(name)
             vars(stand_in).update({k: v for k, v in vars(real).items() if k != "__getattr__"})
-            stand_in.__class__ = _Loaded  # lookups miss only for names the real module makes lazily
+            stand_in.__class__ = _Loaded  # type: ignore[assignment]  # misses: names the real module makes lazily
     return real
 
 

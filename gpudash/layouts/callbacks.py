@@ -85,7 +85,7 @@ def event_inputs(click: Any, cell: Any, rows: Any) -> tuple[dict[str, Any] | Non
         return None if v is None else as_int(v, "event step")
 
     if rows is not None and (not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows)):
-        raise BadInput("events-table data must be a list of rows")
+        raise BadInput("events-rows data must be a list of rows")
     clean_rows = [{"step": step(r.get("step"))} for r in rows or []]
     clean_click = None
     if click is not None:
@@ -199,7 +199,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
          Output("last-step", "children"), Output("run-status", "children"), Output("run-status", "className"),
          Output("cursor-slider", "max"), Output("cursor-slider", "value", allow_duplicate=True),
          Output("throughput-stats", "children"), Output("stability-lights", "children"),
-         Output("events-graph", "figure"), Output("events-table", "data"), Output("live-interval", "max_intervals")],
+         Output("events-graph", "figure"), Output("events-rows", "data"), Output("live-interval", "max_intervals")],
         Input("live-interval", "n_intervals"),
         State("live-state", "data"), State("cursor-slider", "value"), State("cursor-slider", "max"),
         State("page-run", "data"), State("smoothing", "value"), State("lazy-drawn", "data"),
@@ -265,6 +265,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                 no_update if last is None else max(last, 1), last if (follow and last is not None) else no_update,
                 stats, lights, ev_fig, ev_rows, (n or 0) + 1 if done else no_update]
 
+    # the events table, once built (scrolled to), shows the rows the live tick keeps in the store
+    app.clientside_callback("function (rows) { return rows; }", Output("events-table", "data"),
+                            Input("events-rows", "data"), prevent_initial_call=True)
+
     @app.callback(Output("play-interval", "disabled"), Output("play-button", "children"),
                   Input("play-button", "n_clicks"), State("play-interval", "disabled"), prevent_initial_call=True)
     def toggle_play(_: int, disabled: bool) -> tuple[bool, str]:
@@ -273,9 +277,10 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     @app.callback(
         Output("cursor-slider", "value"),
         Input("play-interval", "n_intervals"), Input("prev-event", "n_clicks"), Input("next-event", "n_clicks"),
-        Input("events-graph", "clickData"), Input("events-table", "active_cell"), Input("cursor-input", "n_submit"),
+        Input("events-graph", "clickData"), Input("events-table", "active_cell", allow_optional=True),
+        Input("cursor-input", "n_submit"),
         State("cursor-slider", "value"), State("cursor-slider", "min"), State("cursor-slider", "max"),
-        State("speed", "value"), State("page-run", "data"), State("events-table", "data"), State("cursor-input", "value"),
+        State("speed", "value"), State("page-run", "data"), State("events-rows", "data"), State("cursor-input", "value"),
         prevent_initial_call=True,
     )
     def move_cursor(_n: int, _p: int, _x: int, click: Any, cell: Any, _enter: int | None, value: int | None, lo: int,

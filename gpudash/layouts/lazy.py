@@ -2,9 +2,10 @@
 
 The run page comes with its first screen's charts (:data:`EAGER`: memory, step
 time and the loss with its spikes); the other live charts (:data:`LAZY`) come
-as empty frames of the same size. A script in the page watches them
+as empty frames of the same size, and the tables (events, hot spots: dash_table's
+scripts) as a line saying how many rows they hold, their rows in a store beside. A script in the page watches them
 (``IntersectionObserver``): when one is scrolled to, or its folded section is
-opened, its id goes into the ``lazy-seen`` store and :func:`fill` builds it
+opened, its id goes into the ``lazy-seen`` store and :func:`fill` builds it (a table is built from its rows)
 from the run as it is now, with the cursor, zoom, smoothing and rank the page
 shows (the address's zoom included), through the same :func:`page_graph` the
 first screen uses (:mod:`gpudash.layouts.run_page`). The live tick appends only to charts it has drawn: a chart
@@ -24,7 +25,7 @@ from dash import Input, Output, State, dcc, no_update
 from dash.exceptions import PreventUpdate
 from gpudash.layouts.fig import Fig, wire
 from gpudash.layouts.inputs import BadInput, as_int, page_run
-from gpudash.layouts.run_page import EAGER, LAZY, PLACEHOLDER, page_graph, placeholder
+from gpudash.layouts.run_page import EAGER, LAZY, PLACEHOLDER, TABLES, build_table, page_graph, placeholder
 
 __all__ = ["EAGER", "LAZY", "OBSERVE_JS", "PLACEHOLDER", "fill", "page_graph", "placeholder", "register_lazy_callbacks",
            "wire_tree"]  # EAGER, LAZY, PLACEHOLDER, page_graph and placeholder live in run_page (the page builds them)
@@ -53,7 +54,7 @@ OBSERVE_JS = """function (drawn) {
   (function attach() {  // once its empty frame is drawn (the charts above have their height by then)
     var left = want.filter(function (id) {
       var el = document.getElementById(id);
-      var ready = el && el.querySelector('.main-svg');
+      var ready = el && (TABLE_BOXES.indexOf(id) >= 0 || el.querySelector('.main-svg'));
       if (ready) { obs.observe(el); }
       return !ready;
     });
@@ -61,7 +62,8 @@ OBSERVE_JS = """function (drawn) {
     if (left.length && tries++ < 600) { setTimeout(attach, 100); }
   })();
   return window.dash_clientside.no_update;
-}""".replace("LAZY_IDS", repr(list(LAZY)))
+}""".replace("LAZY_IDS", repr([*LAZY, *(box for box, _ in TABLES)])).replace(
+    "TABLE_BOXES", repr([box for box, _ in TABLES]))
 
 
 def wire_tree(node: Any) -> Any:
@@ -107,20 +109,31 @@ def register_lazy_callbacks(app: dash.Dash, readers: Any) -> None:
 
     app.clientside_callback(OBSERVE_JS, Output("lazy-seen", "data"), Input("lazy-drawn", "data"))
 
-    @app.callback([*(Output(g, "figure", allow_duplicate=True) for g in LAZY), Output("lazy-drawn", "data")],
+    boxes = [box for box, _ in TABLES]
+
+    @app.callback([*(Output(g, "figure", allow_duplicate=True) for g in LAZY),
+                   *(Output(box, "children") for box in boxes), Output("lazy-drawn", "data")],
                   Input("lazy-seen", "data"), State("lazy-drawn", "data"), State("page-run", "data"),
                   State("url", "search"), State("cursor-slider", "value"), State("cursor-follow", "data"),
-                  State("smoothing", "value"), prevent_initial_call=True)
-    def draw_lazy(seen: Any, drawn: Any, page: Any, search: Any, cursor: Any, follow: Any, smooth: Any) -> list[Any]:
+                  State("smoothing", "value"), *(State(rows, "data") for _, rows in TABLES),
+                  prevent_initial_call=True)
+    def draw_lazy(seen: Any, drawn: Any, page: Any, search: Any, cursor: Any, follow: Any, smooth: Any,
+                  *table_rows: Any) -> list[Any]:
         if not isinstance(seen, list | None) or not isinstance(drawn, list | None) \
                 or not isinstance(search, str | None) or not isinstance(follow, dict | None):
             raise BadInput("lazy-seen and lazy-drawn must be lists, the search a string, cursor-follow an object")
-        done = [g for g in LAZY if g in (drawn or [])]
-        wanted = [g for g in LAZY if g in (seen or []) and g not in done]
+        if not all(isinstance(r, list | None) and all(isinstance(x, dict) for x in r or []) for r in table_rows):
+            raise BadInput("table rows must be lists of objects")
+        lazy = [*LAZY, *boxes]
+        done = [g for g in lazy if g in (drawn or [])]
+        wanted = [g for g in lazy if g in (seen or []) and g not in done]
         if not wanted or not page:
             raise PreventUpdate
-        cursor = None if cursor is None else as_int(cursor, "cursor")
-        figs = fill(readers, wanted, page, search or "", cursor, bool((follow or {}).get("follow")),
-                    smoothing_of(smooth))
+        graphs = [g for g in wanted if g in LAZY]
+        figs = fill(readers, graphs, page, search or "", None if cursor is None else as_int(cursor, "cursor"),
+                    bool((follow or {}).get("follow")), smoothing_of(smooth)) if graphs else {}
+        tables = {box: build_table(box, rows or []) for box, rows in zip(boxes, table_rows, strict=True)
+                  if box in wanted}
         return [*(wire(figs[g]) if g in figs else no_update for g in LAZY),
-                [g for g in (drawn or []) if g not in LAZY] + done + wanted]
+                *(no_update if tables.get(box) is None else tables[box] for box in boxes),
+                [g for g in (drawn or []) if g not in lazy] + done + wanted]

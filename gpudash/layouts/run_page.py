@@ -20,7 +20,7 @@ from gpudash.layouts.series import SMOOTHING, Series, series_xy
 from gpudash.layouts.style import DRAW_FIRST
 from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
 
-__all__ = ["EAGER", "LAZY", "PLACEHOLDER", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
+__all__ = ["EAGER", "LAZY", "PLACEHOLDER", "TABLES", "TABLE_PLACEHOLDER", "build_table", "table_placeholder", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
            "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
@@ -206,6 +206,27 @@ def page_graph(graph: str, view: RunView, zoomed: RunView, rank: int, at: int | 
     return fig, specs
 
 
+#: The run page's tables, built when scrolled to or opened: (box id, rows store id).
+TABLES = (("events-box", "events-rows"), ("hotspots-box", "hotspot-rows"))
+#: Class of a table's stand-in until it is built.
+TABLE_PLACEHOLDER = "table-placeholder"
+
+
+def table_placeholder(what: str) -> html.Div:
+    """What a table's box shows until the table is built: how many rows it holds."""
+    return html.Div(f"{what}: the table is drawn when scrolled into view", className=f"muted {TABLE_PLACEHOLDER}")
+
+
+def build_table(box: str, rows: list[dict[str, Any]]) -> Any | None:
+    """The table of ``box`` (:data:`TABLES`) for ``rows``; None where the box keeps what it says (no hot spots:
+    why). The events table is built empty too: a live run's events arrive in it."""
+    if box == "events-box":
+        return events.events_table(rows)
+    if box == "hotspots-box":
+        return hotspots.hotspots_table(rows) if rows else None
+    raise KeyError(box)
+
+
 def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
     # its height before plotly.js has drawn it: the page does not jump, and what is below the fold stays there
     height = fig.layout.get("height") if isinstance(fig, Fig) else None
@@ -372,14 +393,19 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         _view("signals-graph", view, "allocator", figs, specs),
     ], "stability-view")
     ev_rows = extra.get("event_rows") or []
+    # the tables (dash_table's ~600 kB of script) are built when scrolled to or opened (layouts.lazy), from
+    # their rows, which come with the page
     ev_section = _section("Events", [
         _graph("events-graph", events.events_figure(view.frame("events"))),
-        html.Div(events.events_table(ev_rows), id="events-box"),
+        html.Div(table_placeholder(f"{len(ev_rows)} event(s)" if ev_rows else "no events"), id="events-box"),
+        dcc.Store(id="events-rows", data=ev_rows),
     ], "events-view")
     ranks_box = html.Div(extra.get("ranks") or [], id="ranks-box")  # the "Ranks" section when > 1 rank
     hot_rows = extra.get("hotspot_rows") or []
     hot_section = _section("Python hot spots", [
-        hotspots.hotspots_table(hot_rows) if hot_rows else note(source_reason("stacks", meta, view.frame("events")))
+        html.Div(table_placeholder(f"{len(hot_rows)} frame(s)") if hot_rows
+                 else note(source_reason("stacks", meta, view.frame("events"))), id="hotspots-box"),
+        dcc.Store(id="hotspot-rows", data=hot_rows),
     ], "hotspots-view")
     return html.Div([
         header, replay, mem_section, tp_section, ranks_box, dev_section, stab_section, ev_section, hot_section,

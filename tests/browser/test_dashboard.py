@@ -105,7 +105,9 @@ def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: P
     assert driver.execute_script("return document.querySelectorAll('img[src=\"x\"]').length") == 0
     reason = driver.find_element("id", "device-graph-reason").text
     assert "NVML" in reason
-    assert driver.find_elements("css selector", "#hotspots-table")
+    # the tables are built when scrolled to (tests/layouts/test_lazy.py: what the box says until then)
+    driver.execute_script("document.getElementById('hotspots-box').scrollIntoView()")
+    wait_for(lambda: driver.find_elements("css selector", "#hotspots-table td"), what="hot spots table built")
     assert driver.find_elements("css selector", "#stability-lights .light-red")  # the OOM
     assert not driver.find_elements("id", "ranks-view")  # one rank: no Ranks section, no empty chart
     # the post-mortem verdicts arrive after the first paint (when gpudash.analysis provides summarize)
@@ -146,7 +148,9 @@ def test_run_page_ranks_section(driver: Any, tmp_path: Path, artifacts: Path) ->
         driver.save_screenshot(str(artifacts / "run-page-ranks.png"))
         assert severe_logs(driver) == []
     finally:
+        driver.get("about:blank")  # no request of this page (a lazy fill on scroll) may reach the stopped server
         stop()
+        driver.get_log("browser")
 
 
 def test_ranks_section_refreshes_live(driver: Any, tmp_path: Path) -> None:
@@ -197,6 +201,9 @@ def test_replay_cursor_jumps_to_events(driver: Any, served: tuple[str, Path], ar
     wait_for(lambda: int(driver.find_element("id", "cursor-label").text) != 36, what="play advances the cursor")
     driver.find_element("id", "play-button").click()
     # clicking an event in the table moves the cursor to its step (the first rows are at step 0)
+    driver.execute_script("document.getElementById('events-box').scrollIntoView()")
+    wait_for(lambda: driver.find_elements("css selector", "#events-table td[data-dash-column=kind]"),
+             what="events table built when scrolled to")
     driver.find_element("css selector", "#events-table td[data-dash-column=kind]").click()
     wait_for(lambda: driver.find_element("id", "cursor-label").text == "0", what="cursor at the clicked event")
     driver.save_screenshot(str(artifacts / "run-page-replay.png"))

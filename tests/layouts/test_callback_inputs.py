@@ -67,7 +67,7 @@ CRAFTED = [
       "page-run.data": {"run": "rich"}}, None),
     ("cursor-slider.value", {"next-event.n_clicks": 1},
      {"cursor-slider.value": 0, "cursor-slider.min": 0, "cursor-slider.max": 9, "speed.value": 1,
-      "page-run.data": {"run": "rich"}, "events-table.data": [{"step": 1e308}]}, "next-event.n_clicks"),
+      "page-run.data": {"run": "rich"}, "events-rows.data": [{"step": 1e308}]}, "next-event.n_clicks"),
     ("cursor-slider.value", {"events-graph.clickData": {"points": [{"customdata": float("inf")}]}},
      {"cursor-slider.value": 0, "cursor-slider.min": 0, "cursor-slider.max": 9}, "events-graph.clickData"),
     ("memory-graph.figure", {"memory-graph.relayoutData": {"xaxis.range[0]": "a", "xaxis.range[1]": 2}},

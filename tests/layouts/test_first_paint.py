@@ -151,3 +151,77 @@ def test_lazy_chart_filled_as_the_page_shows_it(runs_dir: Path, search: str) -> 
     again = payload(app, fill, {"lazy-seen.data": ["rates-graph"]},
                     dict(state, **{"lazy-drawn.data": out["lazy-drawn"]["data"]}))
     assert client.post("/_dash-update-component", json=again).status_code == 204  # drawn already: nothing sent
+
+
+def test_tables_built_when_scrolled_to(runs_dir: Path) -> None:
+    """The events and hot-spots tables come as a line saying how many rows (dash_table's scripts are not
+    loaded with the first screen), their rows in stores; scrolled to, each is built from its store."""
+    from gpudash.app import create_app
+    from gpudash.layouts.lazy import EAGER
+    from gpudash.layouts.run_page import TABLE_PLACEHOLDER
+    from gpudash.layouts.style import DRAW_FIRST
+
+    app = create_app(runs_dir)
+    client = app.server.test_client()
+    body = payload(app, "page.children", {"url.pathname": "/run/rich", "url.search": ""})
+    page = _body(client.post("/_dash-update-component", json=body))["response"]["page"]["children"]
+    assert '"DataTable"' not in json.dumps(page)  # no table in the page as sent
+    rows = _find(page, "id", "events-rows")["data"]
+    hot = _find(page, "id", "hotspot-rows")["data"]
+    assert rows and hot
+    events_box = _find(page, "id", "events-box")["children"]
+    assert events_box["props"]["className"].endswith(TABLE_PLACEHOLDER)
+    assert events_box["props"]["children"].startswith(f"{len(rows)} event(s): the table is drawn when scrolled")
+    # the first screen's charts are drawn first (a class the page's script reads), the others a task later
+    for g in ("memory-graph", "step-time-graph", "loss-graph", "events-graph"):
+        assert (DRAW_FIRST in _find(page, "id", g)["className"].split()) == (g in EAGER), g
+
+    state = {"lazy-drawn.data": list(EAGER), "page-run.data": {"run": "rich", "rank": 0}, "url.search": "",
+             "cursor-slider.value": 39, "cursor-follow.data": {"follow": False}, "smoothing.value": 0,
+             "events-rows.data": rows, "hotspot-rows.data": hot}
+    fill = next(k for k in app.callback_map if k.endswith("...lazy-drawn.data..")).strip(".")
+    out = _body(client.post("/_dash-update-component", json=payload(
+        app, fill, {"lazy-seen.data": ["events-box", "hotspots-box"]}, state)))["response"]
+    assert set(out) == {"events-box", "hotspots-box", "lazy-drawn"}
+    events_table = out["events-box"]["children"]
+    assert events_table["type"] == "DataTable" and events_table["props"]["id"] == "events-table"
+    assert events_table["props"]["data"] == rows
+    assert out["hotspots-box"]["children"]["props"]["data"] == hot
+    assert out["lazy-drawn"]["data"] == [*EAGER, "events-box", "hotspots-box"]
+    # a run without hot spots: its box keeps saying why; the events table is built even when empty (live runs)
+    out = _body(client.post("/_dash-update-component", json=payload(
+        app, fill, {"lazy-seen.data": ["events-box", "hotspots-box"]},
+        dict(state, **{"events-rows.data": [], "hotspot-rows.data": []}))))["response"]
+    assert "hotspots-box" not in out and out["events-box"]["children"]["props"]["data"] == []
+    bad = payload(app, fill, {"lazy-seen.data": ["events-box"]}, dict(state, **{"events-rows.data": "x"}))
+    assert client.post("/_dash-update-component", json=bad).status_code == 400
+
+
+def test_serve_answers_before_pandas(runs_dir: Path) -> None:
+    """What ``gpudash serve`` does before it prints its address imports neither pandas nor IPython (pandas loads
+    after, while the browser fetches its scripts); the run page is then right."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from pathlib import Path
+from gpudash.app import run, create_app
+from gpudash.deferred import Deferred, defer, without
+without("IPython"); defer("pandas")
+app = create_app(Path({str(runs_dir)!r}))
+client = app.server.test_client()
+assert client.get("/run/rich").status_code == 200
+assert isinstance(sys.modules["pandas"], Deferred), "pandas was imported to build the app"
+assert sys.modules.get("IPython") is None
+import pandas as pd  # the stand-in, until something reads from it
+frame = pd.DataFrame({{"a": [1, 2]}})
+assert not isinstance(sys.modules["pandas"], Deferred) and int(frame["a"].sum()) == 3
+from gpudash.layouts.callbacks import ReaderCache, page_for
+page = page_for("/run/rich", "", Path({str(runs_dir)!r}), ReaderCache(Path({str(runs_dir)!r})))
+assert "loss-graph" in str(page)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
