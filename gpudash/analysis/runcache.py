@@ -89,6 +89,13 @@ class RunCache:
                     old.close()
             return item
 
+    def current(self, path: str | Path) -> Loaded | None:
+        """The run at ``path`` as cached, if no file of it changed since it was read; never loads it."""
+        key = Path(path).resolve()
+        with self._lock:
+            hit = self._items.get(key)
+        return hit if hit is not None and hit.stamp == run_stamp(key) else None
+
     def get(self, path: str | Path) -> Loaded:
         """The run at ``path`` (raises :class:`gpudash.RunError` when it is not a run)."""
         key = Path(path).resolve()

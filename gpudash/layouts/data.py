@@ -126,8 +126,10 @@ def time_bounds(reader: RunReader, table: str) -> tuple[float | None, float | No
     return lo, hi
 
 
-def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = RAW_LIMIT) -> RunView:
-    """Everything the run page needs, with numeric tables at most ``max_points`` rows per rank."""
+def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = RAW_LIMIT,
+              known: dict[str, pd.DataFrame] | None = None) -> RunView:
+    """Everything the run page needs, with numeric tables at most ``max_points`` rows per rank. ``known``:
+    step tables (:data:`STEP_TABLES`) already read from these same files, used instead of reading them again."""
     reader.refresh()
     cursor = {f"{rank}/{t}": r.max_rowid(t) for rank, r in reader.ranks.items() for t in LIVE_TABLES}
     meta = run_meta(reader)
@@ -136,7 +138,7 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     full: dict[str, pd.DataFrame] = {}
     for table in NUMERIC_TABLES:
         if table in STEP_TABLES:
-            full[table] = reader.read_table(table)
+            full[table] = known[table] if known is not None and table in known else reader.read_table(table)
             frames[table] = downsample_frame(full[table], table, max_points)
             levels[table] = 0
             continue

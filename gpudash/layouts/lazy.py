@@ -83,7 +83,7 @@ def fill(readers: Any, wanted: list[str], page: Any, search: str, cursor: int | 
          smooth: float) -> dict[str, Fig]:
     """The lazy charts in ``wanted``, drawn from the run as it is now, as the page shows it."""
     from gpudash.layouts.data import load_view
-    from gpudash.layouts.pages import facts_for, range_view
+    from gpudash.layouts.pages import facts_for, known_tables, range_view
     from gpudash.layouts.viewstate import view_params, xmode_of
     from gpudash.layouts.xaxis import XAxis, x_origin
 
@@ -95,7 +95,7 @@ def fill(readers: Any, wanted: list[str], page: Any, search: str, cursor: int | 
     facts = facts_for(reader.path)
     spikes = list(facts.loss_spike_steps) if facts is not None else None
     with lock:
-        view = load_view(reader)
+        view = load_view(reader, known=known_tables(reader.path))
         zoomed = range_view(reader, view, xrange[0], xrange[1]) if xrange is not None else view
     if rank not in view.ranks:
         rank = view.ranks[0]

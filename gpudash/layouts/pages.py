@@ -31,6 +31,7 @@ __all__ = [
     "activations_at",
     "build_run_page",
     "facts_for",
+    "known_tables",
     "load_snapshots",
     "memory_row_at",
     "pick_snapshot",
@@ -94,16 +95,28 @@ def facts_for(path: Any) -> Any | None:
         return None
 
 
+def known_tables(path: Any) -> dict[str, Any] | None:
+    """The step tables of a finished run as the run cache read them, when no file of the run changed since:
+    a page then reads a million-step run once (for the analysis), not once more for its charts. None for a
+    live run (its page notes how far it read, and must hold exactly those rows) or one not cached."""
+    from gpudash.analysis.runcache import shared_cache
+
+    hit = shared_cache().current(path)
+    if hit is None or hit.run.status == "live":
+        return None
+    return {"steps": hit.run.steps.copy(deep=False), "memory": hit.run.memory.copy(deep=False)}
+
+
 def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None,
                    cursor: int | None = None, xrange: tuple[float, float] | None = None,
                    smooth: float = 0.0, xmode: str = "step") -> html.Div:
     """The run page; ``cursor``, ``xrange`` (a step range) and ``xmode`` (the step graphs' x axis) come from
     the page's address, so a link reproduces the view it was copied from."""
-    view = view if view is not None else load_view(reader)
+    facts = facts_for(reader.path)
+    view = view if view is not None else load_view(reader, known=known_tables(reader.path))
     x = XAxis(xmode, x_origin(xmode, view.full.get("steps", view.frame("steps"))))
     if rank not in view.ranks:
         rank = view.ranks[0]
-    facts = facts_for(reader.path)
     spikes = list(facts.loss_spike_steps) if facts is not None else None
     last = view.last_step
     if cursor is not None and last is not None:

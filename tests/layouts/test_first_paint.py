@@ -225,3 +225,38 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_finished_run_read_once(runs_dir: Path, tmp_path: Path) -> None:
+    """A finished run's page takes its step tables from the run cache (read once for the analysis) only while
+    no file of the run changed; the view is the same as read from the files."""
+    import time
+
+    import pandas as pd
+    from runmaker import LiveRun
+
+    from gpudash.analysis.runcache import shared_cache
+    from gpudash.layouts.data import load_view
+    from gpudash.layouts.pages import facts_for, known_tables
+    from gpudash.store.reader import RunReader
+
+    assert facts_for(runs_dir / "rich") is not None
+    known = known_tables(runs_dir / "rich")
+    assert known is not None and set(known) == {"steps", "memory"}
+    reader = RunReader(runs_dir / "rich")
+    try:
+        read, shared = load_view(reader), load_view(reader, known=known)
+    finally:
+        reader.close()
+    for table in ("steps", "memory"):
+        pd.testing.assert_frame_equal(read.full[table], shared.full[table])
+        pd.testing.assert_frame_equal(read.frames[table], shared.frames[table])
+    known["steps"]["added"] = 1.0  # a page's copy: the cached run is not changed through it
+    assert "added" not in shared_cache().get(runs_dir / "rich").run.steps
+
+    with LiveRun(tmp_path / "live", delay=0.02):  # returns once the run's file exists
+        time.sleep(0.3)
+        assert facts_for(tmp_path / "live") is not None
+        assert known_tables(tmp_path / "live") is None  # live: its page reads the rows it notes
+    (tmp_path / "live" / "extra.txt").write_text("changed")
+    assert known_tables(tmp_path / "live") is None  # a file changed since it was cached
