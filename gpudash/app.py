@@ -73,7 +73,7 @@ def _dash_class() -> Any:
 
 def _warm(app: Any, token: str | None, runs_dir: Path) -> None:
     """While no browser waits for it: compress plotly.js into the cache (its first request answers at once),
-    finish the imports the pages need (pandas, when ``serve`` deferred it) and read the newest run's facts into
+    finish the imports the pages need (numpy and pandas, when ``serve`` deferred them) and read the newest run's facts into
     the run cache (its page then builds in about half the time). Not the pages themselves: a page being
     built holds its run's lock, and the browser's first request would wait for it. Only a head start: a
     failure here leaves it to the first request."""
@@ -86,6 +86,7 @@ def _warm(app: Any, token: str | None, runs_dir: Path) -> None:
         client.get(_BUNDLES + PLOTLY_BUNDLE, headers=headers)
         from gpudash.deferred import finish
 
+        finish("numpy")
         finish("pandas")
         from gpudash.layouts.pages import facts_for
         from gpudash.layouts.runid import list_run_dirs
@@ -267,9 +268,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpudash.deferred import defer, without
 
-    # this process only serves: dash's Jupyter support (IPython, ~0.1 s) is never used, and pandas loads
-    # after the first page is answered, while the browser fetches its scripts (gpudash.deferred)
+    # this process only serves: dash's Jupyter support (IPython, ~0.1 s) is never used, and numpy and pandas
+    # load after the first page is answered, while the browser fetches its scripts (gpudash.deferred)
     without("IPython")
+    defer("numpy")
     defer("pandas")
     from gpudash.layouts.runid import list_run_dirs
 

@@ -9,14 +9,22 @@ thousand in milliseconds.
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 import numpy as np
-from tsdownsample import MinMaxLTTBDownsampler
 
 __all__ = ["MAX_POINTS", "downsample_indices"]
 
 #: Upper bound on points per trace sent to the browser (about 2x a wide plot's pixels).
 MAX_POINTS = 4_000
-_MINMAX_LTTB = MinMaxLTTBDownsampler()
+
+
+@cache
+def _minmax_lttb() -> Any:  # imported when first used: a starting server does not load numpy for it
+    from tsdownsample import MinMaxLTTBDownsampler
+
+    return MinMaxLTTBDownsampler()
 
 
 def downsample_indices(x: np.ndarray, y: np.ndarray, n_out: int = MAX_POINTS) -> np.ndarray:
@@ -39,6 +47,6 @@ def downsample_indices(x: np.ndarray, y: np.ndarray, n_out: int = MAX_POINTS) ->
         xx = np.arange(len(yy), dtype=np.int64)
     elif xx.dtype.kind == "f" and not np.isfinite(xx).all():
         xx = np.arange(len(yy), dtype=np.int64)
-    idx = _MINMAX_LTTB.downsample(np.ascontiguousarray(xx), np.ascontiguousarray(yy), n_out=max(n_out - 2, 4))
+    idx = _minmax_lttb().downsample(np.ascontiguousarray(xx), np.ascontiguousarray(yy), n_out=max(n_out - 2, 4))
     idx = np.unique(np.concatenate([np.asarray(idx, dtype=np.int64), [int(np.argmin(yy)), int(np.argmax(yy))]]))
     return idx if pos is None else pos[idx]

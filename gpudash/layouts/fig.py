@@ -30,7 +30,7 @@ WIRE_KEYS = ("x", "y")
 WIRE_MIN = 16
 #: float32 when it moves no value by more than this fraction of the values' span (far below a pixel).
 F4_TOLERANCE = 1e-4
-_I4 = np.iinfo(np.int32)
+_I4_MIN, _I4_MAX = -(2**31), 2**31 - 1  # int32 (plain ints: importing this module reads nothing from numpy)
 
 
 class AttrDict(dict):  # type: ignore[type-arg]
@@ -108,7 +108,7 @@ def encode_array(values: Any) -> Any:
     if a.ndim != 1:
         return values
     if a.dtype.kind in "iu":
-        if len(a) and (a.min() < _I4.min or a.max() > _I4.max):
+        if len(a) and (a.min() < _I4_MIN or a.max() > _I4_MAX):
             a, dtype = a.astype("<f8"), "f8"
         else:
             a, dtype = a.astype("<i4"), "i4"

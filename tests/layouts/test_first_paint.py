@@ -208,11 +208,12 @@ import sys
 from pathlib import Path
 from gpudash.app import run, create_app
 from gpudash.deferred import Deferred, defer, without
-without("IPython"); defer("pandas")
+without("IPython"); defer("numpy"); defer("pandas")
 app = create_app(Path({str(runs_dir)!r}))
 client = app.server.test_client()
 assert client.get("/run/rich").status_code == 200
 assert isinstance(sys.modules["pandas"], Deferred), "pandas was imported to build the app"
+assert isinstance(sys.modules["numpy"], Deferred), "numpy was imported to build the app"
 assert sys.modules.get("IPython") is None
 import pandas as pd  # the stand-in, until something reads from it
 frame = pd.DataFrame({{"a": [1, 2]}})
