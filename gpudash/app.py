@@ -14,6 +14,8 @@ answers at once, and a browser opened right away waits for the first page instea
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -37,17 +39,54 @@ _BUNDLES = "/_dash-component-suites/"
 
 class _BundleCache:
     """Flask-Compress's cache: keeps the compressed script bundles (plotly.js's cartesian bundle is 1.5 MB, ~0.4 MB
-    as brotli), never a page or a callback answer (those differ per request)."""
+    as brotli), never a page or a callback answer (those differ per request). Kept in memory and in gpudash's
+    cache folder (``bundles/`` under :func:`gpudash.analysis.summarystore.cache_dir`; off with
+    ``GPUDASH_CACHE_DIR=off``), so a server started again sends them without compressing them again (~70 ms of
+    a cold start). The key names the file's version: Dash's bundle paths carry their package's version and the
+    file's modification time. A cache: a folder that cannot be read or written is skipped."""
+
+    KEEP = 64  # files on disk; the oldest go first
 
     def __init__(self) -> None:
+        from gpudash.analysis.summarystore import cache_dir
+
         self._data: dict[str, bytes] = {}
+        folder = cache_dir()
+        self._dir = folder / "bundles" if folder is not None else None
+
+    def _file(self, key: str) -> Path:
+        assert self._dir is not None
+        return self._dir / hashlib.sha256(key.encode()).hexdigest()
 
     def get(self, key: str) -> bytes | None:
-        return self._data.get(key)
+        hit = self._data.get(key)
+        if hit is None and self._dir is not None and _BUNDLES in key:
+            try:
+                hit = self._file(key).read_bytes()
+            except OSError:
+                return None
+            if len(self._data) < 256:
+                self._data[key] = hit
+        return hit
 
     def set(self, key: str, value: bytes) -> None:
-        if _BUNDLES in key and len(self._data) < 256:
+        if _BUNDLES not in key:
+            return
+        if len(self._data) < 256:
             self._data[key] = value
+        if self._dir is None:
+            return
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            path = self._file(key)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(value)
+            os.replace(tmp, path)  # whole or not at all: a reader never sees half a bundle
+            kept = sorted(self._dir.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in kept[self.KEEP:]:
+                old.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _dash_class() -> Any:
@@ -79,11 +118,11 @@ def _warm(app: Any, token: str | None, runs_dir: Path) -> None:
     failure here leaves it to the first request."""
     headers = {"Accept-Encoding": "br"} | ({"Authorization": f"Bearer {token}"} if token else {})
     try:
-        from gpudash.layouts.style import PLOTLY_BUNDLE
+        from gpudash.layouts.style import PLOTLY_URL
 
         client = app.server.test_client()
         client.get("/", headers=headers)  # the index registers the bundles' paths
-        client.get(_BUNDLES + PLOTLY_BUNDLE, headers=headers)
+        client.get(_BUNDLES + PLOTLY_URL, headers=headers)
         from gpudash.deferred import finish
 
         finish("numpy")

@@ -22,12 +22,14 @@ from typing import Any
 
 from gpudash._version import __version__
 
-__all__ = ["CACHE_DIR_ENV", "SummaryStore", "summary_store"]
+__all__ = ["CACHE_DIR_ENV", "SummaryStore", "cache_dir", "summary_store"]
 
 CACHE_DIR_ENV = "GPUDASH_CACHE_DIR"
 
 
-def _cache_dir() -> Path | None:
+def cache_dir() -> Path | None:
+    """gpudash's cache folder (``$GPUDASH_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpudash`` or ``~/.cache/gpudash``);
+    None when turned off."""
     value = os.environ.get(CACHE_DIR_ENV)
     if value is not None:
         return None if value.strip().lower() in ("", "0", "off", "no", "false") else Path(value)
@@ -106,7 +108,7 @@ _STORE_LOCK = threading.Lock()
 def summary_store() -> SummaryStore:
     """The process's store (opened again when ``$GPUDASH_CACHE_DIR`` changed)."""
     global _STORE
-    folder = _cache_dir()
+    folder = cache_dir()
     with _STORE_LOCK:
         if _STORE is None or _STORE[0] != folder:
             if _STORE is not None:

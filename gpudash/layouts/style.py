@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["CSS", "DRAW_FIRST", "TYPED_JS", "index_string"]
+from pathlib import Path
+
+__all__ = ["CSS", "DRAW_FIRST", "PLOTLY_BUNDLE", "PLOTLY_URL", "TYPED_JS", "index_string"]
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; background: #f6f7f9; color: #222; }
@@ -120,6 +122,20 @@ DRAW_FIRST = "draw-first"
 #: instead of the full 4.8 MB (gpudash/layouts/vendor/README.md); served by :mod:`gpudash.app` in place of Dash's.
 PLOTLY_BUNDLE = "gpudash/layouts/vendor/plotly-cartesian.min.js"
 
+
+def _stamp(rel: str) -> str:
+    try:
+        st = (Path(__file__).parent / rel).stat()
+    except OSError:
+        return "0"
+    return f"{st.st_size}-{st.st_mtime_ns}"
+
+
+#: The address the page asks plotly.js at (under ``_dash-component-suites/``): the file's size and modification
+#: time in it, as Dash's own bundle addresses carry theirs, so a cached copy (the browser's, or the server's
+#: compressed one) of an older file is never used.
+PLOTLY_URL = f"{PLOTLY_BUNDLE}?v={_stamp(PLOTLY_BUNDLE.split('/', 2)[2])}"
+
 #: plotly.js for the page, and typed arrays (:func:`gpudash.layouts.fig.wire`) back into plain arrays before it
 #: draws them: the page parses a base64 string instead of thousands of numbers, and live ``extendData`` appends
 #: to an array as before. On a run or compare page plotly.js (:data:`PLOTLY_BUNDLE`) is fetched and parsed at once, while the
@@ -200,7 +216,7 @@ TYPED_JS = r"""(function () {
   Object.defineProperty(window, 'Plotly', {configurable: true, enumerable: true,
     get: function () { if (!current && loaded) { start(); } return current || loaded || undefined; },
     set: function (v) { current = wrap(v); if (done && current) { done(current); } }});
-})();""".replace("PLOTLY_PATH", repr(PLOTLY_BUNDLE)).replace("DRAW_FIRST_CLASS", DRAW_FIRST)
+})();""".replace("PLOTLY_PATH", repr(PLOTLY_URL)).replace("DRAW_FIRST_CLASS", DRAW_FIRST)
 
 
 def index_string(title: str = "gpudash") -> str:

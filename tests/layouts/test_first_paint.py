@@ -261,3 +261,38 @@ def test_finished_run_read_once(runs_dir: Path, tmp_path: Path) -> None:
         assert known_tables(tmp_path / "live") is None  # live: its page reads the rows it notes
     (tmp_path / "live" / "extra.txt").write_text("changed")
     assert known_tables(tmp_path / "live") is None  # a file changed since it was cached
+
+
+def test_compressed_bundles_kept_on_disk(runs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started again sends plotly.js compressed as the last one did, without compressing it; with the
+    cache turned off nothing is written."""
+    import brotli
+
+    from gpudash.app import create_app
+    from gpudash.layouts.style import PLOTLY_BUNDLE, PLOTLY_URL
+
+    def bundle(app: Any) -> Any:
+        client = app.server.test_client()
+        assert PLOTLY_URL in client.get("/run/rich").get_data(as_text=True)  # the address the page asks
+        return client.get("/_dash-component-suites/" + PLOTLY_URL, headers={"Accept-Encoding": "br"})
+
+    monkeypatch.setenv("GPUDASH_CACHE_DIR", str(tmp_path / "cache"))
+    first = bundle(create_app(runs_dir))
+    assert first.status_code == 200 and first.headers["Content-Encoding"] == "br"
+    sent = first.get_data()
+    plain = (Path(__import__("gpudash").__file__).parent.parent / PLOTLY_BUNDLE).read_bytes()
+    assert brotli.decompress(sent) == plain
+    assert [p.name for p in (tmp_path / "cache" / "bundles").iterdir() if not p.name.endswith(".tmp")]
+
+    def no_compress(*args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("compressed again")
+
+    monkeypatch.setattr(brotli, "compress", no_compress)
+    again = bundle(create_app(runs_dir))
+    assert again.status_code == 200 and again.get_data() == sent
+    monkeypatch.undo()
+
+    monkeypatch.setenv("GPUDASH_CACHE_DIR", "off")
+    assert bundle(create_app(runs_dir)).status_code == 200
+    monkeypatch.setenv("GPUDASH_CACHE_DIR", str(tmp_path / "cache"))  # the folder is as the first app left it
+    assert len(list((tmp_path / "cache" / "bundles").iterdir())) == 1
