@@ -42,21 +42,28 @@ class _BundleCache:
     as brotli), never a page or a callback answer (those differ per request). Kept in memory and in gpudash's
     cache folder (``bundles/`` under :func:`gpudash.analysis.summarystore.cache_dir`; off with
     ``GPUDASH_CACHE_DIR=off``), so a server started again sends them without compressing them again (~70 ms of
-    a cold start). The key names the file's version: Dash's bundle paths carry their package's version and the
-    file's modification time. A cache: a folder that cannot be read or written is skipped."""
+    a cold start). The key on disk names the file's version: the address (Dash's bundle addresses carry their
+    package's version and the file's modification time, plotly.js's its size and mtime) and the versions of
+    gpudash, Dash and Flask-Compress. A cache: a folder that cannot be read or written is skipped."""
 
     KEEP = 64  # files on disk; the oldest go first
 
     def __init__(self) -> None:
+        import dash
+        import flask_compress
+
+        from gpudash._version import __version__
         from gpudash.analysis.summarystore import cache_dir
 
         self._data: dict[str, bytes] = {}
+        # in the key on disk: Dash asks its lazily loaded scripts at addresses without a version (async-graph.js)
+        self._versions = f"gpudash {__version__}, dash {dash.__version__}, flask-compress {flask_compress.__version__}"
         folder = cache_dir()
         self._dir = folder / "bundles" if folder is not None else None
 
     def _file(self, key: str) -> Path:
         assert self._dir is not None
-        return self._dir / hashlib.sha256(key.encode()).hexdigest()
+        return self._dir / hashlib.sha256(f"{key}|{self._versions}".encode()).hexdigest()
 
     def get(self, key: str) -> bytes | None:
         hit = self._data.get(key)
@@ -225,7 +232,8 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
     app = _dash_class()(__name__, title="gpudash", update_title=no_title, suppress_callback_exceptions=True,
                     assets_folder=str(Path(__file__).parent / "layouts" / "no-assets"),
                     requests_pathname_prefix=requests_pathname_prefix)
-    app.index_string = index_string().replace("<a href='/'>", f"<a href='{quote(requests_pathname_prefix)}'>")
+    app.index_string = index_string(prefix=quote(requests_pathname_prefix)).replace(
+        "<a href='/'>", f"<a href='{quote(requests_pathname_prefix)}'>")
     app.server.config[PREFIX_KEY] = requests_pathname_prefix  # in-page links go under it (layouts.links.href)
     app.layout = html.Div([dcc.Location(id="url", refresh="callback-nav"), dcc.Store(id="shown-page"),
                            html.Div(id="page")])

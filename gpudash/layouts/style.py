@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["CSS", "DRAW_FIRST", "PLOTLY_BUNDLE", "PLOTLY_URL", "TYPED_JS", "index_string"]
+__all__ = ["CSS", "DRAW_FIRST", "FIRST_SCREEN_CHUNKS", "PLOTLY_BUNDLE", "PLOTLY_URL", "TYPED_JS", "index_string"]
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; background: #f6f7f9; color: #222; }
@@ -219,8 +219,17 @@ TYPED_JS = r"""(function () {
 })();""".replace("PLOTLY_PATH", repr(PLOTLY_URL)).replace("DRAW_FIRST_CLASS", DRAW_FIRST)
 
 
-def index_string(title: str = "gpudash") -> str:
-    return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>{%favicon%}{%css%}<style>" + CSS
+#: Dash's lazily loaded component scripts a run page's first screen mounts (graphs, the replay bar's dropdowns
+#: and slider), under ``_dash-component-suites/``: fetched with the page's own scripts, not after its first
+#: answer (the renderer asks for them only when it mounts those components).
+FIRST_SCREEN_CHUNKS = ("dash/dcc/async-graph.js", "dash/dcc/async-dropdown.js", "dash/dcc/async-slider.js")
+
+
+def index_string(title: str = "gpudash", prefix: str = "/") -> str:
+    """The page shell; ``prefix``: the path the browser reaches the server under (``requests_pathname_prefix``)."""
+    preload = "".join(f"<link rel='preload' as='script' href='{prefix}_dash-component-suites/{c}'>"
+                      for c in FIRST_SCREEN_CHUNKS)
+    return ("<!DOCTYPE html><html><head>{%metas%}<title>" + title + "</title>" + preload + "{%favicon%}{%css%}<style>" + CSS
             + "</style></head><body><div class='topbar'><a href='/'>gpudash</a>"
             "<button id='theme-toggle' class='theme-toggle' type='button' onclick='gpudashTheme.toggle()'>"
             "dark mode</button></div><script>" + THEME_JS + "</script>{%app_entry%}<footer>"
