@@ -89,8 +89,21 @@ def test_bind_rules(runs_dir: Path, capsys: pytest.CaptureFixture[str], monkeypa
 
 
 def test_serve_in_thread(runs_dir: Path) -> None:
+    import sys
+    import threading
+
+    from gpudash.analysis.runcache import shared_cache
+
+    switch = sys.getswitchinterval()
+    shared_cache().clear()
     url, stop = serve_in_thread(runs_dir, "127.0.0.1", 0, token="tok")
     try:
+        for t in [t for t in threading.enumerate() if t.name == "gpudash-warm"]:
+            t.join(60)
+        # the head start after the address is printed: the newest run is read, the interpreter set back
+        newest = max((runs_dir / r for r in ("plain", "rich")), key=lambda p: p.stat().st_mtime)
+        assert shared_cache().current(newest) is not None
+        assert sys.getswitchinterval() == switch
         assert url.endswith("/?token=tok")
         base = url.split("?")[0]
         req = urllib.request.Request(base + "api/runs", headers={"Authorization": "Bearer tok"})
