@@ -149,7 +149,7 @@ def compare_page(views: list[tuple[str, RunView]], missing: list[str], facts: li
                  style={"display": "flex", "gap": "8px", "alignItems": "center", "margin": "8px 0"}),
         dash_table.DataTable(  # type: ignore[attr-defined]
             id="compare-table", data=rows, columns=[{"name": c, "id": c} for c in rows[0]],
-            style_cell={"textAlign": "left", "fontSize": 12}),
+            style_cell={"textAlign": "left", "fontSize": 12}, style_table={"overflowX": "auto"}),
         html.Div([html.Div(dcc.Graph(id=g, figure=f, config=_CONFIG), className="half")
                   for g, f in zip(COMPARE_GRAPHS, figs, strict=True)], className="row"),
     ]

@@ -46,6 +46,8 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0;
 body.dark .progress-track { background: #2a2e36; }
 .x-mode-row { display: flex; align-items: center; gap: 6px; font-size: 13px; margin: 2px 0; }
 .x-mode label { margin-right: 10px; }
+/* Dash's dropdown keeps a hidden focus input wider than a narrow dropdown: no page-wide horizontal scrollbar */
+.dash-dropdown-wrapper .dash-dropdown-focus-target { max-width: 100%; }
 .theme-toggle { float: right; background: none; border: 1px solid #556; color: #fff; border-radius: 4px;
   font-size: 12px; cursor: pointer; padding: 1px 8px; }
 /* dark mode: follows the system unless toggled (the choice is remembered) or set by ?theme=dark|light */

@@ -256,6 +256,26 @@ def test_compare_page(driver: Any, served: tuple[str, Path], artifacts: Path) ->
     assert severe_logs(driver) == []
 
 
+def test_no_horizontal_scroll_on_a_laptop(driver: Any, served: tuple[str, Path]) -> None:
+    """At 1280 px wide (a laptop) no page is wider than the window: nothing to scroll sideways."""
+    url, _ = served
+    size = driver.get_window_size()
+    driver.set_window_size(1280, 900)
+    try:
+        for path, ready in (("", "#runs-table tbody tr"), ("run/rich", "#memory-graph .main-svg"),
+                            ("compare?runs=rich,plain", "#compare-memory .main-svg")):
+            driver.get(url + path)
+            wait_for(lambda r=ready: driver.find_elements("css selector", r), what=f"{path or 'runs'} page")
+            time.sleep(0.5)
+            wide = driver.execute_script("""const W = document.documentElement.clientWidth;
+              return [document.documentElement.scrollWidth, W, Array.from(document.querySelectorAll('body *'))
+                .filter(e => e.getBoundingClientRect().right > W + 1).slice(0, 3)
+                .map(e => e.tagName + '#' + e.id + '.' + e.className)];""")
+            assert wide[0] <= wide[1], (path, wide)
+    finally:
+        driver.set_window_size(size["width"], size["height"])
+
+
 @pytest.mark.skipif(not os.environ.get("GPUDASH_UPDATE_SCREENSHOT"), reason="set GPUDASH_UPDATE_SCREENSHOT=1 to redo it")
 def test_docs_screenshot(driver: Any, tmp_path: Path, artifacts: Path) -> None:
     """The README's picture of the run page: GPUDASH_UPDATE_SCREENSHOT=1 pytest tests/browser -k docs."""
