@@ -172,13 +172,14 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
                   State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
                   State("live-state", "data"), prevent_initial_call=True)
     def view_to_url(cursor: Any, smooth: Any, *rest: Any) -> str:
-        # the view in the address: a copied link opens the same cursor and zoom (a live run's end is not a cursor)
+        # the view in the address: a copied link opens the same cursor and zoom. The run's end is no cursor (a
+        # page opens there; a live run's end moves): a page just opened keeps its address as typed
         *relayouts, search, status, hi, state = rest
         if not isinstance(search, str | None) or not isinstance(status, str | None):
             raise BadInput("search and status must be strings")
         cursor = None if cursor is None else as_int(cursor, "cursor")
         hi = None if hi is None else as_int(hi, "slider max")
-        if status == "live" and cursor is not None and hi is not None and cursor >= hi:
+        if cursor is not None and hi is not None and cursor >= hi:
             cursor = None
         trig = dash.ctx.triggered_id
         zoom = None

@@ -4,6 +4,7 @@ names, no label drawn over another or cut off at the figure's edge."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,8 @@ def test_replay_step_box_url_and_speed(driver: Any, served: tuple[str, Path], ar
         wait_for(lambda g=g: rendered(driver, g), what=f"{g} rendered")
     speed = driver.execute_script("return document.querySelector('#speed').textContent")
     assert "whole run in 30 s" in speed, speed
+    time.sleep(0.5)
+    assert driver.current_url == url + "run/rich"  # a page opened at the run's end keeps its address as typed
     box = driver.find_element("id", "cursor-input")
     box.send_keys("0\n")  # before the run's first sampled activation step
     wait_for(lambda: driver.find_element("id", "cursor-label").text == "0", what="cursor at step 0 after Enter")
