@@ -45,7 +45,8 @@ class _BundleCache:
     ``GPUDASH_CACHE_DIR=off``), so a server started again sends them without compressing them again (~70 ms of
     a cold start). The key on disk names the file's version: the address (Dash's bundle addresses carry their
     package's version and the file's modification time, plotly.js's its size and mtime) and the versions of
-    gpudash, Dash and Flask-Compress. A cache: a folder that cannot be read or written is skipped."""
+    gpudash, Dash and Flask-Compress; each file starts with its bytes' SHA-256 (a damaged file is not sent). A
+    cache: a folder that cannot be read or written is skipped."""
 
     KEEP = 64  # files on disk; the oldest go first
 
@@ -70,8 +71,12 @@ class _BundleCache:
         hit = self._data.get(key)
         if hit is None and self._dir is not None and _BUNDLES in key:
             try:
-                hit = self._file(key).read_bytes()
+                stored = self._file(key).read_bytes()
             except OSError:
+                return None
+            digest, hit = stored[:32], stored[32:]
+            if hashlib.sha256(hit).digest() != digest:  # damaged on disk: compressed again, and stored again
+                self._file(key).unlink(missing_ok=True)
                 return None
             if len(self._data) < 256:
                 self._data[key] = hit
@@ -88,7 +93,7 @@ class _BundleCache:
             self._dir.mkdir(parents=True, exist_ok=True)
             path = self._file(key)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(value)
+            tmp.write_bytes(hashlib.sha256(value).digest() + value)
             os.replace(tmp, path)  # whole or not at all: a reader never sees half a bundle
             kept = sorted(self._dir.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
             for old in kept[self.KEEP:]:

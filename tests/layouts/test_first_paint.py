@@ -291,6 +291,11 @@ def test_compressed_bundles_kept_on_disk(runs_dir: Path, tmp_path: Path, monkeyp
     again = bundle(create_app(runs_dir))
     assert again.status_code == 200 and again.get_data() == sent
     monkeypatch.undo()
+    monkeypatch.setenv("GPUDASH_CACHE_DIR", str(tmp_path / "cache"))
+    (stored,) = (tmp_path / "cache" / "bundles").iterdir()
+    stored.write_bytes(stored.read_bytes()[:-100])  # damaged (a truncated copy): compressed again, not sent
+    damaged = bundle(create_app(runs_dir))
+    assert damaged.status_code == 200 and brotli.decompress(damaged.get_data()) == plain
 
     monkeypatch.setenv("GPUDASH_CACHE_DIR", "off")
     assert bundle(create_app(runs_dir)).status_code == 200
