@@ -123,12 +123,14 @@ def _dash_class() -> Any:
     return GpudashDash
 
 
-def _warm(app: Any, token: str | None, runs_dir: Path) -> None:
-    """While no browser waits for it: compress plotly.js into the cache (its first request answers at once),
-    finish the imports the pages need (numpy and pandas, when ``serve`` deferred them) and read the newest run's facts into
-    the run cache (its page then builds in about half the time). Not the pages themselves: a page being
-    built holds its run's lock, and the browser's first request would wait for it. Only a head start: a
-    failure here leaves it to the first request."""
+def _warm(app: Any, token: str | None, runs_dir: Path, head_start: bool) -> None:
+    """While no browser waits for it: compress plotly.js into the cache (its first request answers at once).
+    With ``head_start`` (``gpudash serve``'s own process, never a training process or a notebook's kernel):
+    also finish the imports the pages need (numpy and pandas, which ``serve`` deferred) and read the newest
+    run's facts into the run cache (its page then builds in about half the time), the browser's requests
+    meanwhile getting the interpreter every 1 ms, not 5. Not the pages themselves: a page being built holds its
+    run's lock, and the browser's first request would wait for it. Only a head start: a failure here leaves it
+    to the first request."""
     headers = {"Accept-Encoding": "br"} | ({"Authorization": f"Bearer {token}"} if token else {})
     try:
         from gpudash.layouts.style import PLOTLY_URL
@@ -136,9 +138,10 @@ def _warm(app: Any, token: str | None, runs_dir: Path) -> None:
         client = app.server.test_client()
         client.get("/", headers=headers)  # the index registers the bundles' paths
         client.get(_BUNDLES + PLOTLY_URL, headers=headers)
+        if not head_start:
+            return
         from gpudash.deferred import finish
 
-        # the browser's requests meanwhile (scripts, layout) get the interpreter every 1 ms, not 5
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, 0.001))
         try:
@@ -272,9 +275,12 @@ def create_app(runs_dir: Path, *, token: str | None = None, metrics: bool = Fals
 def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
                     token: str | None = None, metrics: bool = False,
                     allow_hosts: Iterable[str] = (),
-                    prefix_for_port: Callable[[int], str] | None = None) -> tuple[str, Callable[[], None]]:
+                    prefix_for_port: Callable[[int], str] | None = None,
+                    head_start: bool = False) -> tuple[str, Callable[[], None]]:
     """Serve the dashboard from a daemon thread; returns (url, stop). Port 0 picks a free port.
-    ``prefix_for_port``: the ``requests_pathname_prefix`` for the port bound (a proxy path naming it)."""
+    ``prefix_for_port``: the ``requests_pathname_prefix`` for the port bound (a proxy path naming it).
+    ``head_start``: this process only serves (``gpudash serve``): after the address, load what the first page
+    needs in the background (see ``_warm``)."""
     check_bind(host, token)
     # bound first, so the prefix can name the port; a request that comes while the app is made waits for it
     answer: list[Any] = []
@@ -297,7 +303,8 @@ def serve_in_thread(runs_dir: Path, host: str = "127.0.0.1", port: int = 0,
         raise
     answer.append(app.server)
     ready.set()
-    threading.Thread(target=_warm, args=(app, token, Path(runs_dir)), name="gpudash-warm", daemon=True).start()
+    threading.Thread(target=_warm, args=(app, token, Path(runs_dir), head_start), name="gpudash-warm",
+                     daemon=True).start()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
 
@@ -345,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
     try:
         url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics,
-                                    allow_hosts=args.allow_host)
+                                    allow_hosts=args.allow_host, head_start=True)
     except OSError as exc:
         import errno
 

@@ -96,7 +96,7 @@ def test_serve_in_thread(runs_dir: Path) -> None:
 
     switch = sys.getswitchinterval()
     shared_cache().clear()
-    url, stop = serve_in_thread(runs_dir, "127.0.0.1", 0, token="tok")
+    url, stop = serve_in_thread(runs_dir, "127.0.0.1", 0, token="tok", head_start=True)
     try:
         for t in [t for t in threading.enumerate() if t.name == "gpudash-warm"]:
             t.join(60)
@@ -112,6 +112,23 @@ def test_serve_in_thread(runs_dir: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(base + "api/runs", timeout=10)
         assert exc.value.code == 401
+    finally:
+        stop()
+
+
+def test_no_head_start_in_a_host_process(runs_dir: Path) -> None:
+    """A dashboard served inside another program (the demo's trainer, a notebook's kernel) reads no run and
+    leaves the interpreter's settings alone until a browser asks."""
+    import threading
+
+    from gpudash.analysis.runcache import shared_cache
+
+    shared_cache().clear()
+    url, stop = serve_in_thread(runs_dir, "127.0.0.1", 0)
+    try:
+        for t in [t for t in threading.enumerate() if t.name == "gpudash-warm"]:
+            t.join(60)
+        assert all(shared_cache().current(runs_dir / r) is None for r in ("plain", "rich"))
     finally:
         stop()
 
