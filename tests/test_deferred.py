@@ -15,7 +15,8 @@ from gpudash.deferred import Deferred, defer, finish, without
 @pytest.fixture()
 def slowmod(tmp_path: Path) -> Iterator[str]:
     name = f"gpudash_test_deferred_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text("import time\ntime.sleep(0.05)\nLOADS = [1]\nVALUE = 42\n"
+    (tmp_path / f"{name}.py").write_text(f"import time\nwith open({str(tmp_path / 'runs.log')!r}, 'a') as f:\n"
+                                         "    f.write('x')\ntime.sleep(0.05)\nLOADS = [1]\nVALUE = 42\n"
                                          "def __getattr__(n):\n    if n == 'LATE':\n        return 'late'\n"
                                          "    raise AttributeError(n)\n")
     sys.path.insert(0, str(tmp_path))
@@ -47,7 +48,8 @@ def test_threads_read_one_import(slowmod: str) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert len(seen) == 8 and all(s is seen[0] for s in seen)  # one module executed, not eight
+    assert len(seen) == 8 and all(s is seen[0] for s in seen)
+    assert (Path(sys.modules[slowmod].__file__).parent / "runs.log").read_text() == "x"  # executed once, not eight
 
 
 def test_finish_and_noop_when_imported(slowmod: str) -> None:

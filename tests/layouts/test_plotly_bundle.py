@@ -63,3 +63,20 @@ def test_the_app_serves_the_bundle_instead_of_the_full_plotly_js(tmp_path: Path)
     other = dash.Dash(__name__)
     other.layout = dash.html.Div()
     assert "plotly-cartesian" not in other.index()
+
+
+def test_preloaded_chunks_are_the_ones_dash_serves(tmp_path: Path) -> None:
+    """The run page preloads Dash's graph, dropdown and slider chunks by path: each must exist in the installed
+    Dash (a renamed chunk would be a 404 in every page's console) and be what the page links."""
+    import dash
+
+    from gpudash.app import create_app
+    from gpudash.layouts.style import FIRST_SCREEN_CHUNKS
+
+    installed = Path(dash.__file__).parent
+    client = create_app(tmp_path).server.test_client()
+    page = client.get("/").get_data(as_text=True)
+    for chunk in FIRST_SCREEN_CHUNKS:
+        assert (installed / chunk.split("/", 1)[1]).is_file(), chunk
+        assert f"href='/_dash-component-suites/{chunk}'" in page, chunk
+        assert client.get(f"/_dash-component-suites/{chunk}").status_code == 200, chunk
