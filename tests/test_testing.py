@@ -12,12 +12,14 @@ import gpudash
 from gpudash.monitor import Monitor
 from gpudash.testing import ToyLoop, mlp
 
-torch = pytest.importorskip("torch")
-
 
 def test_importing_it_does_not_import_torch() -> None:
+    # runs where torch is missing too: that is where importing it would break a torch-free install
     code = "import sys, gpudash.testing; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+torch = pytest.importorskip("torch")
 
 
 def test_mlp_shapes_and_activations() -> None:

@@ -18,7 +18,7 @@ from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.series import WINDOW, Series, series_xy
 from gpudash.store.reader import RunReader
 
-__all__ = ["LiveResult", "initial_state", "live_tick", "new_specs", "tails_of"]
+__all__ = ["LiveResult", "initial_state", "live_tick", "tails_of"]
 
 #: A live trace may grow to this many points by appending; then the graph is rebuilt downsampled.
 LIVE_POINTS = 3 * MAX_POINTS
@@ -93,10 +93,6 @@ def _advance(last: dict[str, float], table: str, df: pd.DataFrame) -> None:
         if np.isfinite(v).any():
             k = f"{r}/{table}"
             last[k] = max(float(np.nanmax(v)), last.get(k, float("-inf")))
-
-
-def new_specs(graph: str, frames: dict[str, pd.DataFrame], spec_fn: Any) -> list[Series]:
-    return list(spec_fn(graph, frames))
 
 
 def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveResult:

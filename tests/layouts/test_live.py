@@ -34,8 +34,7 @@ def test_live_ticks_append_each_step_once(tmp_path: Path) -> None:
         specs = _specs(view)
         state = initial_state("live", view, specs, 0)
         seen = [int(s) for s in view.frame("steps")["step"]]
-        step_graph = run_page.LIVE_GRAPHS.index("step-time-graph")
-        assert step_graph >= 0
+        assert "step-time-graph" in run_page.LIVE_GRAPHS, "the step-time chart follows the live tick"
         for _ in range(6):
             time.sleep(0.4)
             res = live_tick(reader, state, _spec_fn)
