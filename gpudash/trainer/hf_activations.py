@@ -50,6 +50,8 @@ class Setting:
     """16-bit autocast over fp32 tensors (each matmul casts its inputs)."""
     residual: int = 4
     """Bytes per element of the residual stream (the embedding's dtype)."""
+    weight: int = 4
+    """Bytes per element of the (unquantized) decoder weights."""
     quantized: bool = False
     """Decoder linears are bitsandbytes 4-/8-bit (frozen, dequantized per call)."""
     attn: str = "sdpa"
@@ -113,7 +115,7 @@ class _Sim:
         xin = self.cast(x, s.compute) if s.autocast else x
         if full:
             self.save(xin)
-        if x.rg and s.autocast and not s.quantized:
+        if x.rg and s.autocast and not s.quantized and s.weight != s.compute:
             self.copies += s.compute * lin.d_in * lin.d_out  # the 16-bit weight its backward multiplies by
         out = self.new(self.tok * lin.d_out, w if s.quantized else xin.b, x.rg or full)
         if s.quantized:
@@ -279,7 +281,7 @@ def saved_bytes(arch: HFArch, s: Setting, micro_batch: int, seq_len: int) -> dic
     head = Linear("lm_head", h, arch.vocab_size, arch.family == "phi")
     if full:
         sim.save(sim.cast(n, s.compute) if s.autocast else n)
-    if n.rg and s.autocast:
+    if n.rg and s.autocast and s.residual != s.compute:
         sim.copies += s.compute * h * arch.vocab_size
     del head
     sim.saved["log_softmax"] = tok * arch.vocab_size * 4  # HF's loss upcasts the logits to fp32
