@@ -171,7 +171,7 @@ class _Sim:
 
     def attention(self, q: _T, k: _T, v: _T) -> _T:
         a, s = self.arch, self.s
-        nh, nkv, hd, B, T = a.n_head, a.n_kv_head, a.head_dim, self.B, self.T
+        nh, hd, B, T = a.n_head, a.head_dim, self.B, self.T
         c = s.compute
         rg = q.rg or k.rg or v.rg
         if a.family != "gpt2":  # rotary: q*cos + rotate_half(q)*sin saves cos and sin (shared by the layers)
