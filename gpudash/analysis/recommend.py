@@ -208,7 +208,8 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             if len(shown) == 3:
                 break
         if shown:
-            parts.append("or fine-tune adapters instead of every weight (--finetune lora|qlora): " + "; ".join(shown))
+            parts.append("or fine-tune adapters instead of every weight (peft LoRA or QLoRA; details: gpudash estimate "
+                         "--finetune lora|qlora): " + "; ".join(shown))
             v.numbers["adapter_peak_bytes"] = float(mixes[0].peak_bytes)
     if cap and need and act and isinstance(batch, int) and batch > 1:
         fixed = need - act

@@ -183,9 +183,11 @@ class _Sim:
             k = self.new(k.numel, max(k.b, s.residual), k.rg)
         mask_path = s.attn == "eager" or (not s.cuda and a.attn_dropout > 0)  # CPU sdpa with dropout: math
         if mask_path:
-            qm = self.new(self.tok * nh * hd, c if s.autocast else q.b, q.rg)
-            km = self.new(self.tok * nh * hd, c if s.autocast else k.b, k.rg)  # repeat_kv / reshape copies
-            vm = self.new(self.tok * nh * hd, c if s.autocast else v.b, v.rg)
+            # sdpa's CPU math fallback (dropout) runs in fp32 under autocast; eager casts to 16 bits
+            mm = (c if s.attn == "eager" else 4) if s.autocast else 0
+            qm = self.new(self.tok * nh * hd, mm or q.b, q.rg)
+            km = self.new(self.tok * nh * hd, mm or k.b, k.rg)  # repeat_kv / reshape copies
+            vm = self.new(self.tok * nh * hd, mm or v.b, v.rg)
             if km.rg:
                 self.save(qm)
             if qm.rg:
@@ -193,9 +195,9 @@ class _Sim:
             p = self.new(B * nh * T * T, 4, q.rg or k.rg)
             if p.rg:
                 self.save(p)  # softmax(dtype=float32) saves its output
-            p = self.cast(p, q.b)
+            p = self.cast(p, mm or q.b)
             p = self.dropout(p, a.attn_dropout)
-            pm = self.cast(p, c) if s.autocast else p
+            pm = self.cast(p, mm) if s.autocast else p
             if vm.rg:
                 self.save(pm)
             if pm.rg:

@@ -38,12 +38,19 @@ def test_activations_match_what_autograd_saves(family: str, mode: str, attn: str
     assert abs(saved_bytes(arch, s, 4, 32)["total"] / measured - 1) < 0.01
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "phi"])
-def test_autocast_activations_match(family: str) -> None:
+@pytest.mark.parametrize("family", list(TINY))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_autocast_activations_match(family: str, attn: str, mode: str) -> None:
+    """bf16 autocast over fp32 weights: each matmul's own 16-bit input copy, the weights' 16-bit copies,
+    fp32 norms and softmax (GPT-2's CPU sdpa with dropout falls back to the fp32 math kernel)."""
     cfg = TINY[family]
     arch = HFArch.from_dict(cfg)
-    measured = measure(build(cfg, "sdpa"), 2, 32, cfg["vocab_size"], autocast=True)
-    s = Setting(compute=2, autocast=True, cuda=False)
+    lora = arch.resolve_targets(None) if mode == "lora" else None
+    if lora is not None:
+        pytest.importorskip("peft")
+    measured = measure(build(cfg, attn, lora), 2, 32, cfg["vocab_size"], autocast=True)
+    s = Setting(trainable=mode, lora_targets=lora or (), compute=2, autocast=True, attn=attn, cuda=False)
     assert abs(saved_bytes(arch, s, 2, 32)["total"] / measured - 1) < 0.01
 
 
