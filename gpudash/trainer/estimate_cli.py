@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="change the preset's shape, e.g. --model n_layer=48 --model n_embd=2048 (repeatable)")
     p.add_argument("--batch", type=positive_int, default=8, help="micro-batch (default: 8)")
     p.add_argument("--seq-len", type=positive_int, default=0,
-                   help="sequence length (default: the preset's block size)")
+                   help="sequence length (default: the preset's block size; 512 for a Hugging Face config)")
     p.add_argument("--accum", type=positive_int, default=1, help="gradient-accumulation micro-steps (default: 1)")
     p.add_argument("--ckpt", default="none", help="none, block, every-N, attn, mlp")
     p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
@@ -177,7 +177,13 @@ def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int
 
 
 def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
+    if args.model:
+        raise UserError("--model changes gpudash's own GPT presets; for a Hugging Face model edit a copy of its "
+                        "config.json and pass it with --config")
     seq = args.seq_len or 512
+    if arch.positions and seq > arch.positions:
+        raise UserError(f"--seq-len {seq} is longer than the model's {arch.positions} learned positions "
+                        f"(n_positions in config.json)")
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) or None
     kw: dict[str, Any] = {"finetune": args.finetune, "lora_r": args.lora_r, "lora_targets": targets,
                           "lora_dropout": args.lora_dropout, "weights": args.weights, "optimizer": args.optimizer,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,44 @@ def test_trainer_lora_run_matches_the_estimate(tmp_path: Path) -> None:
     assert abs(est["grads_bytes"] / mem["grads_total_bytes"].max() - 1) < 0.01
     assert abs(est["optimizer_bytes"] / mem["optimizer_bytes"].max() - 1) < 0.01
     assert abs(est["activations_bytes"] / mem["activations_bytes"].max() - 1) < 0.10
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--config", "/nonexistent/config.json"], "no such file"),
+    (["--config", "BAD_JSON"], "not a readable JSON"),
+    (["--config", "BERT"], "model_type 'bert' is not supported"),
+    (["--preset", "llama-2-7b", "--finetune", "lora", "--lora-targets", "q_proj,wq"], "wq: no such module"),
+    (["--preset", "llama-2-7b", "--finetune", "qlora", "--weights", "bf16"], "use --weights nf4"),
+    (["--preset", "llama-2-7b", "--weights", "nf4"], "--finetune qlora"),
+    (["--preset", "llama-2-7b", "--optimizer", "lion"], "--optimizer"),
+    (["--preset", "llama-2-7b", "--attn", "flash"], "--precision bf16"),
+    (["--preset", "llama-2-7b", "--ckpt", "attn"], "checkpoints whole layers"),
+    (["--preset", "gpt2", "--seq-len", "2048"], "n_positions"),
+    (["--preset", "llama-2-7b", "--model", "n_layer=2"], "--config"),
+    (["--preset", "tiny", "--finetune", "lora"], "--config config.json"),
+])
+def test_bad_finetune_input_gets_one_line(args: list[str], words: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from gpudash.cli import main
+
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    args = [{"BAD_JSON": str(tmp_path / "bad.json"), "BERT": str(tmp_path / "bert.json")}.get(a, a) for a in args]
+    assert main(["estimate", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpudash: error: ") and words in err, err
+
+
+def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpudash.cli import main
+    from gpudash.trainer.estimator import fmt_gb
+
+    argv = ["estimate", "--preset", "llama-2-7b", "--finetune", "qlora", "--ckpt", "block", "--precision", "bf16",
+            "--optimizer", "paged_adamw8bit", "--batch", "2", "--seq-len", "512", "--card-gb", "12"]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["fits_card"] and d["what_fits"] and d["trainable_params"] == 4_194_304  # r=8 on q,v: 32 x 2 x 8 x 8192
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert re.search(rf"peak_bytes\s+{re.escape(fmt_gb(d['peak_bytes']))}", text)
+    assert "qlora" in text and "no weight gradients for frozen matrices" in text.replace("\n    ", " ")
