@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
                         f"--preset llama-2-7b (shipped: {', '.join(sorted(f.stem for f in CONFIG_DIR.glob('*.json')))})")
     args.weights = args.weights or "fp32"
     if args.preset not in PRESETS:
-        raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+        shipped = ", ".join(sorted(f.stem for f in CONFIG_DIR.glob("*.json")))
+        raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)} or a shipped "
+                        f"Hugging Face config ({shipped}), or pass --config config.json")
     try:
         shape = preset(args.preset, **parse_overrides(args.model))
     except ValueError as exc:
@@ -174,6 +176,8 @@ def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int
               + (f"; ! more than this machine's {fmt_gb(host_ram)}" if short and host_ram else ""))
     print(_wrap(f"(+N%) is what checkpointing and offload add to the same precision without them; assumes "
                 f"{model.describe()}", "step time"))
+    print(_wrap("these are full fine-tunes of gpudash's GPT; for LoRA and QLoRA of a Hugging Face model add "
+                "--config config.json (or --preset llama-2-7b) --finetune lora|qlora", "adapters"))
 
 
 def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:

@@ -176,3 +176,13 @@ def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFix
     text = capsys.readouterr().out
     assert re.search(rf"peak_bytes\s+{re.escape(fmt_gb(d['peak_bytes']))}", text)
     assert "qlora" in text and "no weight gradients for frozen matrices" in text.replace("\n    ", " ")
+
+
+def test_default_lora_targets_are_pefts() -> None:
+    pytest.importorskip("peft")
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
+
+    from gpudash.trainer.hf_arch import LORA_DEFAULT_TARGETS
+
+    for family, targets in LORA_DEFAULT_TARGETS.items():
+        assert set(targets) == set(peft_defaults[family]), family
