@@ -47,7 +47,7 @@ def one(optim: str, batch: int, seq: int, tmp: Path) -> dict[str, Any]:
     bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, device_map={"": 0},
-                                                              torch_dtype=torch.bfloat16, attn_implementation="sdpa")
+                                                              dtype=torch.bfloat16, attn_implementation="sdpa")
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
     model = peft.get_peft_model(model, peft.LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))
     params = _storage_bytes(list(model.parameters()))

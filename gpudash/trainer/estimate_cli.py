@@ -19,7 +19,7 @@ from typing import Any
 from gpudash.errors import UserError
 from gpudash.trainer.cli import positive_float, positive_int
 from gpudash.trainer.estimator import estimate, explain, fmt_gb, what_fits
-from gpudash.trainer.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, what_fits_hf
+from gpudash.trainer.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
 from gpudash.trainer.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
 from gpudash.trainer.shapes import PRESETS, parse_overrides, preset
 from gpudash.trainer.steptime import StepTimeModel
@@ -200,8 +200,9 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
         raise UserError(str(exc)) from None
     name = arch.name or arch.family
     tokens = args.batch * args.accum * seq
+    notes = explain_hf(arch, est)
     out: dict[str, Any] = {"config": args.config or args.preset, "family": arch.family, "params": est.n_params,
-                           **est.to_dict()}
+                           **est.to_dict(), "notes": notes}
     fits = what_fits_hf(arch, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
                         time_model=model, attn=args.attn if args.attn != "eager" else "sdpa") if args.card_gb else []
     if args.card_gb:
@@ -221,6 +222,8 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
             f"micro-batch {args.batch} x {seq} tokens")
     for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes", "host_bytes"):
         print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
+    for note in notes:
+        print(_wrap(note))
     if args.card_gb:
         verdict = "fits" if out["fits_card"] else "does NOT fit"
         print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Mixes in bf16 compute, fastest first "

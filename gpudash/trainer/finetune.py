@@ -31,7 +31,8 @@ from typing import Any
 from gpudash.trainer.hf_activations import Setting, layer_flops, saved_bytes
 from gpudash.trainer.hf_arch import HFArch
 
-__all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "FinetuneFit", "HFEstimate", "estimate_hf", "what_fits_hf"]
+__all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "FinetuneFit", "HFEstimate", "estimate_hf", "explain_hf",
+           "what_fits_hf"]
 
 FINETUNES = ("full", "lora", "qlora")
 WEIGHTS = ("fp32", "bf16", "fp16", "int8", "nf4")
@@ -240,3 +241,39 @@ def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_st
                                        est.trainable_params))
     out.sort(key=lambda f: (f.micro_batch == 0, f.step_s, f.peak_bytes))
     return out
+
+
+def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
+    """Why the numbers look as they do, as sentences (``gpudash estimate`` prints them)."""
+    from gpudash.trainer.estimator import fmt_gb
+
+    notes: list[str] = []
+    frozen = est.n_params - est.trainable_params
+    if est.finetune != "full":
+        copies = (f" (under autocast, a 16-bit copy of its fp32 weight: {fmt_gb(est.weight_copies_bytes)} in all)"
+                  if est.weight_copies_bytes else "")
+        first = ("" if est.ckpt != "none" else
+                 "; what runs before the first adapter keeps nothing (no input there needs a gradient)")
+        notes.append(f"{frozen:,} frozen parameters get no gradient and no optimizer state; a frozen matrix saves "
+                     f"nothing for backward{copies}, so only the adapters' inputs and what lies between them are "
+                     f"kept{first}")
+    if est.weights in ("nf4", "int8"):
+        n_lin = sum(lin.d_in * lin.d_out for lin in arch.linears()) * arch.n_layer
+        other = 4 * (arch.n_params() - n_lin)
+        bits = 8 * (est.params_bytes - other - 4 * (est.trainable_params if est.finetune != "full" else 0)) / n_lin
+        notes.append(f"{est.weights} decoder weights take {bits:.3f} bits per parameter with their quantization "
+                     f"constants; embeddings, head and norms stay fp32 ({fmt_gb(other)}), as peft's "
+                     f"prepare_model_for_kbit_training casts them; each linear is dequantized to 16 bits per call "
+                     f"(one layer's weight at a time)")
+    if est.optimizer == "paged_adamw8bit":
+        notes.append("paged_adamw8bit's state is counted on the device; bitsandbytes pages it to host RAM "
+                     "(unified memory) only when the device runs out")
+    if est.peak_moment == "activations":
+        notes.append(f"the peak comes early in backward: saved activations ({fmt_gb(est.activations_bytes)}), the "
+                     f"logits' gradients ({fmt_gb(est.logits_grad_bytes)})"
+                     + (f" and the layer being recomputed ({fmt_gb(est.recompute_bytes)})" if est.recompute_bytes
+                        else "") + " alive, few gradients made yet")
+    else:
+        notes.append(f"the peak comes at the end of backward, when every gradient exists ({fmt_gb(est.grads_bytes)})"
+                     f" and the activations are freed")
+    return notes

@@ -186,3 +186,17 @@ def test_default_lora_targets_are_pefts() -> None:
 
     for family, targets in LORA_DEFAULT_TARGETS.items():
         assert set(targets) == set(peft_defaults[family]), family
+
+
+def test_notes_say_what_lora_and_nf4_change() -> None:
+    from gpudash.trainer.finetune import explain_hf
+
+    arch = hf_preset("llama-2-7b")
+    assert arch is not None
+    est = estimate_hf(arch, micro_batch=1, seq_len=256, finetune="qlora", precision="bf16", ckpt="block")
+    notes = " ".join(explain_hf(arch, est))
+    assert f"{est.n_params - est.trainable_params:,} frozen parameters" in notes
+    assert "4.127 bits per parameter" in notes  # 4 bits + 8/64 + 32/(64*256) bits of constants
+    assert "before the first adapter" not in notes  # under checkpointing the layer inputs need gradients
+    full = estimate_hf(arch, micro_batch=1, seq_len=256, precision="bf16")
+    assert "frozen" not in " ".join(explain_hf(arch, full))
