@@ -203,8 +203,10 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
     notes = explain_hf(arch, est)
     out: dict[str, Any] = {"config": args.config or args.preset, "family": arch.family, "params": est.n_params,
                            **est.to_dict(), "notes": notes}
+    adapter = {k: kw[k] for k in ("lora_r", "lora_targets", "lora_dropout", "double_quant")}
     fits = what_fits_hf(arch, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
-                        time_model=model, attn=args.attn if args.attn != "eager" else "sdpa") if args.card_gb else []
+                        time_model=model, attn=args.attn if args.attn != "eager" else "sdpa",
+                        **adapter) if args.card_gb else []
     if args.card_gb:
         out["card_gb"] = args.card_gb
         out["fits_card"] = est.peak_bytes <= args.card_gb * 2**30
@@ -226,8 +228,9 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
         print(_wrap(note))
     if args.card_gb:
         verdict = "fits" if out["fits_card"] else "does NOT fit"
+        lora = f"r={args.lora_r} on {','.join(arch.resolve_targets(targets))}"
         print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Mixes in bf16 compute, fastest first "
-              f"(largest micro-batch at seq {seq}; step of {tokens:,} tokens):")
+              f"(largest micro-batch at seq {seq}; step of {tokens:,} tokens; LoRA and QLoRA {lora}):")
         for f in [f for f in fits if f.micro_batch][:12]:
             print(f"  {f.finetune:<5} weights {f.weights:<4} {f.optimizer:<9} ckpt {f.ckpt:<5} micro-batch "
                   f"{f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  step {fmt_duration(f.step_s):>9} "

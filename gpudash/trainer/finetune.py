@@ -213,9 +213,11 @@ class FinetuneFit:
 
 
 def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_step: int = 0, max_batch: int = 256,
-                 time_model: Any = None, attn: str = "sdpa", usable: float = 0.92) -> list[FinetuneFit]:
+                 time_model: Any = None, attn: str = "sdpa", usable: float = 0.92,
+                 **adapter: Any) -> list[FinetuneFit]:
     """Full, LoRA (bf16 base) and QLoRA (nf4 base, double quantization) mixes in 16-bit compute, with
-    and without checkpointing, AdamW or 8-bit AdamW, fastest first; each at its largest micro-batch."""
+    and without checkpointing, AdamW or 8-bit AdamW, fastest first; each at its largest micro-batch.
+    ``adapter``: lora_r, lora_targets, lora_dropout, double_quant for the LoRA and QLoRA rows."""
     from gpudash.trainer.steptime import StepTimeModel
 
     model = time_model or StepTimeModel()
@@ -227,7 +229,8 @@ def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_st
         for optimizer in ("adamw", "adamw8bit"):
             for ckpt in ("none", "block"):
                 kw: dict[str, Any] = {"finetune": finetune, "weights": weights, "optimizer": optimizer,
-                                      "ckpt": ckpt, "precision": "bf16", "attn": attn}
+                                      "ckpt": ckpt, "precision": "bf16", "attn": attn,
+                                      **(adapter if finetune != "full" else {})}
                 best, lo, hi = 0, 1, max_batch
                 while lo <= hi:
                     mid = (lo + hi) // 2

@@ -200,3 +200,14 @@ def test_notes_say_what_lora_and_nf4_change() -> None:
     assert "before the first adapter" not in notes  # under checkpointing the layer inputs need gradients
     full = estimate_hf(arch, micro_batch=1, seq_len=256, precision="bf16")
     assert "frozen" not in " ".join(explain_hf(arch, full))
+
+
+def test_what_fits_uses_the_asked_adapters() -> None:
+    arch = hf_preset("llama-2-7b")
+    assert arch is not None
+    small = [f for f in what_fits_hf(arch, card_bytes=12 * 2**30, seq_len=512) if f.finetune == "qlora"]
+    big = [f for f in what_fits_hf(arch, card_bytes=12 * 2**30, seq_len=512, lora_r=64,
+                                   lora_targets=("all-linear",)) if f.finetune == "qlora"]
+    assert small[0].trainable_params == 4_194_304 and big[0].trainable_params == 159_907_840
+    assert all(f.trainable_params == 6_738_415_616 for f in what_fits_hf(arch, card_bytes=12 * 2**30, seq_len=512,
+                                                                          lora_r=64) if f.finetune == "full")
