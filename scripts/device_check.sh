@@ -10,3 +10,5 @@ PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 mkdir -p "$OUT_DIR"
 timeout 470 "$PY" scripts/device_check.py "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/device_check.log"
+# issue 28: QLoRA / 8-bit optimizer bytes against the estimator (skips itself without CUDA or bitsandbytes)
+timeout 150 "$PY" scripts/device_check_finetune.py "$OUT_DIR" 2>&1 | tee "$OUT_DIR/device_check_finetune.log" || true

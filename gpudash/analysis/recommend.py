@@ -17,7 +17,7 @@ from typing import Any
 from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_pct, fmt_s, num
 from gpudash.store.run import Run
 
-__all__ = ["CKPT_TIME_COST", "predict", "recommend", "run_setup"]
+__all__ = ["CKPT_TIME_COST", "adapter_mixes", "predict", "recommend", "run_setup"]
 
 CKPT_TIME_COST = 0.25
 """Full activation recompute costs ~20–33 % more compute per step (ANCHORS.md); we quote the middle."""
@@ -94,6 +94,51 @@ def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, floa
     return {k: float(v) for k, v in e.to_dict().items() if k.endswith("_bytes")}
 
 
+def _hf_arch(run: Run, ft: Any) -> Any:
+    """The run's architecture for the fine-tuning estimator: a recorded Hugging Face config (any
+    dict with a ``model_type`` in the run's meta), else gpudash's GPT shape as the nearest family."""
+    stack: list[Any] = [run.meta]
+    while stack:
+        d = stack.pop()
+        if isinstance(d, dict):
+            if isinstance(d.get("model_type"), str):
+                try:
+                    return ft.HFArch.from_dict(d)
+                except (ValueError, TypeError):
+                    return None
+            stack.extend(v for v in d.values() if isinstance(v, dict))
+    cfg = run_setup(run)
+    if not all(isinstance(cfg.get(k), int) for k in _SHAPE_KEYS):
+        return None
+    h, nh = cfg["n_embd"], cfg["n_head"]
+    gated = cfg.get("mlp") == "swiglu"
+    hidden = int(cfg.get("mlp_hidden") or cfg.get("hidden") or 4 * h)
+    try:
+        return ft.HFArch("llama" if gated else "gpt2", cfg["vocab_size"], h, cfg["n_layer"], nh, nh, h // nh, hidden,
+                         "swiglu" if gated else "gelu_new", "rms" if gated else "layer",
+                         bool(cfg.get("tie_embeddings")))
+    except ValueError:
+        return None
+
+
+def adapter_mixes(run: Run, capacity: float) -> list[Any]:
+    """LoRA / QLoRA mixes that fit ``capacity`` bytes for this run's model and sequence length
+    (the fine-tuning estimator's :func:`what_fits_hf`), fastest first; [] when it cannot say."""
+    try:
+        ft = importlib.import_module("gpudash.trainer.finetune")
+    except Exception:  # noqa: BLE001 - no trainer package: no adapter advice
+        return []
+    cfg = run_setup(run)
+    if str(cfg.get("finetune") or "full") != "full":
+        return []
+    seq = cfg.get("seq_len") or cfg.get("block_size") or cfg.get("max_seq_length")
+    arch = _hf_arch(run, ft)
+    if arch is None or not isinstance(seq, int) or seq < 1:
+        return []
+    fits = ft.what_fits_hf(arch, card_bytes=capacity, seq_len=seq, usable=1.0, max_batch=64)
+    return [f for f in fits if f.micro_batch and f.finetune != "full"]
+
+
 def _ckpt_mode(run: Run) -> str:
     return str(run_setup(run).get("ckpt") or "none")
 
@@ -148,6 +193,24 @@ def _oom_fit(run: Run, v: Verdict) -> None:
         else:
             parts.append("bf16 autocast (--precision bf16)")
             saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less (rule of thumb: half)")
+    if cap:
+        mixes = adapter_mixes(run, 0.9 * cap)
+        shown: list[str] = []
+        for f in mixes:
+            label = f"{'QLoRA (nf4 base)' if f.finetune == 'qlora' else 'LoRA (bf16 base)'}"
+            if f.ckpt == "block":
+                label += " + checkpointing"
+            if f.optimizer != "adamw":
+                label += f" + {f.optimizer}"
+            text = f"{label}: micro-batch {f.micro_batch}, predicted peak {fmt_bytes(f.peak_bytes)}"
+            if label not in " ".join(shown):
+                shown.append(text)
+            if len(shown) == 3:
+                break
+        if shown:
+            parts.append("or fine-tune adapters instead of every weight (peft LoRA or QLoRA; details: gpudash estimate "
+                         "--finetune lora|qlora): " + "; ".join(shown))
+            v.numbers["adapter_peak_bytes"] = float(mixes[0].peak_bytes)
     if cap and need and act and isinstance(batch, int) and batch > 1:
         fixed = need - act
         fits = int(batch * (0.9 * cap - fixed) / act) if cap * 0.9 > fixed else 0

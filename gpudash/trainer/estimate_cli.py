@@ -2,6 +2,11 @@
 
     gpudash estimate --preset gpt2-124m --batch 8 --seq-len 1024 --ckpt block --precision bf16
     gpudash estimate --preset llama-7b --seq-len 2048 --card-gb 24
+    gpudash estimate --config config.json --finetune lora --lora-r 8 --batch 4 --seq-len 512
+    gpudash estimate --preset llama-2-7b --finetune qlora --ckpt block --precision bf16 --card-gb 12
+
+``--config`` (or a preset shipped as a config.json: llama-2-7b ...) estimates a Hugging Face
+model (:mod:`gpudash.trainer.finetune`); the other presets are gpudash's own GPT.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from typing import Any
 from gpudash.errors import UserError
 from gpudash.trainer.cli import positive_float, positive_int
 from gpudash.trainer.estimator import estimate, explain, fmt_gb, what_fits
+from gpudash.trainer.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
+from gpudash.trainer.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
 from gpudash.trainer.shapes import PRESETS, parse_overrides, preset
 from gpudash.trainer.steptime import StepTimeModel
 from gpudash.units import fmt_duration
@@ -24,17 +31,31 @@ _TIME = StepTimeModel()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
+    hf = sorted(f.stem for f in CONFIG_DIR.glob("*.json"))
+    p.add_argument("--preset", default="tiny",
+                   help=f"model shape: {', '.join(PRESETS)}, or a shipped HF config: {', '.join(hf)} (default: tiny)")
+    p.add_argument("--config", default="", metavar="PATH",
+                   help="a Hugging Face config.json (or a model folder holding one): llama, mistral, qwen2, gemma, "
+                        "phi, gpt2")
+    p.add_argument("--finetune", default="full", help=f"{', '.join(FINETUNES)} (HF models; default full)")
+    p.add_argument("--lora-r", type=positive_int, default=8, help="LoRA rank (default 8)")
+    p.add_argument("--lora-targets", default="", help="modules, e.g. q_proj,v_proj (default: PEFT's for the model)")
+    p.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (default 0, PEFT's)")
+    p.add_argument("--optimizer", default="adamw", help=f"{', '.join(OPTIMIZERS)} (HF models; default adamw)")
+    p.add_argument("--attn", default="sdpa", help=f"{', '.join(ATTNS)} (HF models; default sdpa)")
+    p.add_argument("--no-double-quant", action="store_true", help="nf4 without double quantization")
     p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                    help="change the preset's shape, e.g. --model n_layer=48 --model n_embd=2048 (repeatable)")
     p.add_argument("--batch", type=positive_int, default=8, help="micro-batch (default: 8)")
     p.add_argument("--seq-len", type=positive_int, default=0,
-                   help="sequence length (default: the preset's block size)")
+                   help="sequence length (default: the preset's block size; 512 for a Hugging Face config)")
     p.add_argument("--accum", type=positive_int, default=1, help="gradient-accumulation micro-steps (default: 1)")
     p.add_argument("--ckpt", default="none", help="none, block, every-N, attn, mlp")
     p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
     p.add_argument("--offload", default="none", help="none, optimizer or optimizer+grads")
-    p.add_argument("--weights", default="fp32", help="device weight dtype fp32 or bf16 (bf16 needs --offload)")
+    p.add_argument("--weights", default="",
+                   help="weight dtype: fp32 or bf16 (GPT: bf16 needs --offload); HF models also fp16, int8, nf4 "
+                        "(default fp32; lora in 16-bit bf16; qlora nf4)")
     p.add_argument("--card-gb", type=positive_float, default=0.0,
                    help="also list which technique mixes fit this card")
     p.add_argument("--tflops", type=positive_float, default=_TIME.tflops,
@@ -59,8 +80,24 @@ def _wrap(text: str, label: str = "note") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    arch: HFArch | None = None
+    try:
+        if args.config:
+            arch = load_config(args.config)
+        elif args.preset not in PRESETS:
+            arch = hf_preset(args.preset)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if arch is not None:
+        return _run_hf(args, arch)
+    if args.finetune != "full":
+        raise UserError(f"--finetune {args.finetune} needs a Hugging Face model: add --config config.json or "
+                        f"--preset llama-2-7b (shipped: {', '.join(sorted(f.stem for f in CONFIG_DIR.glob('*.json')))})")
+    args.weights = args.weights or "fp32"
     if args.preset not in PRESETS:
-        raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+        shipped = ", ".join(sorted(f.stem for f in CONFIG_DIR.glob("*.json")))
+        raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)} or a shipped "
+                        f"Hugging Face config ({shipped}), or pass --config config.json")
     try:
         shape = preset(args.preset, **parse_overrides(args.model))
     except ValueError as exc:
@@ -139,3 +176,72 @@ def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int
               + (f"; ! more than this machine's {fmt_gb(host_ram)}" if short and host_ram else ""))
     print(_wrap(f"(+N%) is what checkpointing and offload add to the same precision without them; assumes "
                 f"{model.describe()}", "step time"))
+    print(_wrap("these are full fine-tunes of gpudash's GPT; for LoRA and QLoRA of a Hugging Face model add "
+                "--config config.json (or --preset llama-2-7b) --finetune lora|qlora", "adapters"))
+
+
+def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
+    if args.model:
+        raise UserError("--model changes gpudash's own GPT presets; for a Hugging Face model edit a copy of its "
+                        "config.json and pass it with --config")
+    seq = args.seq_len or 512
+    if arch.positions and seq > arch.positions:
+        raise UserError(f"--seq-len {seq} is longer than the model's {arch.positions} learned positions "
+                        f"(n_positions in config.json)")
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) or None
+    kw: dict[str, Any] = {"finetune": args.finetune, "lora_r": args.lora_r, "lora_targets": targets,
+                          "lora_dropout": args.lora_dropout, "weights": args.weights, "optimizer": args.optimizer,
+                          "attn": args.attn, "ckpt": args.ckpt, "precision": args.precision, "offload": args.offload,
+                          "double_quant": not args.no_double_quant}
+    try:
+        est = estimate_hf(arch, micro_batch=args.batch, seq_len=seq, accum=args.accum, **kw)
+        model = StepTimeModel(tflops=args.tflops, pcie_gbps=args.pcie_gbps)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    name = arch.name or arch.family
+    tokens = args.batch * args.accum * seq
+    notes = explain_hf(arch, est)
+    out: dict[str, Any] = {"config": args.config or args.preset, "family": arch.family, "params": est.n_params,
+                           **est.to_dict(), "notes": notes}
+    adapter = {k: kw[k] for k in ("lora_r", "lora_targets", "lora_dropout", "double_quant")}
+    fits = what_fits_hf(arch, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
+                        time_model=model, attn=args.attn if args.attn != "eager" else "sdpa",
+                        **adapter) if args.card_gb else []
+    if args.card_gb:
+        out["card_gb"] = args.card_gb
+        out["fits_card"] = est.peak_bytes <= args.card_gb * 2**30
+        out["time_model"] = {"tflops": model.tflops, "tokens_per_step": tokens, "assumptions": _hf_assumptions(model)}
+        out["what_fits"] = [{"finetune": f.finetune, "weights": f.weights, "optimizer": f.optimizer, "ckpt": f.ckpt,
+                             "micro_batch": f.micro_batch, "peak_bytes": f.peak_bytes, "step_s": f.step_s,
+                             "step_cost": f.step_cost} for f in fits]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{name} ({arch.family}): {est.n_params / 1e6:,.1f} M parameters, {est.trainable_params / 1e6:,.2f} M "
+          f"trainable; {args.finetune}"
+          + (f" r={est.lora_r} on {','.join(est.lora_targets)}" if est.lora_r else "")
+          + f", weights {est.weights}, {args.precision}, {args.optimizer}, attn {args.attn}, ckpt {args.ckpt}, "
+            f"micro-batch {args.batch} x {seq} tokens")
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes", "host_bytes"):
+        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
+    for note in notes:
+        print(_wrap(note))
+    if args.card_gb:
+        verdict = "fits" if out["fits_card"] else "does NOT fit"
+        lora = f"r={args.lora_r} on {','.join(arch.resolve_targets(targets))}"
+        print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Mixes in bf16 compute, fastest first "
+              f"(largest micro-batch at seq {seq}; step of {tokens:,} tokens; LoRA and QLoRA {lora}):")
+        for f in [f for f in fits if f.micro_batch][:12]:
+            print(f"  {f.finetune:<5} weights {f.weights:<4} {f.optimizer:<9} ckpt {f.ckpt:<5} micro-batch "
+                  f"{f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  step {fmt_duration(f.step_s):>9} "
+                  f"({f.step_cost:+.0%} vs full bf16)")
+        if not any(f.micro_batch for f in fits):
+            print("  nothing fits, even QLoRA at micro-batch 1 with checkpointing: a bigger card or a shorter --seq-len")
+        print(_wrap(_hf_assumptions(model), "step time"))
+    return 0
+
+
+def _hf_assumptions(model: StepTimeModel) -> str:
+    return (f"{model.describe()}; a LoRA backward makes no weight gradients for frozen matrices (4 N + 6 N_lora "
+            f"FLOPs per token instead of 6 N); QLoRA dequantizes every 4-bit weight in each forward, backward and "
+            f"recompute at {model.hbm_gbps:g} GB/s")

@@ -9,6 +9,10 @@
                once per optimizer step: 2 x the device weight bytes over PCIe at ``pcie_gbps``,
                not overlapped with compute (the trainer overlaps part of it: an upper bound)
 
+    dequantize 4/8-bit weights (QLoRA) are dequantized to 16 bits in every forward, backward and
+               recompute: ``Estimate.dequant_bytes`` per micro-batch at ``hbm_gbps``
+    LoRA       a frozen matrix's backward makes its input gradient only (2 N, not 4 N per token)
+
 Not modelled: the CPU optimizer step itself, smaller micro-batches running less
 efficiently, data loading, communication between GPUs. Pure arithmetic, no torch.
 """
@@ -41,6 +45,8 @@ class StepTimeModel:
     """Achieved training throughput under 16-bit autocast, TFLOP/s (fp32: half)."""
     pcie_gbps: float = 16.0
     """Host <-> device bandwidth, GB/s (PCIe 4.0 x16 with pinned memory measures ~20-25)."""
+    hbm_gbps: float = 1500.0
+    """Device memory bandwidth a dequantization kernel achieves, GB/s."""
 
     def __post_init__(self) -> None:
         if not self.tflops > 0:
@@ -52,7 +58,9 @@ class StepTimeModel:
         """Seconds of one optimizer step of ``tokens_per_step`` tokens for an :class:`Estimate`'s mix."""
         rate = self.tflops * 1e12 * (0.5 if est.precision == "fp32" else 1.0)
         moved = 2 * est.params_bytes if est.offload != "none" else 0
-        return StepTime(compute_s=tokens_per_step * est.flops_per_token / rate,
+        micro = -(-tokens_per_step // max(1, est.micro_batch * est.seq_len))
+        dequant = micro * getattr(est, "dequant_bytes", 0) / (self.hbm_gbps * 1e9)
+        return StepTime(compute_s=tokens_per_step * est.flops_per_token / rate + dequant,
                         recompute_s=tokens_per_step * est.recompute_flops_per_token / rate,
                         transfer_s=moved / (self.pcie_gbps * 1e9), transfer_bytes=moved)
 

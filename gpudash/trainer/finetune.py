@@ -1,0 +1,282 @@
+"""Memory and step time of fine-tuning a Hugging Face model: full, LoRA or QLoRA. Pure arithmetic, no torch.
+
+Bytes by category for one rank (``gpudash estimate --config config.json``):
+
+    params      every parameter in its dtype; under ``--weights nf4`` the decoder's linear weights
+                are bitsandbytes 4-bit: n/2 packed bytes, one absmax per 64 values (fp32, or with
+                double quantization one uint8 per 64 values plus one fp32 per 256 of those, the
+                QLoRA paper's 0.127 bit/param), a 16-entry fp32 code and an fp32 offset per tensor;
+                ``int8`` is n bytes plus an fp32 scale per output row (LLM.int8). What is not
+                quantized (embeddings, head, norms) is fp32, as peft's prepare_model_for_kbit_training
+                casts it. LoRA adapters are fp32 (peft's autocast_adapter_dtype).
+    grads       trainable parameters only (a frozen weight gets none)
+    optimizer   per trainable tensor: adamw two moments in the parameter's dtype plus a 4-byte step;
+                adamw8bit / paged_adamw8bit (bitsandbytes) two uint8 moments plus an fp32 absmax per
+                256 values for tensors of >= 4096 values, 32-bit moments below; adafactor (HF, no first
+                moment) a row and a column vector per matrix, a full vector per 1-D tensor; sgd none
+    activations what autograd saves (:mod:`gpudash.trainer.hf_activations`)
+
+The peak is params + optimizer + max(gradients at the end of backward, saved activations +
+the logits' gradients + the layer being recomputed under checkpointing + a dequantized
+weight under 4/8-bit). paged_adamw8bit counts on the device: paging only moves the state
+to the host when the device runs out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpudash.trainer.hf_activations import Setting, layer_flops, saved_bytes
+from gpudash.trainer.hf_arch import HFArch
+
+__all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "FinetuneFit", "HFEstimate", "estimate_hf", "explain_hf",
+           "what_fits_hf"]
+
+FINETUNES = ("full", "lora", "qlora")
+WEIGHTS = ("fp32", "bf16", "fp16", "int8", "nf4")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "sgd", "adafactor")
+ATTNS = ("eager", "sdpa", "flash")
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class HFEstimate:
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    peak_bytes: int
+    forward_peak_bytes: int
+    host_bytes: int
+    recompute_bytes: int
+    flops_per_token: int
+    """Training FLOPs per token: 2 N forward, 2 N for the input gradients, 2 N more for the weight
+    gradients of trainable matrices only (a frozen layer's backward makes none), plus attention."""
+    recompute_flops_per_token: int
+    weight_copies_bytes: int
+    logits_grad_bytes: int
+    dequant_bytes: int
+    """Bytes one micro-batch reads and writes dequantizing 4/8-bit weights (forward, backward, recompute)."""
+    n_params: int
+    trainable_params: int
+    peak_moment: str
+    micro_batch: int
+    seq_len: int
+    finetune: str
+    weights: str
+    optimizer: str
+    attn: str
+    ckpt: str
+    precision: str
+    offload: str
+    lora_r: int
+    lora_targets: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lora_targets"] = list(self.lora_targets)
+        return d
+
+
+def _quant_bytes(n: int, rows: int, weights: str, double_quant: bool) -> int:
+    if weights == "int8":
+        return n + 4 * rows
+    blocks = math.ceil(n / 64)
+    if double_quant:
+        return n // 2 + blocks + 4 * math.ceil(blocks / 256) + 64 + 4
+    return n // 2 + 4 * blocks + 64
+
+
+def _optimizer_bytes(tensors: list[tuple[int, int, int]], optimizer: str) -> int:
+    """tensors: (rows, cols, bytes per element) of every trainable tensor (cols 0 for 1-D)."""
+    total = 0
+    for rows, cols, b in tensors:
+        n = rows * (cols or 1)
+        if optimizer == "adamw":
+            total += 2 * n * b + 4
+        elif optimizer in ("adamw8bit", "paged_adamw8bit"):
+            total += 2 * n + 8 * math.ceil(n / 256) if n >= 4096 else 8 * n
+        elif optimizer == "adafactor":
+            total += 4 * (rows + cols) if cols else 4 * n
+    return total
+
+
+def estimate_hf(arch: HFArch, *, micro_batch: int, seq_len: int, finetune: str = "full", lora_r: int = 8,
+                lora_targets: tuple[str, ...] | None = None, lora_dropout: float = 0.0, weights: str = "",
+                optimizer: str = "adamw", attn: str = "sdpa", ckpt: str = "none", precision: str = "fp32",
+                offload: str = "none", accum: int = 1, double_quant: bool = True, cuda: bool = True) -> HFEstimate:
+    """Predict one rank's memory for fine-tuning ``arch``. ``weights`` defaults to fp32 (full; lora
+    under --precision fp32), bf16 (lora in 16-bit) or nf4 (qlora)."""
+    if finetune not in FINETUNES:
+        raise ValueError(f"unknown --finetune {finetune!r}; use full, lora or qlora")
+    weights = weights or {"full": "fp32", "lora": "fp32" if precision == "fp32" else "bf16", "qlora": "nf4"}[finetune]
+    for val, allowed, flag in ((weights, WEIGHTS, "--weights"), (optimizer, OPTIMIZERS, "--optimizer"),
+                               (attn, ATTNS, "--attn"), (precision, ("fp32", "bf16", "fp16"), "--precision"),
+                               (ckpt, ("none", "block"), "--ckpt (a Hugging Face model checkpoints whole layers)"),
+                               (offload, ("none", "optimizer"), "--offload")):
+        if val not in allowed:
+            raise ValueError(f"unknown {flag.split(' ')[0]} {val!r}; use {', '.join(allowed)}"
+                             + ("" if " " not in flag else f" for {flag.split(' ', 1)[1][1:-1]}"))
+    if micro_batch < 1 or seq_len < 1 or accum < 1 or lora_r < 1:
+        raise ValueError("--batch, --seq-len, --accum and --lora-r must be >= 1")
+    quantized = weights in ("int8", "nf4")
+    if finetune == "qlora" and not quantized:
+        raise ValueError(f"--finetune qlora trains adapters over 4/8-bit weights; use --weights nf4 or int8, "
+                         f"not {weights} (or --finetune lora)")
+    if quantized and finetune == "full":
+        raise ValueError(f"{weights} weights cannot be trained directly; use --finetune qlora (or lora)")
+    if attn == "flash" and precision == "fp32" and weights in ("fp32", "int8", "nf4"):
+        raise ValueError("--attn flash runs in 16-bit only; add --precision bf16 (or use --attn sdpa)")
+    lora = finetune != "full"
+    targets = arch.resolve_targets(lora_targets) if lora else ()
+    w = _BYTES.get(weights, 4)
+    other = 4 if quantized else w  # what is not quantized: fp32 after prepare_model_for_kbit_training
+    compute = 2 if precision != "fp32" or w == 2 else 4
+    # ---- parameters, gradients, optimizer state ---------------------------------------------
+    params = 0
+    trainable: list[tuple[int, int, int]] = []
+    n_q = 0
+    for kind, rows, cols in arch.param_tensors():
+        n = rows * (cols or 1)
+        if kind.startswith("linear:") and quantized:
+            params += _quant_bytes(n, rows, weights, double_quant)
+            n_q += n
+        else:
+            params += n * other
+        if not lora:
+            trainable.append((rows, cols, w))
+    n_lora = 0
+    if lora:
+        for lin in arch.linears():
+            if lin.name in targets or lin.name.split(".")[-1] in targets:
+                trainable += [(lora_r, lin.d_in, 4), (lin.d_out, lora_r, 4)] * arch.n_layer
+                n_lora += arch.n_layer * lora_r * (lin.d_in + lin.d_out)
+        params += 4 * n_lora
+    n_train = sum(r * (c or 1) for r, c, _ in trainable)
+    grads = sum(r * (c or 1) * b for r, c, b in trainable)
+    opt = _optimizer_bytes(trainable, optimizer)
+    host = 0
+    if offload == "optimizer":
+        host, opt = opt, 0
+    # ---- activations ------------------------------------------------------------------------
+    s = Setting(trainable="lora" if lora else "full", lora_targets=targets, lora_r=lora_r, lora_dropout=lora_dropout,
+                compute=compute, autocast=precision != "fp32" and w == 4 or quantized, residual=other,
+                weight=w, quantized=quantized, attn="sdpa" if attn == "flash" else attn, ckpt=ckpt == "block",
+                cuda=cuda)
+    act = saved_bytes(arch, s, micro_batch, seq_len)
+    tokens = micro_batch * seq_len
+    logits_grads = tokens * arch.vocab_size * (8 + (2 if compute == 2 else 0))
+    recompute = act["layer"] if s.ckpt else 0
+    biggest = max(lin.d_in * lin.d_out for lin in arch.linears())
+    dequant_live = compute * biggest if quantized else 0
+    live = act["total"] + logits_grads + recompute + dequant_live
+    tied = w * arch.vocab_size * arch.hidden if arch.tied and not lora else 0
+    end = grads + 2 * tied
+    if accum > 1:
+        live += grads
+    backward = max(end, live)
+    fixed = params + opt
+    # ---- FLOPs ------------------------------------------------------------------------------
+    weight_fl, attn_fl = layer_flops(arch, seq_len)
+    head_fl = 2 * arch.hidden * arch.vocab_size
+    n_mat = (weight_fl * arch.n_layer + head_fl) // 2
+    attention = 3 * attn_fl * arch.n_layer
+    flops = (6 * n_mat if not lora else 4 * n_mat + 6 * n_lora) + attention
+    refwd = (weight_fl + attn_fl) * arch.n_layer if s.ckpt else 0
+    dequant = n_q * (2 + int(s.ckpt)) * (compute + (0.52 if weights == "nf4" else 1)) if quantized else 0
+    return HFEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act["total"],
+                      peak_bytes=fixed + backward, forward_peak_bytes=fixed + act["total"] + (grads if accum > 1 else 0),
+                      host_bytes=host, recompute_bytes=recompute, flops_per_token=flops,
+                      recompute_flops_per_token=refwd, weight_copies_bytes=act["weight_copies"],
+                      logits_grad_bytes=logits_grads, dequant_bytes=int(dequant), n_params=arch.n_params(),
+                      trainable_params=n_train, peak_moment="activations" if live >= end else "gradients",
+                      micro_batch=micro_batch, seq_len=seq_len, finetune=finetune, weights=weights,
+                      optimizer=optimizer, attn=attn, ckpt=ckpt, precision=precision, offload=offload,
+                      lora_r=lora_r if lora else 0, lora_targets=targets)
+
+
+@dataclass(frozen=True, slots=True)
+class FinetuneFit:
+    finetune: str
+    weights: str
+    optimizer: str
+    ckpt: str
+    micro_batch: int
+    """Largest micro-batch that fits (0: not even one)."""
+    peak_bytes: int
+    step_s: float
+    step_cost: float
+    """Step time relative to a full bf16 fine-tune without checkpointing at the same tokens per step."""
+    trainable_params: int
+
+
+def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_step: int = 0, max_batch: int = 256,
+                 time_model: Any = None, attn: str = "sdpa", usable: float = 0.92,
+                 **adapter: Any) -> list[FinetuneFit]:
+    """Full, LoRA (bf16 base) and QLoRA (nf4 base, double quantization) mixes in 16-bit compute, with
+    and without checkpointing, AdamW or 8-bit AdamW, fastest first; each at its largest micro-batch.
+    ``adapter``: lora_r, lora_targets, lora_dropout, double_quant for the LoRA and QLoRA rows."""
+    from gpudash.trainer.steptime import StepTimeModel
+
+    model = time_model or StepTimeModel()
+    cap = card_bytes * usable
+    tokens = tokens_per_step or seq_len
+    ref = model.step(estimate_hf(arch, micro_batch=1, seq_len=seq_len, precision="bf16", attn=attn), tokens).total_s
+    out = []
+    for finetune, weights in (("full", "fp32"), ("full", "bf16"), ("lora", "bf16"), ("qlora", "nf4")):
+        for optimizer in ("adamw", "adamw8bit"):
+            for ckpt in ("none", "block"):
+                kw: dict[str, Any] = {"finetune": finetune, "weights": weights, "optimizer": optimizer,
+                                      "ckpt": ckpt, "precision": "bf16", "attn": attn,
+                                      **(adapter if finetune != "full" else {})}
+                best, lo, hi = 0, 1, max_batch
+                while lo <= hi:
+                    mid = (lo + hi) // 2
+                    if estimate_hf(arch, micro_batch=mid, seq_len=seq_len, **kw).peak_bytes <= cap:
+                        best, lo = mid, mid + 1
+                    else:
+                        hi = mid - 1
+                est = estimate_hf(arch, micro_batch=max(best, 1), seq_len=seq_len, **kw)
+                t = model.step(est, tokens).total_s
+                out.append(FinetuneFit(finetune, weights, optimizer, ckpt, best, est.peak_bytes, t, t / ref - 1,
+                                       est.trainable_params))
+    out.sort(key=lambda f: (f.micro_batch == 0, f.step_s, f.peak_bytes))
+    return out
+
+
+def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
+    """Why the numbers look as they do, as sentences (``gpudash estimate`` prints them)."""
+    from gpudash.trainer.estimator import fmt_gb
+
+    notes: list[str] = []
+    frozen = est.n_params - est.trainable_params
+    if est.finetune != "full":
+        copies = (f" (under autocast, a 16-bit copy of its fp32 weight: {fmt_gb(est.weight_copies_bytes)} in all)"
+                  if est.weight_copies_bytes else "")
+        first = ("" if est.ckpt != "none" else
+                 "; what runs before the first adapter keeps nothing (no input there needs a gradient)")
+        notes.append(f"{frozen:,} frozen parameters get no gradient and no optimizer state; a frozen matrix saves "
+                     f"nothing for backward{copies}, so only the adapters' inputs and what lies between them are "
+                     f"kept{first}")
+    if est.weights in ("nf4", "int8"):
+        n_lin = sum(lin.d_in * lin.d_out for lin in arch.linears()) * arch.n_layer
+        other = 4 * (arch.n_params() - n_lin)
+        bits = 8 * (est.params_bytes - other - 4 * (est.trainable_params if est.finetune != "full" else 0)) / n_lin
+        notes.append(f"{est.weights} decoder weights take {bits:.3f} bits per parameter with their quantization "
+                     f"constants; embeddings, head and norms stay fp32 ({fmt_gb(other)}), as peft's "
+                     f"prepare_model_for_kbit_training casts them; each linear is dequantized to 16 bits per call "
+                     f"(one layer's weight at a time)")
+    if est.optimizer == "paged_adamw8bit":
+        notes.append("paged_adamw8bit's state is counted on the device; bitsandbytes pages it to host RAM "
+                     "(unified memory) only when the device runs out")
+    if est.peak_moment == "activations":
+        notes.append(f"the peak comes early in backward: saved activations ({fmt_gb(est.activations_bytes)}), the "
+                     f"logits' gradients ({fmt_gb(est.logits_grad_bytes)})"
+                     + (f" and the layer being recomputed ({fmt_gb(est.recompute_bytes)})" if est.recompute_bytes
+                        else "") + " alive, few gradients made yet")
+    else:
+        notes.append(f"the peak comes at the end of backward, when every gradient exists ({fmt_gb(est.grads_bytes)})"
+                     f" and the activations are freed")
+    return notes
