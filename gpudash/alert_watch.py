@@ -158,8 +158,9 @@ class AlertWatcher:
                 self._on_stats(stats)
 
     def finish(self, status: str, reason: str, flush: Any = None) -> None:
-        """The last look, with the status the run is about to be closed with (the crash alert); ``flush``
-        (the writer's) first, so that the look sees the last steps."""
+        """The last look, with the status the run is about to be closed with (the crash alert), ``flush``
+        (the writer's) first so that it sees the last steps; then deliver what is queued (at most one
+        webhook timeout) and record the counts (sent, dropped), all before the writer closes."""
         self._stop.set()
         self._thread.join(5.0)
         try:
@@ -168,14 +169,19 @@ class AlertWatcher:
         except Exception:  # noqa: BLE001
             pass
         self.look_once(status=status, reason=reason)
-
-    def close(self, timeout: float | None = None) -> None:
-        """Deliver what is queued (at most ``timeout`` seconds, default one webhook timeout), then let go."""
-        self._stop.set()
         try:
-            self.delivery.close(self.options.timeout_s + 0.5 if timeout is None else timeout)
+            self.delivery.close(self.options.timeout_s + 0.5)
         except Exception:  # noqa: BLE001 - closing the run must go on
             pass
+        with self._lock:
+            self._failed = True
+            stats = dict(self.delivery.stats(), suppressed=self.watch.gate.suppressed)
+            if stats != self._stats and self._on_stats is not None:
+                self._on_stats(stats)
+
+    def close(self) -> None:
+        """Let go of the run (after :meth:`finish`)."""
+        self._stop.set()
         with self._lock:
             self._failed = True
             self.watch.close()

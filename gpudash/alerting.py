@@ -118,6 +118,7 @@ class _Worker:
         self._handle = handle
         self.stopping = threading.Event()
         self.dropped = 0
+        self.closed = False
         self._busy = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -144,13 +145,16 @@ class _Worker:
                 self._busy = False
 
     def close(self, timeout: float) -> None:
-        """Send what is queued, waiting at most ``timeout`` seconds (then the daemon thread is left behind)."""
-        if not self._busy and self._q.empty():
-            self.stopping.set()
+        """Send what is queued, waiting at most ``timeout`` seconds; what is still queued or in flight then is
+        left to the daemon thread and counted as dropped."""
+        if self.closed:
+            return
         deadline = time.monotonic() + timeout
         while (self._busy or not self._q.empty()) and time.monotonic() < deadline:
             time.sleep(0.02)
         self.stopping.set()  # no more backoff waits
+        self.closed = True
+        self.dropped += self._q.qsize() + (1 if self._busy else 0)
         try:
             self._q.put_nowait(None)
         except queue.Full:
@@ -202,7 +206,8 @@ class WebhookSender:
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
             if attempt < self.retries:
                 self._worker.stopping.wait(0.5 * 2**attempt)
-        self.failed += 1
+        if not self._worker.closed:  # once closed, an alert still in flight is already counted as dropped
+            self.failed += 1
 
     def close(self, timeout: float) -> None:
         self._worker.close(timeout)

@@ -193,3 +193,32 @@ def test_alert_options_validate_in_one_line() -> None:
         MonitorOptions(alerts={"hook": "x"})
     with pytest.raises(ValueError, match="headroom_pct"):
         AlertOptions(headroom_pct=120)
+
+
+# ---- one truth: the run page and the report show the alerts the run recorded ----------------------------
+def test_recorded_alerts_on_the_run_page_and_in_the_report(tmp_path: Path) -> None:
+    import time
+
+    from gpudash.analysis.report import render_html, render_markdown
+    from gpudash.layouts.events import event_rows, events_figure
+    from gpudash.monitor import Monitor
+    from gpudash.store import load_run
+
+    with Monitor(tmp_path / "r", host_hz=0, handle_signals=False,
+                 alerts=AlertOptions(desktop=False, terminal=False)) as mon:
+        for i in range(30):
+            with mon.step():
+                mon.log(loss=float("nan") if i == 20 else 2.0)
+        time.sleep(1.2)  # a look while live; the last look at close() would also find it
+    run = load_run(tmp_path / "r")
+    alerts = recorded_alerts(run)
+    assert [(a.kind, a.step) for a in alerts] == [("nonfinite", 20)]
+    text = alerts[0].text
+    rows = [r for r in event_rows(run.events) if r["kind"] == "alert"]
+    assert [(r["step"], r["message"]) for r in rows] == [(20, text)]
+    traces = events_figure(run.events)["data"]  # the events timeline's markers
+    assert any(t.get("name") == "alert" and t["x"] == [20.0] for t in traces)
+    html = render_html(run)
+    assert '<ul id="alerts"><li>step 20: <b>nonfinite</b>: ' + text + "</li></ul>" in html
+    assert f"- step 20: **nonfinite**: {text}" in render_markdown(run)
+    run.close()

@@ -35,7 +35,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 outer.attempts += 1
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if mode == "hang":
