@@ -220,3 +220,15 @@ def test_serve_watches_live_runs_another_process_writes(tmp_path: Path, receiver
         child.kill()
     assert [(b["run"], b["kind"], b["step"]) for b in receiver.bodies] == [("live", "nonfinite", 300)]
     assert receiver.bodies[0]["link"] == "http://127.0.0.1:9999/run/live"
+
+
+def test_gpudash_run_alert_webhook_on_an_unchanged_script(tmp_path: Path, receiver: Receiver) -> None:
+    pytest.importorskip("torch")
+    script = ROOT / "examples" / "unchanged" / "train_plain.py"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(tmp_path / "z"), "--alert-webhook",
+                        receiver.url, "--alert", "desktop=false", "--", sys.executable, str(script), "--steps", "5",
+                        "--fail-at", "2"], capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    assert p.returncode == 1, p.stderr  # the script's own exit code
+    assert [b["kind"] for b in receiver.bodies] == ["crashed"], p.stderr
+    assert receiver.bodies[0]["run"] == "z" and "exception" in receiver.bodies[0]["message"]
