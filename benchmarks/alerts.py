@@ -12,6 +12,9 @@ firing: cooldown 0), under three Monitors, variants interleaved in rounds so dri
 
 Prints per-step time (median, p95, p99) per variant, the difference to ``off``, what the receiver saw, the
 alerts dropped, and how long ``close()`` took (bounded by one webhook timeout when alerts are still queued).
+
+Part 2, what one look of the watcher costs (its thread holds the GIL meanwhile): ``RunWatch.look`` on a
+run growing by 25 steps (with memory rows) between looks, over its full 512-row trailing window.
 """
 
 from __future__ import annotations
@@ -125,6 +128,44 @@ def main() -> None:
         print(f"| {v} | {p[0]:.0f} | {p[1]:.0f} | {p[2]:.0f} | {p[0] - base[0]:+.0f} | {raised:.1f} | {dropped:.1f} "
               f"| {close:.2f} |")
     print(f"\nhanging receiver: {hang.attempts} requests accepted, none answered")
+    look_cost()
+
+
+def look_cost(looks: int = 60, per_look: int = 25) -> None:
+    from gpudash.alert_watch import RunWatch
+    from gpudash.analysis.alerts import FULL_EVERY_S
+
+    root = Path(tempfile.mkdtemp(prefix="gpudash-alerts-look-"))
+    try:
+        mon = Monitor(root / "r", host_hz=0, handle_signals=False, flush_interval=0.05)
+        watch = RunWatch(root / "r", AlertOptions(terminal=False, desktop=False))
+        cost, full = [], []
+        i = 0
+        for n in range(looks):
+            for _ in range(per_look):
+                with mon.step(samples=8):
+                    mon.log(loss=2.0 + 0.001 * (i % 7), lr=1e-3, grad_norm=1.0)
+                    mon.log_memory(peak_bytes=1 << 30, reserved_bytes=1 << 30)
+                i += 1
+            mon.flush()
+            every_rule = n % 2 == 1
+            if every_rule:  # as every FULL_EVERY_S, or when a trigger fires
+                watch._full_at = -1e9
+            t0, c0 = time.perf_counter(), time.thread_time()
+            watch.look()
+            (full if every_rule else cost).append((time.perf_counter() - t0, time.thread_time() - c0))
+        watch.close()
+        mon.close()
+        print()
+        for what, got in (("a quiet look (new rows, no trigger)", cost), ("a look that runs every rule", full)):
+            c = np.array(got[len(got) // 3:]) * 1e3  # once the window is full (512 rows)
+            print(f"{what}, {per_look} new steps, 512-row window: CPU median {np.median(c[:, 1]):.1f} ms "
+                  f"(p95 {np.percentile(c[:, 1], 95):.1f}), wall median {np.median(c[:, 0]):.1f} ms")
+        q, f = np.median(np.array(cost)[:, 1]), np.median(np.array(full)[:, 1])
+        print(f"watcher CPU at poll_s 0.5 with every rule each {FULL_EVERY_S:g} s: "
+              f"{100 * (q / 0.5 + f / FULL_EVERY_S):.2f} % of one core")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpudash.alerting import Delivery, run_link, say
-from gpudash.analysis.alerts import ALERT_EVENT, STATE_KINDS, Alert, AlertGate, evaluate
+from gpudash.analysis.alerts import (
+    ALERT_EVENT,
+    FULL_EVERY_S,
+    STATE_KINDS,
+    TRIGGER_COLUMNS,
+    Alert,
+    AlertGate,
+    Triggers,
+    evaluate,
+)
+from gpudash.analysis.memory import capacity_bytes
 from gpudash.options import AlertOptions
 from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, merged_meta, parse_json
@@ -33,17 +44,41 @@ _META_EVERY_S = 5.0
 _LIVE_FILES_S = 120.0
 
 
+def _trigger_columns(parts: list[tuple[int, list[str], list[tuple[Any, ...]]]]) -> dict[str, np.ndarray]:
+    """The new rows' :data:`TRIGGER_COLUMNS` as float arrays (None and non-numbers as NaN), no DataFrame."""
+    names = sorted({c for _, cols, _ in parts for c in cols if c in TRIGGER_COLUMNS} | ({"rank"} if parts else set()))
+    out: dict[str, list[Any]] = {c: [] for c in names}
+    for rank, cols, rows in parts:
+        where = {c: i + 1 for i, c in enumerate(cols)}
+        for c in names:
+            i = where.get(c)
+            if c == "rank":
+                out[c] += [rank] * len(rows)
+            elif i is None:
+                out[c] += [None] * len(rows)
+            else:
+                out[c] += [row[i] if isinstance(row[i], int | float) else None for row in rows]
+    return {c: np.array(v, dtype=float) for c, v in out.items()}
+
+
 class RunWatch:
     """One run's trailing window and its gate. ``backlog``: rows per rank and table to start from before
     the current end (0: only what is recorded from now on); with a backlog the first look only takes note
-    (what happened before the watch began was not live)."""
+    (what happened before the watch began was not live).
+
+    A look reads the rows since the last one (per rank, by rowid) and evaluates every rule when
+    :class:`~gpudash.analysis.alerts.Triggers` fire on them, when an event or the status is new, and at
+    least every :data:`~gpudash.analysis.alerts.FULL_EVERY_S`; between, only the stall rule, and only once
+    the run has gone ``stall_min_s`` without a step. A quiet look costs a few small SQLite reads."""
 
     def __init__(self, run_dir: Path, options: AlertOptions, *, backlog: int = 0) -> None:
         self.path = Path(run_dir)
         self.options = options
         self.reader = RunReader(self.path)
         self.gate = AlertGate(options.cooldown_s)
+        self.triggers = Triggers()
         self.frames: dict[str, pd.DataFrame] = {t: pd.DataFrame() for t in _TABLES}
+        self._pending: dict[str, list[tuple[int, list[str], list[tuple[Any, ...]]]]] = {t: [] for t in _TABLES}
         self.cursor: dict[str, int] = {}
         self.complete = True
         for rank, r in self.reader.ranks.items():
@@ -55,40 +90,81 @@ class RunWatch:
         self._quiet = backlog > 0
         self._meta: dict[str, Any] = {}
         self._rank_meta: dict[int, dict[str, Any]] = {}
-        self._meta_at = 0.0
+        self._meta_at = -1e9
+        self._refresh_at = time.monotonic()
+        self._full_at = -1e9
         self._status = ""
+        self._last_step_time: float | None = None
         self._held: list[Alert] = []
-        self._looked = False
 
     def close(self) -> None:
         self.reader.close()
 
-    def _append(self, table: str, new: pd.DataFrame) -> None:
-        if table == "events" and "data" in new:
-            new = new.assign(data=pd.Series([parse_json(v) for v in new["data"]], index=new.index, dtype=object))
-        old = self.frames[table]
-        df = new if old.empty else pd.concat([old, new], ignore_index=True)
-        if table == "events":
-            df = df[df["kind"].astype(str) != ALERT_EVENT] if "kind" in df else df
-            df = df.tail(KEEP_ROWS)
-        elif "rank" in df and len(df) > KEEP_ROWS:
-            kept = df.groupby("rank", sort=False).tail(KEEP_ROWS)
-            if len(kept) < len(df):
-                self.complete = False
-            df = kept
-        self.frames[table] = df.reset_index(drop=True)
-
-    def window(self, status: str | None = None, reason: str | None = None) -> tuple[Run, bool]:
-        """The trailing window as a Run, and whether anything arrived since the last look."""
-        new, self.cursor = self.reader.read_since(self.cursor, tables=_TABLES, limit=5_000)
-        for table, df in new.items():
-            self._append(table, df)
+    def _read_new(self) -> tuple[bool, dict[str, dict[str, np.ndarray]]]:
+        """Rows since the last look, kept as row tuples until a full evaluation needs them as frames; returns
+        whether events (other than alerts) arrived, and the new steps' and memory rows' trigger columns."""
         now = time.monotonic()
-        st = status or self.reader.status()
-        changed = bool(new) or st != self._status
-        if changed and (st != self._status or now - self._meta_at > _META_EVERY_S or not self._meta):
+        if now - self._refresh_at > _META_EVERY_S:  # ranks that started writing since
+            self._refresh_at = now
+            self.reader.refresh()
+        events = False
+        fresh: dict[str, list[tuple[int, list[str], list[tuple[Any, ...]]]]] = {"steps": [], "memory": []}
+        for rank, r in sorted(self.reader.ranks.items()):
+            r.refresh_columns()  # a column logged for the first time (one cheap PRAGMA)
+            for t in _TABLES:
+                key = f"{rank}/{t}"
+                after = self.cursor.get(key, 0)
+                if r.max_rowid(t) <= after:  # one index probe: most looks find no new events
+                    continue
+                cols, rows = r.read_rows(t, after_rowid=after, limit=5_000)
+                if not rows:
+                    continue
+                self.cursor[key] = int(rows[-1][0])
+                if t == "events":
+                    kind = cols.index("kind") + 1 if "kind" in cols else None
+                    rows = [row for row in rows if kind is None or row[kind] != ALERT_EVENT]
+                    events = events or bool(rows)
+                else:
+                    fresh[t].append((rank, cols, rows))
+                    if t == "steps" and "time" in cols:
+                        i = cols.index("time") + 1
+                        times = [row[i] for row in rows if isinstance(row[i], int | float)]
+                        if times:
+                            self._last_step_time = max(max(times), self._last_step_time or 0.0)
+                if rows:
+                    self._pending[t].append((rank, cols, rows))
+        return events, {t: _trigger_columns(parts) for t, parts in fresh.items()}
+
+    def _materialize(self) -> None:
+        for t, parts in self._pending.items():
+            if not parts:
+                continue
+            new = [pd.DataFrame.from_records(rows, columns=["_rowid", *cols]).drop(columns="_rowid").assign(rank=rank)
+                   for rank, cols, rows in parts]
+            if t == "events":
+                new = [df.assign(data=pd.Series([parse_json(v) for v in df["data"]], index=df.index, dtype=object))
+                       if "data" in df else df for df in new]
+            old = self.frames[t]
+            df = pd.concat(([old] if len(old) else []) + new, ignore_index=True)
+            self._pending[t] = []
+            if t == "events":
+                df = df.tail(KEEP_ROWS)
+            elif "rank" in df and len(df) > KEEP_ROWS:
+                kept = df.groupby("rank", sort=False).tail(KEEP_ROWS)
+                if len(kept) < len(df):
+                    self.complete = False
+                df = kept
+            self.frames[t] = df.reset_index(drop=True)
+
+    def window(self, status: str | None = None, reason: str | None = None) -> Run:
+        """The trailing window as a Run (the rows read so far)."""
+        self._materialize()
+        st = status or self._status
+        now = time.monotonic()
+        if now - self._meta_at > _META_EVERY_S or st != self._meta.get("status"):
             self._rank_meta = self.reader.rank_meta()
             self._meta = merged_meta(self.reader, self._rank_meta)
+            self._meta["status"] = st
             self._meta_at = now
         meta = dict(self._meta, status=st)
         if reason:
@@ -96,24 +172,33 @@ class RunWatch:
         elif st == "crashed" and not meta.get("end_reason"):
             reasons = {m.get("end_reason") for m in self._rank_meta.values() if m.get("end_reason")}
             meta["end_reason"] = "; ".join(sorted(map(str, reasons))) or "process died (no heartbeat)"
-        self._status = st
         f = self.frames
         return Run(path=self.path, meta=meta, status=st, steps=f["steps"], memory=f["memory"], events=f["events"],
-                   rank_meta=self._rank_meta), changed
+                   rank_meta=self._rank_meta)
 
     def look(self, now: float | None = None, status: str | None = None, reason: str | None = None) -> list[Alert]:
         """One look: the alerts to send now."""
         now = time.time() if now is None else now
-        run, changed = self.window(status, reason)
         o = self.options
-        if changed or not self._looked:
-            self._looked = True
+        events, fresh = self._read_new()
+        st = status or self.reader.status()
+        new_status, self._status = st != self._status, st
+        fired = self.triggers.fire(fresh["steps"], fresh["memory"], o.headroom_pct)
+        mono = time.monotonic()
+        if fired or events or new_status or self._quiet or status is not None or mono - self._full_at >= FULL_EVERY_S:
+            self._full_at = mono
+            run = self.window(status, reason)
             found = evaluate(run, now, complete=self.complete, stall_factor=o.stall_factor,
                              stall_min_s=o.stall_min_s, headroom_pct=o.headroom_pct, kinds=o.kinds)
+            self.triggers.capacity = capacity_bytes(run)
             self._held = [a for a in found if a.kind in STATE_KINDS and a.kind != "stall"]
-        else:  # nothing new: only a stall can have begun; the other states hold as they were
-            found = self._held + evaluate(run, now, stall_factor=o.stall_factor, stall_min_s=o.stall_min_s,
-                                          kinds=tuple(k for k in o.kinds if k == "stall"))
+        else:  # nothing new worth the rules: the states hold as they were; a stall may have begun
+            stall = []
+            idle = self._last_step_time is not None and now - self._last_step_time > o.stall_min_s
+            if idle and "stall" in o.kinds:
+                stall = evaluate(self.window(), now, stall_factor=o.stall_factor, stall_min_s=o.stall_min_s,
+                                 kinds=("stall",))
+            found = self._held + stall
         quiet, self._quiet = self._quiet, False
         return self.gate.admit(found, now, quiet=quiet)
 

@@ -24,12 +24,19 @@ from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes
 from gpudash.analysis.oom import oom_reports
 from gpudash.analysis.progress import step_period
 from gpudash.analysis.ranks import node_stragglers, rank_nodes
-from gpudash.analysis.stability import SPIKE_WINDOW, loss_series, nonfinite_steps, precision_fallbacks, spike_scores
+from gpudash.analysis.stability import (
+    SPIKE_WINDOW,
+    loss_series,
+    nonfinite_steps,
+    precision_fallbacks,
+    spike_mask,
+    spike_scores,
+)
 from gpudash.options import ALERT_KINDS
 from gpudash.store.run import Run, parse_json
 
-__all__ = ["ALERT_EVENT", "ALERT_KINDS", "EPISODE_GAP_STEPS", "STATE_KINDS", "Alert", "AlertGate", "evaluate",
-           "recorded_alerts"]
+__all__ = ["ALERT_EVENT", "ALERT_KINDS", "EPISODE_GAP_STEPS", "FULL_EVERY_S", "STATE_KINDS", "Alert", "AlertGate",
+           "TRIGGER_COLUMNS", "Triggers", "evaluate", "recorded_alerts"]
 
 ALERT_EVENT = "alert"
 """The event kind an alert is recorded under in the run."""
@@ -37,6 +44,8 @@ EPISODE_GAP_STEPS = 10
 """Occurrences of one kind on one rank at most this many steps apart are one episode (one alert)."""
 STATE_KINDS = frozenset({"stall", "headroom", "straggler"})
 """Kinds that hold for a while (an episode lasts while they hold); the others happen at a step."""
+FULL_EVERY_S = 10.0
+"""A live watcher evaluates every rule at least this often; between, only when :class:`Triggers` fire."""
 _RETRY_COLUMNS = ("alloc_retries", "num_alloc_retries")
 _USED_COLUMNS = (*MEASURED_PEAK_COLUMNS, "reserved_bytes", "allocated_bytes")
 
@@ -229,6 +238,66 @@ def evaluate(run: Run, now: float | None = None, *, complete: bool = True, stall
     if "crashed" in want:
         out += _crashed(run)
     return out
+
+
+# ---- when a live look is worth a full evaluation ----------------------------------------------------------
+#: The columns :class:`Triggers` reads from a look's new rows.
+TRIGGER_COLUMNS = frozenset({"rank", "loss", *("nonfinite", "non_finite", "skipped", "skipped_step", "found_inf"),
+                             "skipped_steps", "alloc_retries", "num_alloc_retries", *MEASURED_PEAK_COLUMNS,
+                             "reserved_bytes", "allocated_bytes"})
+_FLAG_COLUMNS = ("nonfinite", "non_finite", "skipped", "skipped_step", "found_inf")
+_TOTAL_COLUMNS = ("skipped_steps",)
+
+
+class Triggers:
+    """Cheap necessary conditions on a look's new rows (columns as float arrays, ``rank`` included) for the
+    rules to find something new: a non-finite loss or flag, a spike by the one spike rule on the trailing
+    losses, a counter (retries, skipped steps) that rose, memory within the headroom of a known capacity.
+    They only decide *when* :func:`evaluate` runs; what it finds is the rules' call, and a live watcher
+    evaluates at least every :data:`FULL_EVERY_S` anyway."""
+
+    def __init__(self) -> None:
+        self.losses = np.zeros(0)
+        self.totals: dict[tuple[float, str], float] = {}
+        self.capacity: float | None = None
+
+    def _rose(self, key: tuple[float, str], values: np.ndarray) -> bool:
+        values = values[np.isfinite(values)]
+        if not len(values):
+            return False
+        top, before = float(values.max()), self.totals.get(key)
+        self.totals[key] = top if before is None else max(before, top)
+        if before is None:
+            return float(values.min()) < top  # rose within these rows
+        return top > before
+
+    def fire(self, steps: dict[str, np.ndarray], memory: dict[str, np.ndarray], headroom_pct: float) -> bool:
+        hit = False
+        if "loss" in steps and len(steps["loss"]):
+            rank = steps.get("rank")
+            new = steps["loss"] if rank is None else steps["loss"][rank == np.nanmin(rank)]
+            both = np.concatenate([self.losses, new])
+            if np.isinf(new).any() or np.isnan(new).any() and np.isfinite(both).mean() >= 0.5:
+                hit = True
+            elif len(new) and spike_mask(both[-(len(new) + SPIKE_WINDOW):])[-len(new):].any():
+                hit = True
+            self.losses = both[-SPIKE_WINDOW:]
+        for col in _FLAG_COLUMNS:
+            if col in steps and (np.nan_to_num(steps[col]) > 0).any():
+                hit = True
+        for col in _TOTAL_COLUMNS:
+            if col in steps:
+                hit = self._rose((0.0, col), steps[col]) or hit
+        ranks = memory.get("rank")
+        for col in _RETRY_COLUMNS:
+            if col in memory:
+                for r in np.unique(ranks) if ranks is not None else [0.0]:
+                    values = memory[col] if ranks is None else memory[col][ranks == r]
+                    hit = self._rose((float(r), col), values) or hit
+        used = next((c for c in _USED_COLUMNS if c in memory), None)
+        if self.capacity and used is not None:
+            hit = hit or bool((np.nan_to_num(memory[used]) >= (1.0 - headroom_pct / 100.0) * self.capacity).any())
+        return hit
 
 
 # ---- episodes and cooldown ------------------------------------------------------------------------

@@ -122,6 +122,23 @@ def test_a_crash_alerts_with_its_reason(tmp_path: Path, receiver: Receiver) -> N
     run.close()
 
 
+def test_a_stalled_loop_alerts_from_the_watcher_thread(tmp_path: Path, receiver: Receiver) -> None:
+    from gpudash.monitor import Monitor
+
+    mon = Monitor(tmp_path / "stall", host_hz=0, handle_signals=False,
+                  alerts=_opts(receiver.url, stall_factor=5, stall_min_s=1.0, poll_s=0.2))
+    for _ in range(20):
+        with mon.step():
+            time.sleep(0.01)
+            mon.log(loss=2.0)
+    assert receiver.got.wait(5.0), "no stall alert while the loop hung"  # the loop "hangs" here
+    with mon.step():
+        mon.log(loss=2.0)
+    mon.close()
+    assert [(b["kind"], b["step"]) for b in receiver.bodies] == [("stall", 19)]
+    assert receiver.bodies[0]["message"].startswith("no step for ")
+
+
 def test_a_hanging_receiver_never_blocks_and_a_full_queue_is_counted() -> None:
     hang = Receiver("hang")
     try:
