@@ -363,12 +363,16 @@ class ServeAlerts:
                 del self.watches[run_id]
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.options.poll_s):
+        wait = self.options.poll_s
+        while not self._stop.wait(wait):
+            t0 = time.thread_time()
             try:
                 self.look_once()
             except Exception as exc:  # noqa: BLE001
                 say(f"alerts stopped after an error ({type(exc).__name__}: {str(exc)[:200]}); still serving")
                 return
+            # many live runs: look less often rather than take more than a tenth of a core from the pages
+            wait = max(self.options.poll_s, 10 * (time.thread_time() - t0))
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()

@@ -222,3 +222,57 @@ def test_recorded_alerts_on_the_run_page_and_in_the_report(tmp_path: Path) -> No
     assert '<ul id="alerts"><li>step 20: <b>nonfinite</b>: ' + text + "</li></ul>" in html
     assert f"- step 20: **nonfinite**: {text}" in render_markdown(run)
     run.close()
+
+
+# ---- triggers: when a live look runs every rule ------------------------------------------------------------
+def _cols(**c: Any) -> dict[str, Any]:
+    import numpy as np
+
+    return {k: np.asarray(v, dtype=float) for k, v in c.items()}
+
+
+def test_triggers_fire_on_what_the_rules_could_find_and_not_on_a_flat_loss() -> None:
+    from gpudash.analysis.alerts import Triggers
+
+    t = Triggers()
+    flat = [2.0 + 0.004 * math.sin(1.3 * i) for i in range(60)]
+    assert not t.fire(_cols(rank=[0] * 60, loss=flat), {}, 5.0)
+    assert t.fire(_cols(rank=[0], loss=[float("nan")]), {}, 5.0)  # non-finite
+    assert t.fire(_cols(rank=[0], loss=[9.0]), {}, 5.0)  # the spike rule on the trailing losses
+    assert not t.fire(_cols(rank=[0], loss=[2.0]), {}, 5.0)
+    assert t.fire(_cols(rank=[0], skipped=[1.0]), {}, 5.0)
+    assert not t.fire({}, _cols(rank=[0, 0], alloc_retries=[2, 2]), 5.0)
+    assert t.fire({}, _cols(rank=[0], alloc_retries=[3]), 5.0)  # the counter rose
+    assert not t.fire({}, _cols(rank=[0], peak_bytes=[19.5 * 2**30]), 5.0)  # capacity not known yet
+    t.capacity = 20 * 2**30
+    assert t.fire({}, _cols(rank=[0], peak_bytes=[19.5 * 2**30]), 5.0)
+    assert not t.fire({}, _cols(rank=[0], peak_bytes=[10 * 2**30]), 5.0)
+
+
+def test_a_quiet_look_runs_no_rule_and_a_nan_runs_them_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpudash.alert_watch as watch_mod
+    from gpudash.monitor import Monitor
+
+    calls: list[tuple[str, ...]] = []
+    real = watch_mod.evaluate
+
+    def counted(*a: Any, **k: Any) -> list[Alert]:
+        calls.append(tuple(k.get("kinds", ())))
+        return real(*a, **k)
+
+    monkeypatch.setattr(watch_mod, "evaluate", counted)
+    with Monitor(tmp_path / "r", host_hz=0, handle_signals=False, flush_interval=0.05) as mon:
+        w = watch_mod.RunWatch(tmp_path / "r", AlertOptions(terminal=False, desktop=False))
+        for step in range(60):
+            with mon.step():
+                mon.log(loss=2.0 + 0.004 * math.sin(1.3 * step))
+            if step % 10 == 9:
+                mon.flush()
+                w.look()
+        assert len(calls) == 1  # the first look runs every rule; the quiet ones after it none
+        with mon.step():
+            mon.log(loss=float("nan"))
+        mon.flush()
+        assert [a.kind for a in w.look()] == ["nonfinite"]
+        assert len(calls) == 2
+        w.close()
