@@ -105,10 +105,13 @@ def run_link(dashboard_url: str, run_id: str) -> str:
 def alert_payload(run: str, alert: Alert, link: str | None, now: float | None = None) -> dict[str, Any]:
     """The webhook's JSON body: the alert's fields, and ``text`` (Slack) / ``content`` (Discord) for chat."""
     where = f" step {alert.step}" if alert.step is not None else ""
-    line = f"gpudash [{run}]{where}: {alert.text}" + (f" {link}" if link else "")
+    line = f"gpudash [{run}]{where}: {alert.text}"
+    # Slack reads <...> as links and mentions: the run's own text (an OOM message, a name) is escaped there
+    slack = line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") + (f" <{link}|run page>" if link else "")
     return {"run": run, "step": alert.step, "kind": alert.kind, "message": alert.text, "rank": alert.rank,
             "where": alert.where, "link": link, "time": time.time() if now is None else now,
-            "data": alert.data, "text": line, "content": line[:_DISCORD_MAX]}
+            "data": alert.data, "text": slack, "content": (line + (f" {link}" if link else ""))[:_DISCORD_MAX],
+            "allowed_mentions": {"parse": []}}  # Discord: an "@everyone" in the run's text pings nobody
 
 
 # ---- the slow sinks: a daemon thread each, behind a bounded queue ------------------------------------------

@@ -95,7 +95,9 @@ def test_injected_nan_posts_one_alert_within_2_s_of_the_step(tmp_path: Path, rec
     assert (body["run"], body["step"], body["kind"]) == ("nan-run", 20, "nonfinite")
     assert body["message"] == "loss is non-finite (NaN/Inf) at step 20"
     assert body["link"] == "http://127.0.0.1:8050/run/nan-run"
-    assert body["text"] == body["content"] and body["link"] in body["text"] and "step 20" in body["text"]
+    assert body["content"] == "gpudash [nan-run] step 20: loss is non-finite (NaN/Inf) at step 20 " + body["link"]
+    assert body["text"] == ("gpudash [nan-run] step 20: loss is non-finite (NaN/Inf) at step 20 "
+                            f"<{body['link']}|run page>")  # Slack's link syntax
     # the run holds it: the dashboard's events and the report read it from there
     run = load_run(tmp_path / "nan-run")
     alerts = run.events[run.events["kind"] == "alert"]
@@ -137,6 +139,13 @@ def test_a_stalled_loop_alerts_from_the_watcher_thread(tmp_path: Path, receiver:
     mon.close()
     assert [(b["kind"], b["step"]) for b in receiver.bodies] == [("stall", 19)]
     assert receiver.bodies[0]["message"].startswith("no step for ")
+
+
+def test_slack_text_escapes_the_runs_own_text() -> None:
+    body = alert_payload("r<x>", Alert("oom", "Tried <@channel> & more", step=1), "http://h/run/r")
+    assert body["text"] == "gpudash [r&lt;x&gt;] step 1: Tried &lt;@channel&gt; &amp; more <http://h/run/r|run page>"
+    assert body["content"] == "gpudash [r<x>] step 1: Tried <@channel> & more http://h/run/r"
+    assert body["message"] == "Tried <@channel> & more"
 
 
 def test_a_hanging_receiver_never_blocks_and_a_full_queue_is_counted() -> None:
