@@ -258,3 +258,38 @@ def test_gpudash_run_alert_webhook_on_an_unchanged_script(tmp_path: Path, receiv
     assert p.returncode == 1, p.stderr  # the script's own exit code
     assert [b["kind"] for b in receiver.bodies] == ["crashed"], p.stderr
     assert receiver.bodies[0]["run"] == "z" and "exception" in receiver.bodies[0]["message"]
+
+
+def test_serve_alerts_a_run_killed_with_sigkill(tmp_path: Path, receiver: Receiver) -> None:
+    from gpudash.alert_watch import ServeAlerts
+
+    runs = tmp_path / "runs"
+    script = ("import sys, time, gpudash\n"
+              "m = gpudash.Monitor(sys.argv[1], host_hz=0, handle_signals=False, flush_interval=0.05)\n"
+              "for i in range(100000):\n"
+              "    with m.step():\n"
+              "        m.log(loss=2.0)\n"
+              "    time.sleep(0.01)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(runs / "doomed")],
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    serve = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if (runs / "doomed" / "rank0.db").exists() and load_run(runs / "doomed").steps.shape[0] > 20:
+                break
+            time.sleep(0.1)
+        serve = ServeAlerts(runs, _opts(receiver.url, poll_s=0.2), "http://127.0.0.1:9999")
+        deadline = time.monotonic() + 10
+        while "doomed" not in serve.watches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "doomed" in serve.watches
+        child.kill()  # no close(), no atexit: only a watcher outside the process can tell
+        child.wait(10)
+        assert receiver.got.wait(15.0)
+    finally:
+        child.kill()
+        if serve is not None:
+            serve.stop()
+    assert [(b["run"], b["kind"]) for b in receiver.bodies] == [("doomed", "crashed")]
+    assert "process died" in receiver.bodies[0]["message"] or "heartbeat" in receiver.bodies[0]["message"]
