@@ -228,8 +228,8 @@ class DesktopNotifier:
         if self._worker is None:
             if not self._said:
                 self._said = True
-                say("desktop notifications are not available here (no notify-send on PATH); alerts go to the "
-                    "terminal" + " and the run's events")
+                say("desktop notifications are not available here (no notify-send on PATH); alerts still go to "
+                    "the other places asked for")
             return
         self._worker.submit((title, text))
 
