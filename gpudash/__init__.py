@@ -15,10 +15,11 @@ from gpudash.errors import RunError
 
 if TYPE_CHECKING:
     from gpudash.monitor import Monitor
+    from gpudash.options import AlertOptions
     from gpudash.store import Run, load_run
     from gpudash.store.snapshot import MemoryMap, load_snapshot
 
-__all__ = ["MemoryMap", "Monitor", "Run", "RunError", "__version__", "load_run", "load_snapshot", "show"]
+__all__ = ["AlertOptions", "MemoryMap", "Monitor", "Run", "RunError", "__version__", "load_run", "load_snapshot", "show"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from gpudash.monitor import Monitor
 
         return Monitor
+    if name == "AlertOptions":
+        from gpudash.options import AlertOptions
+
+        return AlertOptions
     if name in ("Run", "load_run"):
         from gpudash import store
 

@@ -329,6 +329,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'*' answers any (default: loopback names and the bound address only)")
     p.add_argument("--metrics", action="store_true",
                    help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
+    from gpudash.alerting import add_alert_arguments
+
+    add_alert_arguments(p)  # alerts for every live run served (a run killed with kill -9 included)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -348,6 +351,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpudash: {runs_dir} is a run; serving its parent folder {runs_dir.resolve().parent}")
         runs_dir = runs_dir.resolve().parent
     token = resolve_token(args.token)
+    from gpudash.alerting import alerts_from_args
+
+    try:
+        alert_opts = alerts_from_args(args)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if not 0 <= args.port < 65536:
         raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
     try:
@@ -361,10 +370,19 @@ def run(args: argparse.Namespace) -> int:
                             f"pass --port N, or stop the other process") from None
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
+    alerts = None
+    if alert_opts is not None:
+        from gpudash.alert_watch import ServeAlerts
+        from gpudash.options import AlertOptions
+
+        base = alert_opts.get("dashboard_url") or url.split("?")[0].rstrip("/")  # links never carry the token
+        alerts = ServeAlerts(runs_dir, AlertOptions(**alert_opts), base)
     try:
         while True:
             time.sleep(3600)
     finally:
+        if alerts is not None:
+            alerts.stop()
         stop()
 
 

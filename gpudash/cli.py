@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("gpudash.trainer.cli", "run the memory-optimized GPT trainer under the Monitor"),
     "estimate": ("gpudash.trainer.estimate_cli", "predict memory by category and what fits a card"),
     "serve": ("gpudash.app", "serve the dashboard for a directory of runs"),
+    "check": ("gpudash.check", "gate a run in CI: exit 1 when it breaks a rule (peak, step time, NaN, OOM, spikes)"),
     "info": ("gpudash.info", "print a run's status and summary in the terminal"),
     "report": ("gpudash.analysis.report_cli", "write a post-mortem report (html or md)"),
     "export": ("gpudash.export", "export a run's tables to parquet or csv"),

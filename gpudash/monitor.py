@@ -257,6 +257,11 @@ class Monitor:
             self.add_step_hooks(end=self._record_cuda_device)
         for collector in default_collectors(options):
             self.add_collector(collector)
+        self._alerts: Any = None
+        if options.alerts is not None and self.rank == 0:  # rank 0 watches every rank's files
+            from gpudash.alert_watch import start_alerts
+
+            self._alerts = start_alerts(self)
         self._install_exit_handlers()
 
     # ---- the recording interface collectors use (gpudash.collectors.api.Recording) -------
@@ -440,7 +445,11 @@ class Monitor:
                 self.cuda_timer.drain()
             except Exception:  # noqa: BLE001
                 pass
+        if self._alerts is not None:  # the last look (a crash alert) is recorded before the writer closes
+            self._alerts.finish(status, reason, flush=self.recorder.flush)
         self.recorder.close(status=status, reason=reason)
+        if self._alerts is not None:
+            self._alerts.close()
         self._remove_exit_handlers()
 
     @property

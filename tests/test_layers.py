@@ -19,6 +19,10 @@ RULES = {
     "options.py": {"torch", "pynvml", "dash", "plotly"},
     "errors.py": {"torch", "pynvml", "dash", "plotly"},
     "testing.py": {"dash", "plotly"},
+    # alerts: the Monitor (a training process) and `gpudash serve` both run them
+    "alerting.py": {"torch", "pynvml", "dash", "plotly", "pandas", "numpy"},
+    "alert_watch.py": {"torch", "pynvml", "dash", "plotly"},
+    "check.py": {"torch", "pynvml", "dash", "plotly"},
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.alerts import recorded_alerts
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.oom import CATEGORIES
@@ -70,7 +71,7 @@ def _markers(run: Run, facts: Facts) -> list[tuple[float, str, str]]:
     out: list[tuple[float, str, str]] = [(float(s), "#ef6c00", f"step {s}: loss spike") for s in facts.loss_spike_steps]
     if ev.empty:
         return out[:200]
-    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457"}
+    colors = {"oom": "#c62828", "precision_fallback": "#6a1b9a", "nan": "#ad1457", "alert": "#b71c1c"}
     for _, e in ev.iterrows():
         kind = str(e["kind"])
         if kind in colors and not pd.isna(e["step"]):
@@ -191,6 +192,15 @@ def _actions_html(verdicts: list[Verdict]) -> str:
     return f'<h2>What to change</h2><ol id="actions">{items}</ol>'
 
 
+def _alerts_html(run: Run) -> str:
+    alerts = recorded_alerts(run)
+    if not alerts:
+        return ""
+    items = "".join(f"<li>{'' if a.step is None else f'step {a.step}: '}<b>{_e(a.kind)}</b>: {_e(a.text)}</li>"
+                    for a in alerts[:200])
+    return f'<h2>Alerts raised during the run</h2><ul id="alerts">{items}</ul>'
+
+
 def render_html(run: Run, verdicts: list[Verdict] | None = None,
                 price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> str:
     """The whole report as one HTML string with no external references."""
@@ -208,7 +218,7 @@ def render_html(run: Run, verdicts: list[Verdict] | None = None,
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body><main>"
             f"<h1>{_e(title)}</h1><div class=\"sub\">{_e(run.path)}</div>"
             f'<p id="lead"><b>{lead}</b></p><table class="kv">{kv}</table>'
-            f"{_actions_html(verdicts)}"
+            f"{_actions_html(verdicts)}{_alerts_html(run)}"
             f'<h2>Verdicts</h2><div id="verdicts">{"".join(_verdict_html(v) for v in verdicts)}</div>'
             f"<h2>Figures</h2>{figs or '<p>No steps recorded.</p>'}"
             f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}; "
@@ -227,6 +237,10 @@ def render_markdown(run: Run, verdicts: list[Verdict] | None = None,
         lines += ["", "## What to change", ""]
         lines += [f"{i}. **{v.title}**: {v.recommendation}" + (f" ({v.saving})" if v.saving else "")
                   for i, v in enumerate(acts, 1)]
+    alerts = recorded_alerts(run)
+    if alerts:
+        lines += ["", "## Alerts raised during the run", ""]
+        lines += [f"- {'' if a.step is None else f'step {a.step}: '}**{a.kind}**: {a.text}" for a in alerts[:200]]
     lines += ["", "## Verdicts", ""]
     mark = {"bad": "[PROBLEM]", "warn": "[WARNING]", "ok": "[ok]"}
     for v in verdicts:

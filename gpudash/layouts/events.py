@@ -14,7 +14,7 @@ __all__ = ["KIND_COLORS", "event_rows", "event_step", "events_figure", "events_t
 
 KIND_COLORS = {"oom": "#d62728", "batch_size": "#1f77b4", "batch_size_change": "#1f77b4",
                "precision_fallback": "#ff7f0e", "collector_unavailable": "#7f7f7f", "loss_spike": "#9467bd",
-               "nan": "#e377c2", "checkpoint": "#2ca02c"}
+               "nan": "#e377c2", "checkpoint": "#2ca02c", "alert": "#b71c1c"}
 
 
 def _step_of(ev: pd.DataFrame) -> pd.Series:

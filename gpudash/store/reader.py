@@ -178,9 +178,18 @@ class RankReader:
     def read(self, table: str, where: str = "", params: tuple[Any, ...] = (), after_rowid: int = 0,
              limit: int | None = None) -> pd.DataFrame:
         """Rows of ``table`` (with a ``_rowid`` column) matching ``where``; salvages damaged tables."""
-        cols = self.columns(table)
+        cols, rows = self.read_rows(table, where, params, after_rowid, limit)
         if not cols:
             return pd.DataFrame()
+        return pd.DataFrame.from_records(rows, columns=["_rowid", *cols])
+
+    def read_rows(self, table: str, where: str = "", params: tuple[Any, ...] = (), after_rowid: int = 0,
+                  limit: int | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """:meth:`read` as (column names, row tuples whose first item is the rowid), no DataFrame: for a
+        watcher that looks often at few new rows (gpudash.alert_watch)."""
+        cols = self.columns(table)
+        if not cols:
+            return [], []
         cond = ["rowid > ?"] + ([where] if where else [])
         sql_cols = ", ".join(["rowid", *map(quote_ident, cols)])
         sql = f'SELECT {sql_cols} FROM {quote_ident(table)} WHERE {" AND ".join(cond)} ORDER BY rowid'
@@ -190,7 +199,7 @@ class RankReader:
             rows = self.conn.execute(sql, (after_rowid, *params)).fetchall()
         except sqlite3.DatabaseError as exc:
             rows = self._salvage(table, sql_cols, where, params, after_rowid, exc)
-        return pd.DataFrame.from_records(rows, columns=["_rowid", *cols])
+        return cols, rows
 
     def _salvage(self, table: str, sql_cols: str, where: str, params: tuple[Any, ...], after: int,
                  exc: Exception) -> list[tuple[Any, ...]]:

@@ -109,16 +109,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-after", type=positive_int, default=3, help="non-finite steps in a row before fp32 fallback")
     p.add_argument("--min-loss-scale", type=nonnegative_float, default=1.0, help="fp16: fall back to fp32 below this loss scale")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    from gpudash.alerting import add_alert_arguments
+
+    add_alert_arguments(p)
 
 
-def _monitor_options(items: list[str]) -> dict[str, Any]:
+def _monitor_options(items: list[str], args: argparse.Namespace | None = None) -> dict[str, Any]:
+    from gpudash.alerting import alerts_from_args
     from gpudash.options import MonitorOptions
     from gpudash.trainer.shapes import parse_fields
 
     try:
-        return parse_fields(items, MonitorOptions, "--monitor", what="KEY")
+        out = parse_fields(items, MonitorOptions, "--monitor", what="KEY")
+        alerts = alerts_from_args(args) if args is not None else None
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if alerts is not None:
+        out["alerts"] = alerts
+    return out
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -135,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             threads=args.threads,
             memory_cap_gb=args.memory_cap_gb, memory_budget_gb=args.memory_budget_gb,
             inject_oom_at_batch=args.inject_oom_at_batch, inject_nan_at_steps=args.inject_nan_at_step,
-            inject_spike_at_steps=args.inject_spike_at_step, monitor_options=_monitor_options(args.monitor),
+            inject_spike_at_steps=args.inject_spike_at_step, monitor_options=_monitor_options(args.monitor, args),
             slow_data_ms=args.slow_data_ms, fallback_after=args.fallback_after,
             min_loss_scale=args.min_loss_scale, progress=not args.no_progress,
         )

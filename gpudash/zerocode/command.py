@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8050, help="dashboard port with --serve (default: 8050; busy: a free one)")
     p.add_argument("--snapshot-every", type=int, default=0, metavar="N",
                    help="take an allocator snapshot every N steps (CUDA; default 0: only at OOM)")
+    from gpudash.alerting import add_alert_arguments
+
+    add_alert_arguments(p)
     p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the training command, unchanged: python train.py ..., python -m pkg.train, torchrun ...")
 
@@ -154,7 +157,15 @@ def run(args: argparse.Namespace) -> int:
     if args.snapshot_every < 0:
         raise UserError("--snapshot-every must be >= 0")
     run_dir = (args.run_dir or Path("runs") / default_run_name(command)).resolve()
-    options = {"snapshot_every": args.snapshot_every} if args.snapshot_every else {}
+    options: dict[str, Any] = {"snapshot_every": args.snapshot_every} if args.snapshot_every else {}
+    from gpudash.alerting import alerts_from_args
+
+    try:
+        alerts = alerts_from_args(args)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if alerts is not None:
+        options["alerts"] = alerts
     env = child_env(dict(os.environ), run_dir, options)
     program = shutil.which(command[0], path=env.get("PATH"))
     if program is None:

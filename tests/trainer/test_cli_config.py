@@ -22,7 +22,8 @@ from gpudash.trainer.config import TrainConfig
 
 #: flag dest -> TrainConfig field, where the names differ
 RENAMED = {"model": "model_overrides", "inject_nan_at_step": "inject_nan_at_steps",
-           "inject_spike_at_step": "inject_spike_at_steps", "monitor": "monitor_options", "no_progress": "progress"}
+           "inject_spike_at_step": "inject_spike_at_steps", "monitor": "monitor_options", "no_progress": "progress",
+           "alert_webhook": "monitor_options", "alert": "monitor_options"}  # alerts are Monitor options
 #: fields with no flag (library-only knobs)
 NOT_ON_CLI = {"samples", "warmup_steps", "weight_decay", "spike_factor"}
 #: the CLI's default differs from the library's on purpose
@@ -39,6 +40,9 @@ STRINGS: dict[str, tuple[list[str], Any]] = {
     "device": (["--device", "cpu"], "cpu"),
     "model": (["--model", "n_layer=2"], {"n_layer": 2}),
     "monitor": (["--monitor", "snapshot_every=10"], {"snapshot_every": 10}),
+    "alert_webhook": (["--alert-webhook", "http://127.0.0.1:9/hook"], {"alerts": {"webhook": "http://127.0.0.1:9/hook"}}),
+    "alert": (["--alert", "cooldown_s=5", "--alert", "kinds=nonfinite,oom"],
+              {"alerts": {"cooldown_s": 5.0, "kinds": ["nonfinite", "oom"]}}),
 }
 
 

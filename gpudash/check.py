@@ -1,0 +1,280 @@
+"""``gpudash check RUN [--baseline RUN2] [rules]``: gate a run in CI on the facts the report shows.
+
+    gpudash check runs/pr --baseline runs/main --max-peak-increase 5% --max-step-time-increase 10% --no-nonfinite
+    gpudash check runs/pr --baseline runs/main --rules gates.toml --json
+
+Exit 0: every rule holds; 1: a rule is broken (one line each); 2: bad input (a missing run, a bad flag or
+rules file, a number the run did not record), one line. The numbers are the run's facts
+(:func:`gpudash.analysis.facts.run_facts`): the peak is ``headline.peak_memory_bytes``, the step time the
+median step time, as ``gpudash report`` and ``gpudash info`` print them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gpudash.errors import UserError
+
+__all__ = ["GateRules", "Outcome", "add_arguments", "check", "load_rules", "parse_percent", "run"]
+
+
+def parse_percent(text: Any, what: str = "value") -> float:
+    """``"5%"``, ``"5"`` or ``5`` -> 5.0 (percent); ValueError names the value."""
+    s = str(text).strip().removesuffix("%").strip()
+    try:
+        x = float(s)
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: expected a percentage like 5%") from None
+    if x != x or x < 0 or x == float("inf"):
+        raise ValueError(f"{what} {text!r}: expected a percentage >= 0")
+    return x
+
+
+def _pct_arg(text: str) -> float:
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(kw_only=True, slots=True)
+class GateRules:
+    """The rules a run must keep (None / False: not checked)."""
+
+    max_peak_increase: float | None = None
+    """Peak memory may grow at most this many percent over the baseline's."""
+    max_step_time_increase: float | None = None
+    """The median step time may grow at most this many percent over the baseline's."""
+    max_peak_gib: float | None = None
+    """Peak memory at most this many GiB (1024^3 bytes)."""
+    no_nonfinite: bool = False
+    """No non-finite (NaN/Inf) step."""
+    no_oom: bool = False
+    """No OOM (recovered or not)."""
+    max_spikes: int | None = None
+    """At most this many loss spikes."""
+    baseline: str | None = None
+    """The baseline run (a rules file's is relative to the file)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_peak_increase", "max_step_time_increase"):
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, parse_percent(v, name))
+        if self.max_peak_gib is not None and (not isinstance(self.max_peak_gib, int | float)
+                                              or isinstance(self.max_peak_gib, bool) or self.max_peak_gib <= 0):
+            raise ValueError(f"max_peak_gib {self.max_peak_gib!r}: expected a number of GiB > 0")
+        if self.max_spikes is not None and (not isinstance(self.max_spikes, int) or isinstance(self.max_spikes, bool)
+                                            or self.max_spikes < 0):
+            raise ValueError(f"max_spikes {self.max_spikes!r}: expected a whole number >= 0")
+        for name in ("no_nonfinite", "no_oom"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} {getattr(self, name)!r}: expected true or false")
+
+    def any(self) -> bool:
+        return any(getattr(self, f.name) not in (None, False) for f in fields(self) if f.name != "baseline")
+
+
+# ---- the rules file (TOML) ---------------------------------------------------------------------------
+def _tiny_toml(text: str) -> dict[str, Any]:
+    """The subset of TOML a rules file needs (Python 3.10 without tomli): ``key = value`` lines with
+    numbers, strings and booleans, ``#`` comments and one optional ``[check]`` table."""
+    out: dict[str, Any] = {}
+    table: dict[str, Any] = out
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"\[\s*([A-Za-z0-9_-]+)\s*\]", line)
+        if m:
+            table = out.setdefault(m.group(1), {})
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_-]+)\s*=\s*(\"[^\"]*\"|'[^']*'|[^#]+?)\s*(#.*)?", line)
+        if not m:
+            raise ValueError(f"line {n}: expected key = value, got {raw.strip()[:80]!r}")
+        key, value = m.group(1), m.group(2)
+        if value[0] in "\"'":
+            table[key] = value[1:-1]
+        elif value in ("true", "false"):
+            table[key] = value == "true"
+        else:
+            try:
+                table[key] = int(value.replace("_", "")) if re.fullmatch(r"[+-]?[\d_]+", value) else float(value)
+            except ValueError:
+                raise ValueError(f"line {n}: {value!r} is not a number, string or boolean") from None
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    try:
+        import tomllib  # type: ignore[import-not-found, unused-ignore]
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
+        except ModuleNotFoundError:
+            return _tiny_toml(text)
+    data: dict[str, Any] = tomllib.loads(text)
+    return data
+
+
+def load_rules(path: Path) -> GateRules:
+    """A rules file: the flags' names as keys (``max_peak_increase = "5%"``, ``no_oom = true``), at the top
+    or under ``[check]``. Raises UserError with one line."""
+    try:
+        data = _read_toml(path)
+    except OSError as exc:
+        raise UserError(f"--rules {path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError
+        raise UserError(f"--rules {path}: not valid TOML ({str(exc).splitlines()[0][:200]})") from None
+    if isinstance(data.get("check"), dict):
+        data = data["check"]
+    known = {f.name for f in fields(GateRules)}
+    items = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(items) - known)
+    if unknown:
+        raise UserError(f"--rules {path}: unknown rule(s) {', '.join(unknown)}; use {', '.join(sorted(known))}")
+    if isinstance(items.get("baseline"), str):
+        items["baseline"] = str(path.parent / items["baseline"])
+    try:
+        return GateRules(**items)
+    except ValueError as exc:
+        raise UserError(f"--rules {path}: {exc}") from None
+
+
+# ---- judging -------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    rule: str
+    passed: bool
+    text: str
+    value: float | None = None
+    limit: float | None = None
+    baseline: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "passed": self.passed, "text": self.text, "value": self.value,
+                "limit": self.limit, "baseline": self.baseline}
+
+
+def _need(value: float | None, what: str, run: str) -> float:
+    if value is None:
+        raise UserError(f"{run}: records no {what}, so the rule cannot be checked (record memory / steps, "
+                        "or drop the rule)")
+    return float(value)
+
+
+def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", baseline: str = "baseline") -> list[Outcome]:
+    """Each rule against ``facts`` (and ``base``, the baseline's facts). Raises UserError when a number a
+    rule needs is missing."""
+    from gpudash.analysis.verdict import fmt_bytes, fmt_s
+
+    out: list[Outcome] = []
+    h, bh = facts.headline, (base.headline if base is not None else {})
+
+    def growth(rule: str, key: str, what: str, fmt: Any, limit: float) -> None:
+        if base is None:
+            raise UserError(f"--{rule.replace('_', '-')} needs --baseline RUN (or baseline = \"...\" in --rules)")
+        v, b = _need(h.get(key), what, run), _need(bh.get(key), what, baseline)
+        pct = 100.0 * (v / b - 1.0) if b > 0 else (0.0 if v == 0 else float("inf"))
+        ok = pct <= limit + 1e-9
+        out.append(Outcome(rule, ok, f"{what} {fmt(v)} is {pct:+.1f} % against the baseline's {fmt(b)} "
+                                     f"(limit +{limit:g} %)", value=v, limit=limit, baseline=b,
+                           extra={"increase_pct": pct}))
+
+    if rules.max_peak_increase is not None:
+        growth("max_peak_increase", "peak_memory_bytes", "peak memory", fmt_bytes, rules.max_peak_increase)
+    if rules.max_step_time_increase is not None:
+        growth("max_step_time_increase", "step_time_median_s", "median step time", fmt_s,
+               rules.max_step_time_increase)
+    if rules.max_peak_gib is not None:
+        v = _need(h.get("peak_memory_bytes"), "peak memory", run)
+        limit = rules.max_peak_gib * 2**30
+        out.append(Outcome("max_peak_gib", v <= limit, f"peak memory {fmt_bytes(v)} (limit {rules.max_peak_gib:g} GiB)",
+                           value=v, limit=limit))
+    if rules.no_nonfinite:
+        nf = facts.nonfinite_steps
+        out.append(Outcome("no_nonfinite", not nf, f"{len(nf)} non-finite step(s)"
+                           + (f", the first at step {nf[0]}" if nf else ""), value=float(len(nf)), limit=0.0))
+    if rules.no_oom:
+        out.append(Outcome("no_oom", facts.oom_count == 0, f"{facts.oom_count} OOM(s)",
+                           value=float(facts.oom_count), limit=0.0))
+    if rules.max_spikes is not None:
+        sp = facts.loss_spike_steps
+        out.append(Outcome("max_spikes", len(sp) <= rules.max_spikes,
+                           f"{len(sp)} loss spike(s)" + (f" (steps {', '.join(map(str, sp[:8]))})" if sp else "")
+                           + f" (limit {rules.max_spikes})", value=float(len(sp)), limit=float(rules.max_spikes)))
+    return out
+
+
+# ---- the command -----------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", type=Path, help="the run to check")
+    p.add_argument("--baseline", type=Path, default=None, help="the run to compare against")
+    p.add_argument("--max-peak-increase", type=_pct_arg, default=None, metavar="PCT",
+                   help="fail if peak memory grew more than PCT over the baseline's (e.g. 5%%)")
+    p.add_argument("--max-step-time-increase", type=_pct_arg, default=None, metavar="PCT",
+                   help="fail if the median step time grew more than PCT over the baseline's (e.g. 10%%)")
+    p.add_argument("--max-peak-gib", type=float, default=None, metavar="GIB", help="fail if peak memory exceeds GIB")
+    p.add_argument("--no-nonfinite", action="store_true", default=None, help="fail on any non-finite (NaN/Inf) step")
+    p.add_argument("--no-oom", action="store_true", default=None, help="fail on any OOM")
+    p.add_argument("--max-spikes", type=int, default=None, metavar="N", help="fail on more than N loss spikes")
+    p.add_argument("--rules", type=Path, default=None, metavar="FILE",
+                   help="rules from a TOML file (same names: max_peak_increase = \"5%%\", no_oom = true, "
+                        "baseline = \"../main\"); flags override it")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+
+def _rules(args: argparse.Namespace) -> GateRules:
+    rules = load_rules(args.rules) if args.rules is not None else GateRules()
+    for f in fields(GateRules):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            setattr(rules, f.name, str(v) if f.name == "baseline" else v)
+    try:
+        rules.__post_init__()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not rules.any():
+        raise UserError("no rules to check: pass e.g. --max-peak-increase 5% --no-nonfinite, or --rules gates.toml")
+    return rules
+
+
+def _facts(path: Path, what: str) -> Any:
+    from gpudash.analysis.facts import run_facts
+    from gpudash.store import load_run
+
+    if not path.exists():
+        raise UserError(f"{what} {path}: no such run directory (pass the run folder gpudash recorded)")
+    r = load_run(path)
+    try:
+        return run_facts(r)
+    finally:
+        r.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    rules = _rules(args)
+    facts = _facts(args.run, "run")
+    base = _facts(Path(rules.baseline), "--baseline") if rules.baseline else None
+    outcomes = check(facts, rules, base, run=str(args.run), baseline=str(rules.baseline))
+    broken = [o for o in outcomes if not o.passed]
+    if args.json:
+        print(json.dumps({"run": str(args.run), "baseline": rules.baseline, "passed": not broken,
+                          "rules": [o.as_dict() for o in outcomes]}, indent=2, allow_nan=False,
+                         default=lambda v: None))
+    else:
+        for o in broken:
+            print(f"FAIL {o.rule}: {o.text}")
+        if not broken:
+            print(f"ok: {len(outcomes)} rule(s) hold for {args.run}"
+                  + (f" against {rules.baseline}" if rules.baseline else ""))
+    sys.stdout.flush()
+    return 1 if broken else 0
