@@ -49,12 +49,12 @@ def test_grad_scaler_loss_is_logged_unscaled_and_two_optimizers_make_one_step(ag
     run.close()
 
 
-def test_eval_and_nested_modules_do_not_open_steps_or_phases(agent: Agent, tmp_path: Path) -> None:
+def test_eval_is_a_phase_and_nested_modules_open_no_steps(agent: Agent, tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with torch.no_grad():
-        model(torch.randn(2, 3))  # evaluation before training: no Monitor yet
-    assert agent.monitor is None
+        model(torch.randn(2, 3))  # evaluation before training: recorded in step 0's eval phase
+    assert agent.monitor is not None
     for i in range(4):  # past NARROW_AFTER: the hooks move from every module to the roots seen
         model(torch.randn(6 + i, 3)).sum().backward()
         opt.step()
@@ -67,8 +67,11 @@ def test_eval_and_nested_modules_do_not_open_steps_or_phases(agent: Agent, tmp_p
     assert list(run.steps["step"]) == [0, 1, 2, 3]
     assert list(run.steps["samples"]) == [6, 7, 8, 9]
     assert (run.steps["forward_s"] > 0).all()
+    assert run.steps["eval_s"].iloc[0] > 0 and run.steps["eval_s"].iloc[1:].isna().all()
     assert (run.memory["params_bytes"] == 4 * (3 * 8 + 8 + 8 + 1)).all()
+    assert (run.memory["trainable_params_bytes"] == run.memory["params_bytes"]).all()
     assert (run.memory["optimizer_bytes"] == 0).all()  # plain SGD keeps no state
+    assert run.meta["steps_from"].startswith("optimizer steps")
     run.close()
 
 
