@@ -243,7 +243,10 @@ class Session:
         self.evals += 1
         mean = mean_loss(losses)
         if mean is not None:
-            d.evaluation({"eval_loss": mean, "eval_batches": len(losses)})
+            # without an optimizer a step ends when the next begins: an evaluation after a backward and
+            # its update comes after that step
+            done = self.monitor.step_index + (1 if self.mode != "optimizer" and self.backwards else 0)
+            d.evaluation({"eval_loss": mean, "eval_batches": len(losses)}, step=done)
 
     # ---- backward and the optimizer --------------------------------------------------------
     def before_backward(self, loss: Any) -> None:
