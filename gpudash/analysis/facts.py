@@ -25,7 +25,7 @@ from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_
 from gpudash.store.run import Run
 
 __all__ = ["CATEGORY_COLUMNS", "MEASURED_PEAK_COLUMNS", "SAME_OOM_S", "Facts", "estimator_error", "headline_rows",
-           "json_safe", "oom_count", "peak_memory", "run_facts"]
+           "json_safe", "oom_count", "peak_memory", "run_facts", "step_count"]
 
 #: ``peak_bytes`` keys and the memory columns they are the maximum of.
 CATEGORY_COLUMNS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
@@ -43,7 +43,8 @@ class Facts:
 
     status: str
     steps: int
-    """Steps recorded: the last step index + 1."""
+    """Steps recorded: the last step number less the first, + 1 (steps are numbered from 0, or as the
+    framework numbers them: HF and Lightning from ``global_step`` 1, a resumed run from where it resumed)."""
     ranks: int
     phases: tuple[str, ...]
     """What ``monitor.phase()`` opened (the run's ``phases`` record), known phases first."""
@@ -212,10 +213,20 @@ def _count(v: Any) -> int:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else 0
 
 
+def step_count(steps: pd.DataFrame) -> int:
+    """Steps a run recorded: last step number - first + 1 (a dropped row in between does not lower it)."""
+    if not len(steps) or "step" not in steps:
+        return 0
+    numbers = pd.to_numeric(steps["step"], errors="coerce")
+    if not numbers.notna().any():
+        return 0
+    return int(numbers.max()) - min(int(numbers.min()), int(numbers.max())) + 1
+
+
 def run_facts(run: Run) -> Facts:
     """Every fact about ``run`` that more than one surface shows, derived once."""
     steps, mem = run.steps, run.memory
-    n = int(pd.to_numeric(steps["step"], errors="coerce").max()) + 1 if len(steps) and "step" in steps else 0
+    n = step_count(steps)
     spikes = loss_spikes(run)
     nonfinite = nonfinite_steps(run)
     ooms = oom_count(run)

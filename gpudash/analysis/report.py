@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
+from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, on_gpu
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.phases import phase_columns
@@ -211,8 +211,9 @@ def render_html(run: Run, verdicts: list[Verdict] | None = None,
             f"{_actions_html(verdicts)}"
             f'<h2>Verdicts</h2><div id="verdicts">{"".join(_verdict_html(v) for v in verdicts)}</div>'
             f"<h2>Figures</h2>{figs or '<p>No steps recorded.</p>'}"
-            f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}; "
-            f"price {price_per_hour:.2f} $/GPU-hour</footer></main></body></html>")
+            f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}"
+            + (f"; price {price_per_hour:.2f} $/GPU-hour" if on_gpu(run) else "; a CPU run: no GPU price")
+            + "</footer></main></body></html>")
 
 
 def render_markdown(run: Run, verdicts: list[Verdict] | None = None,
