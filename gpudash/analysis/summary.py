@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gpudash.analysis.bottleneck import bottleneck_verdicts
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, cost_verdict
+from gpudash.analysis.facts import step_count
 from gpudash.analysis.memory import memory_verdicts
 from gpudash.analysis.oom import oom_verdicts
 from gpudash.analysis.recommend import recommend
@@ -19,9 +20,7 @@ __all__ = ["status_verdict", "straggler_verdicts", "summarize"]
 
 
 def status_verdict(run: Run) -> Verdict:
-    from gpudash.analysis.facts import step_count
-
-    n = step_count(run.steps)
+    n = step_count(run.steps, run.meta)
     reason = str(run.meta.get("end_reason") or "")
     if run.status == "crashed":
         return Verdict(kind="status", title=f"Crashed after {n} steps", severity="bad",
