@@ -309,8 +309,8 @@ class Session:
         self.driver.abandon()  # what ran after the last optimizer step is not a step
         if self.monitor.step_index == 0:
             if self.evals:
-                why = (f"no backward() ran: the script only evaluated ({self.evals} evaluation(s), recorded as "
-                       "events); a step is one optimizer step, or one backward() without an optimizer")
+                why = (f"no backward() ran: the script only evaluated ({self.evals} evaluation pass(es) under no_grad "
+                       "or in eval mode); a step is one optimizer step, or one backward() without an optimizer")
             else:
                 why = ("no backward() and no optimizer step ran in this process: nothing trained that gpudash "
                        "run could see (a step is one optimizer step, or one backward() without an optimizer)")
