@@ -107,6 +107,11 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]
         filled = mem[cats].ffill().fillna(0)
         series = [(c.removesuffix("_bytes"), filled[c].to_numpy(dtype=float), _PALETTE[i % len(_PALETTE)])
                   for i, c in enumerate(cats)]
+        if "params_bytes" in cats and facts.frozen_params_bytes and "trainable_params_bytes" in mem:
+            trainable = mem["trainable_params_bytes"].ffill().fillna(0).to_numpy(dtype=float)
+            frozen = np.clip(filled["params_bytes"].to_numpy(dtype=float) - trainable, 0, None)
+            at = cats.index("params_bytes")  # the parameters as two bands: frozen, then trainable
+            series[at:at + 1] = [("params (frozen)", frozen, "#aec7e8"), ("params (trainable)", trainable, _PALETTE[0])]
         hline = (cap, f"capacity {fmt_bytes(cap)}") if cap else None
         figs.append(("Memory by category", _legend([(s[0], s[2]) for s in series])
                      + svg_chart(mem["step"].to_numpy(dtype=float), series, stacked=True, markers=markers,
