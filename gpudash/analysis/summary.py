@@ -30,6 +30,8 @@ def status_verdict(run: Run) -> Verdict:
         return Verdict(kind="status", title=f"Still running ({n} steps so far)", severity="ok",
                        evidence=["the writer's heartbeat is recent: the analysis covers the steps so far"])
     ev = [f"{n} steps recorded"] + [f"damaged: {p}" for p in run.problems]
+    if run.meta.get("steps_from"):  # gpudash run says how it counted them
+        ev.insert(1, f"steps counted from {run.meta['steps_from']}")
     why = run.meta.get("no_steps_reason")
     if not n and why:  # said, never a silent "finished"
         return Verdict(kind="status", title="Finished without a step", severity="warn", evidence=[str(why), *ev[1:]])

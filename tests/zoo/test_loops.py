@@ -40,6 +40,12 @@ def test_manual_update_loop_counts_a_step_per_backward(tmp_path: Path, zoo: Any,
     try:
         assert run.status == "finished"
         assert run.meta["steps_from"].startswith("backward() calls")
+        from gpudash.analysis.summary import summarize
+        from gpudash.info import summarize as info_lines
+
+        assert any(line.startswith("steps from") and "backward() calls" in line for line in info_lines(run))
+        status = summarize(run)[0]  # the run page's summary panel shows the verdicts
+        assert status.kind == "status" and any("backward() calls" in e for e in status.evidence)
         s = run.steps.set_index("step")
         assert list(s.index) == list(range(steps))  # micro-batches that accumulate stay one step
         for i in range(steps):
