@@ -43,13 +43,13 @@ def main() -> None:
         for _ in range(args.accum):
             x = torch.randn(args.batch_size, 32, generator=g)
             y = torch.randint(0, 10, (args.batch_size,), generator=g)
-            loss = criterion(model(x), y)
+            loss = criterion(model(x), y) / args.accum  # the mean over the step's micro-batches
             loss.backward()
             total += loss.item()
         opt.step()
         sched.step()
         opt.zero_grad()
-        print(f"step {step} loss {total / args.accum:.6f}", flush=True)
+        print(f"step {step} loss {total:.6f}", flush=True)
     model.eval()
     with torch.no_grad():
         x = torch.randn(64, 32, generator=g)

@@ -3,7 +3,10 @@
 Each step's wall time is split by its recorded phases (``<phase>_s`` columns):
 data wait → input, forward/backward/optimizer → compute, offload copies →
 host/offload, explicit sync/communication phases plus time no phase accounts
-for (a ``.item()``, a blocking copy, an all-reduce) → synchronization. A step
+for (a ``.item()``, a blocking copy, an all-reduce) → synchronization.
+Evaluation and checkpoint phases (``eval``, ``checkpoint``) are the run's own
+work between training steps, not a bottleneck of training: their time is left
+out of the step before it is split (their share is ``eval``). A step
 is labelled by the largest non-compute share above a threshold, else compute.
 Labels are smoothed over a window and runs of equal labels become
 *stretches*; device telemetry (``sm_active_pct``, ``gpu_util_pct``) and GPU
@@ -31,6 +34,8 @@ _GROUPS: dict[str, tuple[str, ...]] = {
     "offload": ("offload", "h2d", "d2h", "host_copy", "prefetch"),
     "sync": ("sync", "allreduce", "all_reduce", "comm", "barrier", "wait", "reduce_scatter", "all_gather"),
 }
+#: Phases that are not training: their time is taken out of the step before it is judged.
+_BETWEEN = ("eval", "checkpoint")
 _KIND_OF = {"input": "input-bound", "offload": "host-offload-bound", "sync": "synchronization-bound",
             "compute": "compute-bound"}
 _GROUP_LABEL = {"input": "data wait", "compute": "compute", "offload": "host copies",
@@ -65,6 +70,8 @@ def phase_columns(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> li
 
 def _group(col: str) -> str:
     name = col.removesuffix("_s")
+    if name in _BETWEEN:
+        return "eval"
     for g, names in _GROUPS.items():
         if name in names or any(name.startswith(n + "_") for n in names):
             return g
@@ -72,10 +79,16 @@ def _group(col: str) -> str:
 
 
 def phase_shares(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Per step: the share of ``duration_s`` in each group; ``sync`` includes unaccounted time."""
+    """Per step: the share of its training time (``duration_s`` less eval and checkpoint phases) in each
+    group; ``sync`` includes unaccounted time; ``eval``: the eval and checkpoint share of ``duration_s``."""
     cols = phase_columns(steps, meta)
-    dur = steps["duration_s"].astype(float).clip(lower=1e-9)
+    full = steps["duration_s"].astype(float).clip(lower=1e-9)
+    ecols = [c for c in cols if _group(c) == "eval"]
+    between = steps[ecols].astype(float).fillna(0.0).sum(axis=1) if ecols else pd.Series(0.0, index=steps.index)
+    dur = (full - between).clip(lower=1e-9)
+    cols = [c for c in cols if c not in ecols]
     out = pd.DataFrame({"step": steps["step"].astype(int).to_numpy()}, index=steps.index)
+    out["eval"] = (between / full).clip(upper=1.0)
     total = pd.Series(0.0, index=steps.index)
     for g in _GROUPS:
         gcols = [c for c in cols if _group(c) == g]
@@ -84,7 +97,7 @@ def phase_shares(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
         total += secs
     if cols:
         out["sync"] += ((dur - total).clip(lower=0.0)) / dur
-    return out
+    return out[["step", *_GROUPS, "eval"]]
 
 
 def _label(shares: pd.DataFrame) -> np.ndarray:
@@ -169,7 +182,7 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
         out.append(Stretch(
             kind=_KIND_OF[group], first_step=int(seg["step"].iloc[0]), last_step=int(seg["step"].iloc[-1]),
             steps=len(seg), time_s=float(dur.sum()), median_step_s=float(dur.median()),
-            shares={g: float(sh[g].mean()) for g in _GROUPS},
+            shares={g: float(sh[g].mean()) for g in (*_GROUPS, "eval")},
             phase_s={c: float(seg[c].astype(float).median()) for c in cols}, device=device))
     return out
 
@@ -177,7 +190,10 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
 def _evidence(s: Stretch) -> list[str]:
     sh = s.shares
     ev = [f"median step {fmt_s(s.median_step_s)} over {s.steps} steps ({fmt_s(s.time_s)} in all)",
-          "share of step time: " + ", ".join(f"{_GROUP_LABEL[g]} {fmt_pct(v)}" for g, v in sh.items() if v >= 0.005)]
+          "share of step time: " + ", ".join(f"{_GROUP_LABEL[g]} {fmt_pct(v)}" for g, v in sh.items()
+                                             if v >= 0.005 and g in _GROUP_LABEL)]
+    if sh.get("eval", 0.0) >= 0.005:
+        ev.append(f"evaluation and checkpoints: {fmt_pct(sh['eval'])} of the step time, left out of this verdict")
     phases = sorted(s.phase_s.items(), key=lambda kv: -kv[1])
     ev.append("median per phase: " + ", ".join(f"{c.removesuffix('_s')} {fmt_s(v)}" for c, v in phases))
     d = s.device

@@ -1,4 +1,7 @@
-"""What the run cost, and what the recommendations would save, in GPU-hours and money."""
+"""What the run cost, and what the recommendations would save, in GPU-hours and money.
+
+Only a run on a GPU has a GPU price: a CPU run's cost is its time (and what the recommendations would
+save of it), never GPU-minutes at $/h."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from dataclasses import dataclass, field
 from gpudash.analysis.verdict import Verdict, fmt_s, num
 from gpudash.store.run import Run
 
-__all__ = ["DEFAULT_PRICE_PER_HOUR", "Cost", "cost_verdict", "fmt_dollars", "fmt_gpu_hours", "run_cost"]
+__all__ = ["DEFAULT_PRICE_PER_HOUR", "Cost", "cost_verdict", "fmt_dollars", "fmt_gpu_hours", "on_gpu", "run_cost"]
 
 DEFAULT_PRICE_PER_HOUR = 2.50
 """US$ per GPU-hour; a mid-range cloud price for one data-centre GPU. Pass your own."""
@@ -20,8 +23,10 @@ class Cost:
     gpu_hours: float
     price_per_hour: float
     device: str
+    gpu: bool = True
+    """The run used a GPU (else ``gpu_hours`` is 0 and only the time counts)."""
     savings: list[tuple[str, float]] = field(default_factory=list)
-    """(verdict title, GPU-hours saved: negative when the fix costs time)."""
+    """(verdict title, GPU-hours saved, or on a CPU run seconds saved: negative when the fix costs time)."""
 
     @property
     def dollars(self) -> float:
@@ -53,21 +58,45 @@ def _wall_s(run: Run) -> float:
     return 0.0
 
 
+def on_gpu(run: Run) -> bool:
+    """The run trained on a CUDA device (its meta names one, or its capacity), on any rank."""
+    metas = [run.meta, *run.rank_meta.values()]
+    return any(str(m.get("device") or "").startswith("cuda:") or num(m.get("device_capacity_bytes")) is not None
+               for m in metas)
+
+
 def run_cost(run: Run, verdicts: list[Verdict] | None = None,
              price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> Cost:
     wall = _wall_s(run)
     gpus = max(1, int(num(run.meta.get("world_size")) or 1), len(run.ranks))
-    c = Cost(wall_s=wall, gpus=gpus, gpu_hours=wall * gpus / 3600.0, price_per_hour=price_per_hour,
-             device=str(run.meta.get("device_name") or run.meta.get("device") or "?"))
+    gpu = on_gpu(run)
+    c = Cost(wall_s=wall, gpus=gpus, gpu_hours=wall * gpus / 3600.0 if gpu else 0.0, price_per_hour=price_per_hour,
+             device=str(run.meta.get("device_name") or run.meta.get("device") or "?"), gpu=gpu)
     for v in verdicts or []:
         frac = v.numbers.get("saving_fraction")
         if frac:
-            c.savings.append((v.title, c.gpu_hours * frac))
+            c.savings.append((v.title, (c.gpu_hours if gpu else wall) * frac))
     return c
+
+
+def _cpu_verdict(run: Run, c: Cost) -> Verdict:
+    ev = [f"{fmt_s(c.wall_s)} on {c.gpus} CPU process(es) ({c.device}): no GPU, so no GPU price"]
+    if run.status == "crashed":
+        ev.append(f"the run crashed: its {fmt_s(c.wall_s)} bought no finished model")
+    saved = 0.0
+    for title, secs in c.savings:
+        ev.append(f"{title}: {'would save' if secs > 0 else 'would cost'} {fmt_s(abs(secs))} on a run like this")
+        saved += secs
+    return Verdict(kind="cost", title=f"Time: {fmt_s(c.wall_s)} on the CPU", severity="warn" if run.status == "crashed"
+                   else "ok", evidence=ev, saving=f"{fmt_s(saved)} per run like this" if saved > 0 else None,
+                   numbers={"gpu_hours": 0.0, "wall_s": c.wall_s, "gpus": 0.0, "price_per_hour": c.price_per_hour,
+                            "dollars": 0.0, "saved_gpu_hours": 0.0, "saved_s": saved})
 
 
 def cost_verdict(run: Run, verdicts: list[Verdict], price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> Verdict:
     c = run_cost(run, verdicts, price_per_hour)
+    if not c.gpu:
+        return _cpu_verdict(run, c)
     ev = [f"{fmt_s(c.wall_s)} on {c.gpus} device(s) ({c.device}) = {fmt_gpu_hours(c.gpu_hours)} "
           f"at ${c.price_per_hour:.2f}/h = {fmt_dollars(c.dollars)}"]
     died = run.status == "crashed"

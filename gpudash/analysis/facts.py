@@ -25,7 +25,7 @@ from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_
 from gpudash.store.run import Run
 
 __all__ = ["CATEGORY_COLUMNS", "MEASURED_PEAK_COLUMNS", "SAME_OOM_S", "Facts", "estimator_error", "headline_rows",
-           "json_safe", "oom_count", "peak_memory", "run_facts"]
+           "json_safe", "oom_count", "peak_memory", "run_facts", "step_count"]
 
 #: ``peak_bytes`` keys and the memory columns they are the maximum of.
 CATEGORY_COLUMNS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
@@ -43,7 +43,8 @@ class Facts:
 
     status: str
     steps: int
-    """Steps recorded: the last step index + 1."""
+    """Steps recorded: the last step number less the first, + 1 (steps are numbered from 0, or as the
+    framework numbers them: HF and Lightning from ``global_step`` 1, a resumed run from where it resumed)."""
     ranks: int
     phases: tuple[str, ...]
     """What ``monitor.phase()`` opened (the run's ``phases`` record), known phases first."""
@@ -76,6 +77,16 @@ class Facts:
     """Slow ranks on otherwise healthy nodes (worst first)."""
     progress: Progress | None = None
     """Steps done of the run's ``total_steps`` and the ETA while live (None when the total is unknown)."""
+    trainable_params_bytes: float | None = None
+    """The part of the parameters that requires grad (LoRA adapters); None when not recorded."""
+    frozen_params_bytes: float | None = None
+    """Parameters that do not require grad (a frozen base model): ``params`` peak less the trainable ones."""
+    params_dtypes: dict[str, float] = field(default_factory=dict)
+    """Parameter bytes per dtype (quantized weights named with their class: ``uint8 (Params4bit)``)."""
+    steps_from: str | None = None
+    """How ``gpudash run`` counted the steps (optimizer steps, or backward calls without an optimizer)."""
+    no_steps_reason: str | None = None
+    """Why a run has no step, when it knows (``gpudash run`` says so rather than a silent "finished")."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -212,10 +223,23 @@ def _count(v: Any) -> int:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else 0
 
 
+def step_count(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> int:
+    """Steps a run recorded: last step number + 1 - its first (``first_step`` in the meta: 1 where HF or Lightning
+    numbered the steps by ``global_step``; else 0). Rows dropped on the way do not lower it."""
+    if not len(steps) or "step" not in steps:
+        return 0
+    last = pd.to_numeric(steps["step"], errors="coerce").max()
+    if not np.isfinite(last):
+        return 0
+    first = (meta or {}).get("first_step")
+    first = int(first) if isinstance(first, int | float) and not isinstance(first, bool) and first <= last else 0
+    return int(last) + 1 - first
+
+
 def run_facts(run: Run) -> Facts:
     """Every fact about ``run`` that more than one surface shows, derived once."""
     steps, mem = run.steps, run.memory
-    n = int(pd.to_numeric(steps["step"], errors="coerce").max()) + 1 if len(steps) and "step" in steps else 0
+    n = step_count(steps, run.meta)
     spikes = loss_spikes(run)
     nonfinite = nonfinite_steps(run)
     ooms = oom_count(run)
@@ -246,7 +270,19 @@ def run_facts(run: Run) -> Facts:
                     "spike_ratio": SPIKE_RATIO, "spike_window": float(SPIKE_WINDOW),
                     "straggler_ratio": STRAGGLER_RATIO},
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
-        rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n))
+        rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
+        **_params_facts(run, peaks))
+
+
+def _params_facts(run: Run, peaks: dict[str, float | None]) -> dict[str, Any]:
+    trainable = _max(run.memory, "trainable_params_bytes")
+    params = peaks.get("params")
+    frozen = max(params - trainable, 0.0) if trainable is not None and params is not None else None
+    dtypes = run.meta.get("params_dtypes")
+    dtypes = {str(k): float(v) for k, v in dtypes.items() if isinstance(v, int | float)} \
+        if isinstance(dtypes, dict) else {}
+    text = {k: str(run.meta[k])[:500] if run.meta.get(k) else None for k in ("steps_from", "no_steps_reason")}
+    return {"trainable_params_bytes": trainable, "frozen_params_bytes": frozen, "params_dtypes": dtypes, **text}
 
 
 def _steps_text(steps: tuple[int, ...], limit: int = 8) -> str:
@@ -273,6 +309,10 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
                                                                            facts.rank_stragglers[:8]]
         rows.append(("stragglers", ", ".join(who) + (f" and {len(facts.rank_stragglers) - 8} more ranks"
                                                      if len(facts.rank_stragglers) > 8 else "")))
+    if not facts.steps and facts.no_steps_reason:
+        rows.append(("no steps", facts.no_steps_reason))
+    if facts.steps_from:
+        rows.append(("steps from", facts.steps_from))
     if facts.steps:
         rows.append(("steps", f"{facts.steps}, step time median {fmt_s(h.get('step_time_median_s'))}, "
                               f"p95 {fmt_s(h.get('step_time_p95_s'))}"))
@@ -289,6 +329,12 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     peaks = [f"{k} {fmt_bytes(v)}" for k, v in facts.peak_bytes.items() if k != "measured" and v is not None]
     if peaks:
         rows.append(("peak memory", ", ".join(peaks)))
+    if facts.trainable_params_bytes is not None and facts.peak_bytes.get("params") is not None:
+        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in facts.params_dtypes.items()) \
+            if len(facts.params_dtypes) > 1 or any("(" in k for k in facts.params_dtypes) else ""
+        rows.append(("parameters", f"{fmt_bytes(facts.peak_bytes['params'])}: trainable "
+                                   f"{fmt_bytes(facts.trainable_params_bytes)}, frozen "
+                                   f"{fmt_bytes(facts.frozen_params_bytes or 0.0)}" + (f" ({kinds})" if kinds else "")))
     if facts.peak_bytes.get("measured") is not None:
         measured, cap = distinct_bytes(facts.peak_bytes["measured"], facts.capacity_bytes)
         rows.append(("measured peak", measured + (f" of {cap}" if facts.capacity_bytes else "")))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.alerts import recorded_alerts
-from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR
+from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, on_gpu
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.phases import phase_columns
@@ -108,6 +108,11 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[tuple[str, str]]
         filled = mem[cats].ffill().fillna(0)
         series = [(c.removesuffix("_bytes"), filled[c].to_numpy(dtype=float), _PALETTE[i % len(_PALETTE)])
                   for i, c in enumerate(cats)]
+        if "params_bytes" in cats and facts.frozen_params_bytes and "trainable_params_bytes" in mem:
+            trainable = mem["trainable_params_bytes"].ffill().fillna(0).to_numpy(dtype=float)
+            frozen = np.clip(filled["params_bytes"].to_numpy(dtype=float) - trainable, 0, None)
+            at = cats.index("params_bytes")  # the parameters as two bands: frozen, then trainable
+            series[at:at + 1] = [("params (frozen)", frozen, "#aec7e8"), ("params (trainable)", trainable, _PALETTE[0])]
         hline = (cap, f"capacity {fmt_bytes(cap)}") if cap else None
         figs.append(("Memory by category", _legend([(s[0], s[2]) for s in series])
                      + svg_chart(mem["step"].to_numpy(dtype=float), series, stacked=True, markers=markers,
@@ -221,8 +226,9 @@ def render_html(run: Run, verdicts: list[Verdict] | None = None,
             f"{_actions_html(verdicts)}{_alerts_html(run)}"
             f'<h2>Verdicts</h2><div id="verdicts">{"".join(_verdict_html(v) for v in verdicts)}</div>'
             f"<h2>Figures</h2>{figs or '<p>No steps recorded.</p>'}"
-            f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}; "
-            f"price {price_per_hour:.2f} $/GPU-hour</footer></main></body></html>")
+            f"<footer>gpudash report, {_e(time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))}"
+            + (f"; price {price_per_hour:.2f} $/GPU-hour" if on_gpu(run) else "; a CPU run: no GPU price")
+            + "</footer></main></body></html>")
 
 
 def render_markdown(run: Run, verdicts: list[Verdict] | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gpudash.analysis.bottleneck import bottleneck_verdicts
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, cost_verdict
+from gpudash.analysis.facts import step_count
 from gpudash.analysis.memory import memory_verdicts
 from gpudash.analysis.oom import oom_verdicts
 from gpudash.analysis.recommend import recommend
@@ -19,7 +20,7 @@ __all__ = ["status_verdict", "straggler_verdicts", "summarize"]
 
 
 def status_verdict(run: Run) -> Verdict:
-    n = int(run.steps["step"].max()) + 1 if len(run.steps) else 0
+    n = step_count(run.steps, run.meta)
     reason = str(run.meta.get("end_reason") or "")
     if run.status == "crashed":
         return Verdict(kind="status", title=f"Crashed after {n} steps", severity="bad",
@@ -29,6 +30,11 @@ def status_verdict(run: Run) -> Verdict:
         return Verdict(kind="status", title=f"Still running ({n} steps so far)", severity="ok",
                        evidence=["the writer's heartbeat is recent: the analysis covers the steps so far"])
     ev = [f"{n} steps recorded"] + [f"damaged: {p}" for p in run.problems]
+    if run.meta.get("steps_from"):  # gpudash run says how it counted them
+        ev.insert(1, f"steps counted from {run.meta['steps_from']}")
+    why = run.meta.get("no_steps_reason")
+    if not n and why:  # said, never a silent "finished"
+        return Verdict(kind="status", title="Finished without a step", severity="warn", evidence=[str(why), *ev[1:]])
     return Verdict(kind="status", title=f"Finished {n} steps", severity="warn" if run.problems else "ok", evidence=ev,
                    steps=(0, max(n - 1, 0)) if n else None)
 

@@ -25,6 +25,11 @@ creates it after that step's backward). ``grads_total_bytes`` is the
 gradient memory after the step's last backward, for reference. On steps
 without activation sampling, ``grads_bytes`` is the most gradient memory any
 cycle ran with.
+
+``trainable_params_bytes`` is the part of ``params_bytes`` that requires grad (LoRA adapters beside a
+frozen base). Quantized weights (bitsandbytes ``Params4bit`` / ``Int8Params``, told by class name so
+bitsandbytes need not be importable) count by the bytes their storage holds, quantization
+constants included; the run meta's ``params_dtypes`` names each weight dtype and its bytes.
 """
 
 from __future__ import annotations
@@ -39,13 +44,19 @@ from gpudash.collectors.base import try_import_torch
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["AdaptiveEvery", "CategoryCollector", "watched_modules"]
+__all__ = ["QUANTIZED_CLASSES", "AdaptiveEvery", "CategoryCollector", "param_storages", "watched_modules"]
 
 OUTSIDE = "(outside modules)"
+#: Parameter classes that hold quantized weights (bitsandbytes), by class name: their storage is the truth.
+QUANTIZED_CLASSES = ("Params4bit", "Int8Params")
 
 
 class AdaptiveEvery:
-    """Run something every N steps, N chosen so its cost is <= budget x median step time."""
+    """Run something every N steps, N chosen so its cost is <= budget x median step time.
+
+    The baseline is the median of plain (unsampled) steps after the first one: a first step that
+    compiled, warmed up or evaluated never becomes the yardstick. Until plain steps are known, a
+    sampled step's own duration less the sampling cost stands in for it."""
 
     def __init__(self, fixed: int, budget: float, first: int = 1, max_every: int = 1000) -> None:
         self.fixed = fixed
@@ -54,6 +65,7 @@ class AdaptiveEvery:
         self.next = first
         self.max_every = max_every
         self._durations: deque[float] = deque(maxlen=64)
+        self._observed = 0
         self._cost = 0.0
 
     def due(self, step: int) -> bool:
@@ -61,15 +73,23 @@ class AdaptiveEvery:
 
     def observe_step(self, duration_s: float) -> None:
         """A step without the sampled work: the baseline its cost is measured against."""
-        self._durations.append(duration_s)
+        self._observed += 1
+        if self._observed > 1:  # the first plain step is warm-up, not the baseline
+            self._durations.append(duration_s)
 
     def median_step(self) -> float:
         return sorted(self._durations)[len(self._durations) // 2] if self._durations else 0.0
 
-    def done(self, step: int, cost_s: float) -> None:
-        self._cost = cost_s if not self._cost else 0.5 * (self._cost + cost_s)
-        if not self.fixed and self._durations:
+    def done(self, step: int, own_s: float, duration_s: float = 0.0) -> None:
+        """A sampled step ended: ``own_s`` the sampling hooks' own time, ``duration_s`` the step's."""
+        if self._durations:
             med = self.median_step()
+            cost = max(own_s, duration_s - med)  # or how much slower it ran than a plain step
+        else:
+            med = max(duration_s - own_s, 0.0)
+            cost = own_s
+        self._cost = cost if not self._cost else 0.5 * (self._cost + cost)
+        if not self.fixed:
             self.every = min(self.max_every, max(1, math.ceil(self._cost / (self.budget * max(med, 1e-9)))))
         self.next = step + self.every
 
@@ -108,6 +128,45 @@ def _storage(t: Any) -> tuple[int, int] | None:
         return None
 
 
+def _quant_constants(p: Any) -> list[Any]:
+    """The tensors a quantized parameter keeps beside its storage (bitsandbytes ``quant_state``: absmax, code,
+    nested state; ``Int8Params.SCB``)."""
+    out: list[Any] = []
+    state = getattr(p, "quant_state", None)
+    while state is not None and len(out) < 16:
+        for name in ("absmax", "code", "offset"):
+            t = getattr(state, name, None)
+            if hasattr(t, "untyped_storage"):
+                out.append(t)
+        state = getattr(state, "state2", None)
+    scb = getattr(p, "SCB", None)
+    if hasattr(scb, "untyped_storage"):
+        out.append(scb)
+    return out
+
+
+def param_storages(params: list[Any]) -> tuple[dict[int, int], dict[int, int], dict[str, int]]:
+    """(all storages, trainable storages, bytes per dtype name) of ``params``, each storage once.
+
+    A quantized parameter is named by its class and storage dtype (``uint8 (Params4bit)``)."""
+    seen: dict[int, int] = {}
+    trainable: dict[int, int] = {}
+    dtypes: dict[str, int] = {}
+    for p in params:
+        cls = type(p).__name__
+        extra = _quant_constants(p) if cls in QUANTIZED_CLASSES else []
+        name = str(getattr(p, "dtype", "?")).removeprefix("torch.") + (f" ({cls})" if cls in QUANTIZED_CLASSES else "")
+        for t in (p, *extra):
+            s = _storage(t)
+            if s is None or s[0] in seen:
+                continue
+            seen[s[0]] = s[1]
+            dtypes[name] = dtypes.get(name, 0) + s[1]
+            if getattr(p, "requires_grad", False):
+                trainable[s[0]] = s[1]
+    return seen, trainable, dtypes
+
+
 class CategoryCollector:
     name = "memory"
 
@@ -121,6 +180,9 @@ class CategoryCollector:
         self._monitor: Recording | None = None
         self._param_ptrs: set[int] = set()
         self._params_bytes = 0
+        self._trainable_bytes = 0
+        self._dtypes: dict[str, int] = {}
+        self._first_step: int | None = None
         self._opt_cache: tuple[int, int, int] = (-1, 0, 0)
         self._opt_calls = 0
         self._modules = watched_modules(model)
@@ -151,20 +213,28 @@ class CategoryCollector:
     def stop(self) -> None:
         self._uninstall()
 
+    def refresh(self) -> None:
+        """Read the model's parameters again (``gpudash run`` learns of a model's optimizers as they step)."""
+        self.params = [p for p in self.model.parameters()]
+        self._modules = watched_modules(self.model)
+        self._refresh_params()
+
     def _refresh_params(self) -> None:
-        seen: dict[int, int] = {}
-        self._on_cuda = False
-        for p in self.params:
-            s = _storage(p)
-            if s is not None:
-                seen[s[0]] = s[1]
-            self._on_cuda = self._on_cuda or p.device.type == "cuda"
+        self._on_cuda = any(getattr(p, "device", None) is not None and p.device.type == "cuda" for p in self.params)
+        seen, trainable, dtypes = param_storages(self.params)
         self._param_ptrs = set(seen)
         self._params_bytes = sum(seen.values())
+        self._trainable_bytes = sum(trainable.values())
+        if dtypes != self._dtypes and self._monitor is not None:
+            self._monitor.set_meta(params_dtypes=dtypes)
+        self._dtypes = dtypes
 
     # ---- training thread ----------------------------------------------------------------
     def on_step_start(self, step: int) -> None:
         self._next_step = step
+        if self._first_step is None:  # frameworks number steps their own way (HF: from 1): skip the first
+            self._first_step = step
+            self.act_sampler.next = max(self.act_sampler.next, step + 1)
         if self.act_sampler.due(step):
             self._install()
         self._grads_total = 0
@@ -207,7 +277,8 @@ class CategoryCollector:
         if step % self.memory_every and not sampled:
             return
         t0 = time.perf_counter()
-        mem: dict[str, Any] = {"step": step, "time": row["time"], "params_bytes": self._params_bytes}
+        mem: dict[str, Any] = {"step": step, "time": row["time"], "params_bytes": self._params_bytes,
+                               "trainable_params_bytes": self._trainable_bytes}
         if self._held_max < 0:  # no backward phase recorded: one cycle, run with what the step began with
             self._held_max = self._held
             self._grads_total = max(self._held, self._grads_bytes())
@@ -226,8 +297,7 @@ class CategoryCollector:
             # what sampling cost: the hooks' own time, or (when larger) how much slower
             # this step ran than a plain one; autograd calling into Python adds to both
             own = self._pack_s + (time.perf_counter() - t0)
-            slower = row.get("duration_s", 0.0) - self.act_sampler.median_step()
-            self.act_sampler.done(step, max(own, slower))
+            self.act_sampler.done(step, own, row.get("duration_s", 0.0))
             mem["activations_every"] = self.act_sampler.every
         monitor = self._monitor
         assert monitor is not None

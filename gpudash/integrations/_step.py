@@ -4,6 +4,7 @@ callback events instead of ``with`` blocks, one phase open at a time."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,14 +147,14 @@ class StepDriver:
         if self.monitor is not None and not self.monitor.closed:
             self.monitor.log(**{k: v for k, v in scalars.items() if v is not None})
 
-    def evaluation(self, metrics: dict[str, Any]) -> None:
+    def evaluation(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Record one evaluation's results as an ``evaluation`` event (scalars only; one-element
         tensors are read, which is fine here: evaluation already waited for the device).
 
         The event's step is the Monitor's step index, i.e. the number of optimizer steps done:
         the framework's global step, where W&B and TensorBoard plot it. An event, not a column of
         a step's row: evaluation runs between steps, and the one after the last step has no
-        row to land in."""
+        row to land in. ``step`` overrides that number (steps counted some other way)."""
         m = self.monitor
         if m is None or m.closed:
             return
@@ -167,7 +168,9 @@ class StepDriver:
                 values[str(k)] = float(v.detach().float().item())
         if values:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
-            m.event("evaluation", f"evaluation after {m.step_index} steps: {shown}", metrics=values)
+            at = m.step_index if step is None else step
+            m.recorder.put("events", {"time": time.time(), "step": at, "kind": "evaluation",
+                                      "message": f"evaluation after {at} steps: {shown}", "data": {"metrics": values}})
 
     def end_step(self) -> None:
         self.ahead = False

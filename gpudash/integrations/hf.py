@@ -4,7 +4,9 @@
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[GpudashCallback("runs/x")])
 
 Each optimizer step is one Monitor step (gradient-accumulation micro-batches
-included). Phases: ``data`` (fetching the step's batches, which the Trainer
+included), numbered as the Trainer numbers it: the row of the step that makes
+``global_step`` *n* is step *n* (from 1; a resumed run from where it resumed),
+when the callback opened the Monitor (a Monitor you pass keeps its own count). Phases: ``data`` (fetching the step's batches, which the Trainer
 does before it announces the step; evaluation and checkpoint saves are left
 out of every step), ``forward`` (the model's forward, loss included, timed by
 hooks on the model), ``backward`` (backward plus gradient clipping),
@@ -14,8 +16,9 @@ batch shapes), loss (over the step's micro-batches as the Trainer reduces it,
 read off the GPU by the writer thread), lr; ``grad_norm`` as the Trainer reports it, on logging steps (set
 ``logging_steps=1`` to get it every step). Each evaluation during ``train()``
 (the one after the last step too) is an ``evaluation`` event carrying its
-metrics (``eval_loss``, ...) at the global step it ran after; an
-evaluation after ``train()`` returned is not recorded (the run is closed).
+metrics (``eval_loss``, ...) at the global step it ran after; so is a
+``trainer.evaluate()`` after ``train()`` returned (the run is opened again to
+record it, and closed).
 Memory by category comes from
 ``Monitor.watch``; on CUDA the allocator's numbers come with every step.
 Every process (rank) records its own file in the same run folder.
@@ -58,6 +61,7 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         self._step_has_loss = False
         self._log_pending = False  # the step waits for on_log (its grad_norm)
         self._between_steps = False  # a step ended; the next opens once log/eval/save are done
+        self._reopen: tuple[Any, ...] | None = None  # how to open the run again after train() (evaluate)
 
     @property
     def monitor(self) -> Monitor | None:
@@ -95,10 +99,12 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         if model is not None:
             config["model"] = type(model).__name__
             config["parameters"] = sum(p.numel() for p in model.parameters())
-        m = self._driver.open(Path(args.output_dir or ".") / "gpudash", args.process_index, args.world_size,
-                              config)
+        self._reopen = (Path(args.output_dir or ".") / "gpudash", args.process_index, args.world_size, config)
+        m = self._driver.open(*self._reopen)
         if not self._driver.owned:
             m.set_meta(hf_config=config)  # the user's Monitor: keep the Trainer's settings beside theirs
+        elif m.step_index == 0:
+            m.set_meta(first_step=int(state.global_step or 0) + 1)  # the Trainer's numbering (1, or resumed)
         left = int(state.max_steps or 0) - int(state.global_step or 0)  # a resumed run records what is left
         if left > 0 and (self._driver.owned or m.total_steps is None):
             m.set_total_steps(left)
@@ -115,18 +121,26 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
             model.register_forward_hook(self._forward_post, with_kwargs=True),
         ]
         self._between_steps = True
-        self._open_next(control)
+        self._open_next(control, state)
 
-    def _open_next(self, control: TrainerControl) -> None:
+    def _number(self, state: TrainerState) -> None:
+        """The next step is the one that makes ``global_step`` one more (our own Monitor only)."""
+        d = self._driver
+        if d.owned and d.monitor is not None and not d.in_step:
+            d.monitor.step_index = int(state.global_step or 0) + 1
+
+    def _open_next(self, control: TrainerControl, state: TrainerState) -> None:
         """Open the next step in its data phase once nothing else (log, evaluate,
         save) is due before it: those are not part of any step."""
         if self._between_steps and not (control.should_log or control.should_evaluate or control.should_save):
             self._between_steps = False
+            self._number(state)
             self._driver.open_ahead()
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> None:
         self._between_steps = False
+        self._number(state)
         self._driver.begin_step()
 
     def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -159,7 +173,7 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         else:
             d.end_step()
         self._between_steps = True
-        self._open_next(control)
+        self._open_next(control, state)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -171,22 +185,30 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
             if "loss" in logs and not self._step_has_loss:
                 d.log(loss=logs["loss"])  # the model returned no loss: take the Trainer's average
             d.end_step()
-        self._open_next(control)
+        self._open_next(control, state)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self._driver.evaluation(metrics or {})  # the one after the last step included
-        self._open_next(control)
+        d = self._driver
+        if d.owned and d.monitor is not None and d.monitor.closed and self._reopen is not None:
+            # trainer.evaluate() after train(): open the run again for it (the rows appended), close it after
+            m = d.open(*self._reopen)
+            m.step_index = int(state.global_step or 0)
+            d.evaluation(metrics or {}, step=int(state.global_step or 0))
+            d.close("finished", "trainer finished")
+            return
+        d.evaluation(metrics or {}, step=int(state.global_step or 0) if d.owned else None)
+        self._open_next(control, state)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
-        self._open_next(control)
+        self._open_next(control, state)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._driver.drop_ahead()  # epoch-end log/evaluate/save come first
         self._between_steps = True
-        self._open_next(control)
+        self._open_next(control, state)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:

@@ -4,7 +4,9 @@
     trainer = L.Trainer(..., callbacks=[GpudashCallback("runs/x")])
 
 Each optimizer step is one Monitor step (with ``accumulate_grad_batches`` it
-spans its micro-batches). Phases: ``data`` (fetching the next batch, and
+spans its micro-batches), numbered as Lightning numbers it: the row of the step
+that makes ``trainer.global_step`` *n* is step *n* (from 1), when the callback
+opened the Monitor (a Monitor you pass keeps its own count). Phases: ``data`` (fetching the next batch, and
 whatever else Lightning runs between two batches, such as a ``ModelCheckpoint``
 save; validation is left out of every step), ``forward`` (``training_step``,
 from batch start to the loss), ``backward``, ``optimizer`` (gradient clipping
@@ -105,12 +107,21 @@ class GpudashCallback(Callback):  # type: ignore[misc]
         total = _total_steps(trainer)
         if total is not None and (self._driver.owned or m.total_steps is None):
             m.set_total_steps(total)
+        if self._driver.owned and m.step_index == 0:
+            m.set_meta(first_step=int(trainer.global_step) + 1)  # Lightning's numbering (1, or resumed)
         if self._watch:
             m.watch(pl_module, trainer.optimizers[0] if trainer.optimizers else None)
         self._global_step = trainer.global_step
 
+    def _number(self, trainer: Any) -> None:
+        """The next step is the one that makes ``global_step`` one more (our own Monitor only)."""
+        d = self._driver
+        if d.owned and d.monitor is not None and not d.in_step:
+            d.monitor.step_index = int(trainer.global_step) + 1
+
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._in_epoch = True
+        self._number(trainer)
         self._driver.open_ahead()
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
@@ -126,13 +137,16 @@ class GpudashCallback(Callback):  # type: ignore[misc]
             return
         # what this validation logged: the metrics it added or replaced (training's stay as they were)
         before = self._metrics_before
-        self._driver.evaluation({k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v})
+        self._driver.evaluation({k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v},
+                                step=int(trainer.global_step) if self._driver.owned else None)
         if self._in_epoch:
+            self._number(trainer)
             self._driver.open_ahead()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         d = self._driver
         if d.ahead or not d.in_step:
+            self._number(trainer)
             d.begin_step()
         d.add_batch(batch)
         d.phase("forward")
@@ -166,6 +180,7 @@ class GpudashCallback(Callback):  # type: ignore[misc]
             scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
             d.log_loss("mean", float(scale))
             d.end_step()
+            self._number(trainer)
             d.open_ahead()
         else:
             d.phase("data")  # accumulating: the next micro-batch is fetched inside this step

@@ -4,7 +4,8 @@ and activations per module.
 The category stack of a step describes one moment (the end of its largest forward, see
 ``gpudash/collectors/categories.py``), so it never rises above the step's measured peak
 (``peak_bytes``), drawn over it as a line with the estimator's per-step prediction of that same
-quantity. The horizontal lines are the limit the OOMs were judged against (the run's pre-flight
+quantity. Where some parameters are frozen (LoRA on a frozen base), the parameters are two bands:
+frozen and trainable. The horizontal lines are the limit the OOMs were judged against (the run's pre-flight
 capacity: the device, a memory cap or the CPU budget) and the device total when it differs."""
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from gpudash.units import human_bytes
 
 __all__ = [
     "CATEGORIES",
+    "PARAM_SPLIT",
     "activations_figure",
     "capacity_lines",
+    "has_frozen_params",
     "memory_at",
     "memory_at_figure",
     "memory_figure",
@@ -60,12 +63,35 @@ def _memory_top(memory: pd.DataFrame) -> float | None:
     return max(tops) if tops else None
 
 
+#: The parameters band split in two when some are frozen: (column, label, colour, transform).
+PARAM_SPLIT: tuple[tuple[str, str, str, str], ...] = (
+    ("params_bytes", "parameters (frozen)", "#aec7e8", "frozen"),
+    ("trainable_params_bytes", "parameters (trainable)", "#1f77b4", "raw"),
+)
+
+
+def has_frozen_params(memory: pd.DataFrame) -> bool:
+    """Some parameters do not require grad (the recorded trainable bytes are below the parameter bytes)."""
+    if "trainable_params_bytes" not in memory or "params_bytes" not in memory:
+        return False
+    t = pd.to_numeric(memory["trainable_params_bytes"], errors="coerce")
+    p = pd.to_numeric(memory["params_bytes"], errors="coerce")
+    return bool((p - t).gt(0).any())
+
+
+def _categories(memory: pd.DataFrame) -> tuple[tuple[str, str, str, str], ...]:
+    if not has_frozen_params(memory):
+        return CATEGORIES
+    return PARAM_SPLIT + CATEGORIES[1:]
+
+
 def memory_series(memory: pd.DataFrame, rank: int = 0) -> list[Series]:
     unit, scale = byte_unit(_memory_top(memory))
     kw = {"rank": rank, "unit": unit, "scale": scale}
     out = []
-    for col, label, color, fn in CATEGORIES:
-        need = ("reserved_bytes", "allocated_bytes") if fn == "cache" else (col,)
+    for col, label, color, fn in _categories(memory):
+        need = ("reserved_bytes", "allocated_bytes") if fn == "cache" else \
+            ("params_bytes", "trainable_params_bytes") if fn == "frozen" else (col,)
         if all(c in memory and memory[c].notna().any() for c in need):
             out.append(Series("memory", col, label, fn=fn, style="area", color=color, **kw))  # type: ignore[arg-type]
     if not out and "allocated_bytes" in memory and memory["allocated_bytes"].notna().any():
@@ -152,8 +178,11 @@ def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str
     last = m.iloc[-1]
     if pd.notna(last.get("peak_bytes")):
         out["peak"] = float(last["peak_bytes"])  # that step's own measured peak (not carried forward)
-    for col, label, _, fn in CATEGORIES:
-        if fn == "cache":
+    for col, label, _, fn in _categories(m):
+        if fn == "frozen":
+            if pd.notna(tail.get("params_bytes")) and pd.notna(tail.get("trainable_params_bytes")):
+                out[label] = max(0.0, float(tail["params_bytes"]) - float(tail["trainable_params_bytes"]))
+        elif fn == "cache":
             if pd.notna(tail.get("reserved_bytes")) and pd.notna(tail.get("allocated_bytes")):
                 out[label] = max(0.0, float(tail["reserved_bytes"]) - float(tail["allocated_bytes"]))
         elif pd.notna(tail.get(col)):
@@ -170,7 +199,7 @@ def memory_at_figure(values: dict[str, float]) -> Fig:
     if peak is not None:
         where.append(f"measured peak {human_bytes(peak, 2)}")
     title = "Memory at the cursor" + (f" ({', '.join(where)})" if where else "")
-    colors = {label: color for _, label, color, _ in CATEGORIES}
+    colors = {label: color for _, label, color, _ in PARAM_SPLIT + CATEGORIES}
     labels = [k for k in values if k not in ("step", "peak")]
     unit, scale = byte_unit(max((values[k] for k in labels), default=None))
     fig = base_figure(title, height=300, xaxis_title="", yaxis_title="memory", bytes_axis=unit)

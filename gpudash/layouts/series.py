@@ -37,7 +37,7 @@ class Series:
     rank: int = 0
     gpu: int | None = None
     x: str = "step"  # "step", "elapsed" (seconds since the run started), "relative" or "wall" (gpudash.layouts.xaxis)
-    fn: str = "raw"  # raw | cache | rate | median | p95 | spike | frag | ema | rate_ema
+    fn: str = "raw"  # raw | cache | frozen | rate | median | p95 | spike | frag | ema | rate_ema
     style: str = "line"  # line | area | bar | markers
     yaxis: str = "y"
     color: str | None = None
@@ -92,6 +92,9 @@ def _y(spec: Series, get: Any) -> np.ndarray | None:
             return cache
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(res > 0, 100.0 * cache / res, np.nan)
+    if fn == "frozen":  # parameters that do not require grad: all of them less the trainable ones
+        params, trainable = get("params_bytes"), get("trainable_params_bytes")
+        return None if params is None or trainable is None else np.clip(params - trainable, 0, None)
     y = get(spec.col)
     if y is None:
         return None

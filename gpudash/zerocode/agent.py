@@ -12,23 +12,37 @@ What it hooks, all process-wide and cheap on the training thread:
 - global optimizer step hooks: a step is one step of the *primary* optimizer
   (the first one seen stepping); other optimizers' steps fall inside it. The
   step runs from the end of one primary step to the end of the next (the first
-  one from the first training forward), so step counts equal optimizer steps;
+  one from the first forward), so step counts equal optimizer steps;
   what runs after the last optimizer step is not a step.
+- without any ``torch.optim`` step (weights updated by hand,
+  ``p.data.add_(p.grad, alpha=-lr)``), a step is one ``backward()`` of a loss
+  and the update after it (the ``update`` phase); backward calls that
+  accumulate into the same gradients (not reset in between) are one step. The
+  run meta's ``steps_from`` says which rule counted the steps.
 - global module forward hooks on *root* calls (a module call not nested in
-  another module's forward, in training mode with grad enabled): the
+  another module's forward). In training mode with grad enabled: the
   ``forward`` phase, and samples (and tokens, for a 2-D integer input) from
   the first positional input of the root module that has parameters, when
-  every tensor argument agrees on the first dimension. After the first
-  ``NARROW_AFTER`` steps the global forward hooks are replaced by hooks on
-  the root modules seen training, so other module calls cost nothing (a root
-  first called later is not timed).
+  every tensor argument agrees on the first dimension. Under ``no_grad`` /
+  ``inference_mode`` or in eval mode: the ``eval`` phase, open until training
+  resumes; the losses those calls return (``.loss``, a 0-d tensor, nanoGPT's
+  ``(logits, loss)``) are averaged into an ``evaluation`` event's ``eval_loss``
+  at the step it ran in. After the first ``NARROW_AFTER`` steps the global
+  forward hooks are replaced by hooks on the root modules seen, so other
+  module calls cost nothing (a root first called later is not timed).
 - ``torch.autograd.backward`` (what ``Tensor.backward`` calls): the
-  ``backward`` phase, and the loss when it is a one-element tensor (detached,
-  read by the Monitor's writer thread: no GPU sync). ``GradScaler.scale`` is
-  watched so the unscaled loss is logged.
-- ``Monitor.watch`` on the optimizers' param groups: parameters, gradients,
-  optimizer state and sampled activations (attributed to the primary root's
-  children), as the explicit Monitor records them.
+  ``backward`` phase, and the loss: the step's loss is the *sum* of the
+  one-element losses passed to ``backward()`` in it, the objective whose
+  gradient the update applies (a script that divides each micro-batch loss by
+  the accumulation count gets the mean it means). Detached, read by the
+  Monitor's writer thread: no GPU sync. ``GradScaler.scale`` is watched so
+  the unscaled loss is logged.
+- ``torch.save``: the ``checkpoint`` phase.
+- ``Monitor.watch`` from the first step on, on the root modules (frozen
+  parameters included) and optimizers as they are met: parameters,
+  gradients, optimizer state and sampled activations (attributed to the
+  primary root's children), as the explicit Monitor records them. A run that
+  ends without a step says why (a ``no_steps`` event and ``no_steps_reason``).
 
 HF ``Trainer`` and Lightning ``Trainer``: their ``__init__`` is wrapped to add
 gpudash's callback, which records richer steps; the hooks here then step
@@ -46,7 +60,6 @@ import os
 import sys
 import threading
 import weakref
-from collections import ChainMap
 from typing import Any
 
 ENV_RUN_DIR = "GPUDASH_RUN_DIR"
@@ -85,36 +98,6 @@ def _samples_tokens(args: tuple[Any, ...]) -> tuple[int | None, int | None]:
     return n, tokens
 
 
-class _Params:
-    """What ``CategoryCollector`` reads as the model: the optimizers' parameters,
-    and the primary root module's children for activations."""
-
-    def __init__(self, optimizers: list[Any], root: Any) -> None:
-        seen: dict[int, Any] = {}
-        for opt in optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    seen.setdefault(id(p), p)
-        self._params = list(seen.values())
-        self._root = root
-
-    def parameters(self) -> list[Any]:
-        return self._params
-
-    def named_children(self) -> Any:
-        return self._root.named_children() if self._root is not None else iter(())
-
-
-class _States:
-    """The optimizers' states as one mapping (what ``CategoryCollector`` reads)."""
-
-    def __init__(self, optimizers: list[Any]) -> None:
-        self.state: ChainMap[Any, Any] = ChainMap(*[opt.state for opt in optimizers])
-
-    def add(self, optimizer: Any) -> None:
-        self.state.maps.append(optimizer.state)
-
-
 class Agent:
     """Hooks torch and records the process's training steps into ``run_dir``."""
 
@@ -124,24 +107,22 @@ class Agent:
         self.active = False  # hooks installed and recording
         self.stopped = False  # gave up, stepped aside or delegated: never starts again
         self.monitor: Any = None
-        self.driver: Any = None
+        self.session: Any = None  # gpudash.zerocode.steps.Session, once recording
         self.delegated_to: str | None = None
         self._torch: Any = None
         self._handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
         self._creating = False
         self._depth = 0
-        self._train_call = False
-        self._root: Any = None  # weakref to the primary root module
-        self._primary: Any = None  # weakref to the primary optimizer
-        self._optimizers: list[Any] = []  # weakrefs
-        self._states: _States | None = None
+        self._call = ""  # the root call in progress: "train", "eval" or "" (not recorded)
         self._in_backward = False
         self._scaled: tuple[Any, Any] | None = None  # (scaled loss, loss) from GradScaler.scale
-        self._ambiguous = False
         self._roots: weakref.WeakSet[Any] | None = weakref.WeakSet()  # None once narrowed
         self._global_forward: list[Any] = []
-        self._steps = 0
+
+    @property
+    def driver(self) -> Any:
+        return None if self.session is None else self.session.driver
 
     # ---- installing ---------------------------------------------------------------------
     def install(self, torch: Any) -> None:
@@ -153,7 +134,6 @@ class Agent:
         from torch.optim import optimizer as optim_module
 
         self._roots = weakref.WeakSet()  # global forward hooks until NARROW_AFTER steps
-        self._steps = 0
         self._global_forward = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
             nn_module.register_module_forward_hook(self._forward_post, always_call=True),
@@ -164,13 +144,14 @@ class Agent:
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
         self._wrap(torch.autograd, "backward", self._make_backward)
+        self._wrap(torch, "save", self._make_save)
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler is not None:
             self._wrap(scaler, "scale", self._make_scale)
         self.active = True
 
     def _narrow(self) -> None:
-        """Replace the global forward hooks by hooks on the root modules seen training."""
+        """Replace the global forward hooks by hooks on the root modules seen."""
         roots, self._roots = list(self._roots or ()), None
         for h in self._global_forward:
             h.remove()
@@ -179,6 +160,10 @@ class Agent:
         for module in roots:
             self._handles.append(module.register_forward_pre_hook(self._forward_pre))
             self._handles.append(module.register_forward_hook(self._forward_post, always_call=True))
+
+    def _stepped(self) -> None:
+        if self.session.steps == NARROW_AFTER and self._roots is not None:
+            self._narrow()
 
     def _wrap(self, owner: Any, name: str, make: Any) -> None:
         original = getattr(owner, name)
@@ -210,12 +195,15 @@ class Agent:
         self._close(status, reason)
 
     def _close(self, status: str, reason: str) -> None:
-        d, m = self.driver, self.monitor
+        s, m = self.session, self.monitor
         if m is None or m.closed:
             return
         try:
-            if d is not None and not self.delegated_to:
-                d.abandon()  # what ran after the last optimizer step is not a step
+            if s is not None and not self.delegated_to:
+                s.finish()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
             m.close(status, reason)
         except Exception:  # noqa: BLE001
             pass
@@ -225,15 +213,15 @@ class Agent:
 
     # ---- starting the Monitor -------------------------------------------------------------
     def _start(self) -> bool:
-        """Open the Monitor and the first step; False when recording is off."""
-        if self.driver is not None:
+        """Open the Monitor, watch memory and open the first step; False when recording is off."""
+        if self.session is not None:
             return True
         if self.stopped:
             return False
         self._creating = True
         try:
-            from gpudash.integrations._step import StepDriver
             from gpudash.monitor import Monitor
+            from gpudash.zerocode.steps import Session
 
             kwargs = dict(self.monitor_kwargs)
             dist = getattr(self._torch, "distributed", None)
@@ -250,12 +238,11 @@ class Agent:
         finally:
             self._creating = False
         self.monitor = monitor
-        self.driver = StepDriver(monitor, {})
         # Python processes this one starts from now on (data workers, a script it runs) would
         # record as the same rank into the same files: they run unrecorded
         os.environ.pop(ENV_RUN_DIR, None)
         atexit.register(self.at_exit)  # after the Monitor's own: runs first
-        self.driver.begin_step()
+        self.session = Session(monitor, self._torch)
         return True
 
     def foreign_monitor(self, monitor: Any) -> None:
@@ -274,38 +261,38 @@ class Agent:
         self._depth = depth + 1
         if depth:
             return
+        self._call = ""
+        if not self.active:
+            return
         try:
-            self._train_call = module.training and self._torch.is_grad_enabled()
-            if not self._train_call or not self.active or not self._start():
-                return
-            d = self.driver
-            if d.phase_name is None:
-                d.phase("forward")
+            training = module.training and self._torch.is_grad_enabled()
+            if self.session is None:
+                # evaluation before the first step starts recording only for a module with weights
+                if not training and not any(True for _ in module.parameters()):
+                    return
+                if not self._start():
+                    return
             if self._roots is not None:
                 self._roots.add(module)
-            root = self._root() if self._root is not None else None
-            if root is None and any(True for _ in module.parameters()):
-                self._root = weakref.ref(module)
-                root = module
-            if module is root:
-                samples, tokens = _samples_tokens(args)
-                if samples is None:
-                    self._ambiguous = True
-                else:
-                    d.samples += samples
-                    d.tokens += tokens or 0
+            if training:
+                self._call = "train"
+                self.session.train_forward(module, args, _samples_tokens)
+            else:
+                self._call = "eval"
+                self.session.eval_forward()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
     def _forward_post(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         depth = self._depth - 1
         self._depth = depth if depth > 0 else 0
-        if depth > 0 or not self._train_call or not self.active:
+        if depth > 0 or not self._call or not self.active:
             return
         try:
-            d = self.driver
-            if d is not None and d.phase_name == "forward":
-                d.phase(None)
+            if self._call == "eval":
+                self.session.eval_output(output)
+            else:
+                self.session.train_forward_done()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
@@ -318,16 +305,13 @@ class Agent:
             started = False
             try:
                 if agent._start():
-                    d = agent.driver
-                    d.phase("backward")
-                    started = True
                     loss = tensors
                     scaled = agent._scaled
                     if scaled is not None and scaled[0] is loss:
                         loss = scaled[1]
                     agent._scaled = None
-                    if isinstance(loss, agent._torch.Tensor) and loss.numel() == 1:
-                        d.add_loss(loss)
+                    agent.session.before_backward(loss)
+                    started = True
             except Exception as exc:  # noqa: BLE001
                 agent.fail(exc)
             agent._in_backward = True
@@ -337,8 +321,7 @@ class Agent:
                 agent._in_backward = False
                 if started and agent.active:
                     try:
-                        if agent.driver.phase_name == "backward":
-                            agent.driver.phase(None)
+                        agent.session.after_backward()
                     except Exception as exc:  # noqa: BLE001
                         agent.fail(exc)
 
@@ -355,58 +338,47 @@ class Agent:
 
         return scale
 
+    def _make_save(self, original: Any) -> Any:
+        agent = self
+
+        def save(*args: Any, **kwargs: Any) -> Any:
+            if not agent.active or agent.session is None:
+                return original(*args, **kwargs)
+            before = None
+            try:
+                before = agent.session.checkpoint("checkpoint")
+            except Exception as exc:  # noqa: BLE001
+                agent.fail(exc)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if agent.active:
+                    try:
+                        agent.session.checkpoint(before)  # back to what was open (an evaluation, say)
+                    except Exception as exc:  # noqa: BLE001
+                        agent.fail(exc)
+
+        return save
+
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
         try:
-            if not self._start():
-                return
-            if not any(r() is optimizer for r in self._optimizers):
-                self._optimizers.append(weakref.ref(optimizer))
-                if self._primary is None:
-                    self._primary = weakref.ref(optimizer)
-                    self._watch(optimizer)
-                elif self._states is not None:
-                    self._states.add(optimizer)
-            self.driver.phase("optimizer")
+            if self._start():
+                self.session.optimizer_pre(optimizer)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.active:
+        if not self.active or self.session is None:
             return
         try:
-            d = self.driver
-            if d is None:
-                return
-            if d.phase_name == "optimizer":
-                d.phase(None)
-            if self._primary is not None and self._primary() is optimizer:
-                groups = optimizer.param_groups
-                if groups and "lr" in groups[0]:
-                    d.log(lr=groups[0]["lr"])
-                if self._ambiguous:
-                    d.samples = d.tokens = 0
-                    self._ambiguous = False
-                d.end_step()
-                d.begin_step()
-                self._steps += 1
-                if self._steps == NARROW_AFTER and self._roots is not None:
-                    self._narrow()
+            if self.session.optimizer_post(optimizer):
+                self._stepped()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
-    def _watch(self, optimizer: Any) -> None:
-        root = self._root() if self._root is not None else None
-        self._states = _States([optimizer])
-        self.monitor.watch(_Params([optimizer], root), self._states)
-
     # ---- frameworks: hand over to their callbacks ------------------------------------------
-    def _callback_target(self) -> tuple[Any, dict[str, Any]]:
-        if self.monitor is not None:
-            return self.monitor, {}
-        return self.run_dir, dict(self.monitor_kwargs)
-
     def delegate(self, framework: str) -> None:
         """A framework callback records from now on; our hooks step aside."""
         self.delegated_to = framework
@@ -416,28 +388,14 @@ class Agent:
         self.uninstall()
 
     def attach_hf(self, trainer: Any) -> None:
-        if self.stopped:
-            return
-        from gpudash.integrations.hf import GpudashCallback
+        from gpudash.zerocode.frameworks import attach_hf
 
-        if not any(isinstance(cb, GpudashCallback) for cb in trainer.callback_handler.callbacks):
-            target, kwargs = self._callback_target()
-            trainer.add_callback(GpudashCallback(target, **kwargs))
-        self.delegate("transformers.Trainer")
+        attach_hf(self, trainer)
 
     def lightning_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if self.stopped:
-            return kwargs
-        from gpudash.integrations.lightning import GpudashCallback
+        from gpudash.zerocode.frameworks import lightning_kwargs
 
-        given = kwargs.get("callbacks")
-        callbacks = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
-        if not any(isinstance(cb, GpudashCallback) for cb in callbacks):
-            target, monitor_kwargs = self._callback_target()
-            callbacks.append(GpudashCallback(target, **monitor_kwargs))
-            kwargs = {**kwargs, "callbacks": callbacks}
-        self.delegate("lightning.Trainer")
-        return kwargs
+        return lightning_kwargs(self, kwargs)
 
 
 # ---- the process's agent, and what the boot module calls on imports -----------------------
@@ -498,6 +456,3 @@ def on_import(name: str, module: Any) -> None:
         _patch_init(module.Trainer, after=agent.attach_hf)
     elif name == "lightning.pytorch.trainer.trainer":
         _patch_init(module.Trainer, before=agent.lightning_kwargs)
-
-
-WATCHED = ("torch", "gpudash.monitor", "transformers.trainer", "lightning.pytorch.trainer.trainer")

@@ -24,7 +24,7 @@ from gpudash.store import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p.name for p in (ROOT / "sample_runs").iterdir() if (p / "run.json").exists())
-HAND_MADE = ["spikes", "nan-steps", "frag-25", "frag-35", "sparse-activations", "oom-twice-recorded"]
+HAND_MADE = ["spikes", "nan-steps", "frag-25", "frag-35", "sparse-activations", "oom-twice-recorded", "lora"]
 
 
 def _loss(step: int) -> float:
@@ -56,6 +56,8 @@ def _hand_made(run_dir: Path, kind: str, steps: int = 260) -> None:
                 # scalars that end in _s but are no phases
                 mon.log(loss=loss, eval_time_s=0.5, ckpt_total_s=1.0)
                 mem: dict[str, Any] = {"params_bytes": 1000, "grads_bytes": 1000, "optimizer_bytes": 2000}
+                if kind == "lora":  # adapters beside a frozen base: 100 of the 1000 parameter bytes train
+                    mem.update(trainable_params_bytes=100, grads_bytes=100, optimizer_bytes=200)
                 if kind != "sparse-activations" or step % 7 == 3:
                     mem["activations_bytes"] = 5000 + step
                 if kind.startswith("frag-"):
@@ -199,6 +201,27 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
         markers = [t for t in loss_graph.figure["data"] if str(t.get("name", "")).startswith("spike")]
         assert sorted(x for t in markers for x in t["x"]) == list(facts.loss_spike_steps)
 
+    # trainable and frozen parameter bytes: the facts, info's lines, the report and the memory chart
+    if facts.trainable_params_bytes is not None:
+        from gpudash.info import summarize as info_lines
+
+        run = load_run(path)
+        try:
+            info = "\n".join(info_lines(run))
+        finally:
+            run.close()
+        frozen = facts.frozen_params_bytes or 0.0
+        assert truth["trainable_params_bytes"] == facts.trainable_params_bytes
+        if frozen:
+            assert "params (trainable)" in html and "params (frozen)" in html
+            names = [t.get("name") for t in _find(page, "memory-graph").figure["data"]]
+            assert "parameters (trainable)" in names and "parameters (frozen)" in names
+        for text in (info, html):
+            assert "trainable" in text and "frozen" in text
+        from gpudash.analysis.verdict import fmt_bytes
+
+        assert fmt_bytes(facts.trainable_params_bytes) in info
+
     # the trainer's end-of-run lines
     from gpudash.trainer.cli import summary_lines
 
@@ -226,6 +249,8 @@ def test_the_hand_made_runs_say_what_happened(runs_dir: Path) -> None:
     assert facts("frag-35").fragmentation_pct == pytest.approx(35.0)
     assert facts("sparse-activations").peak_bytes["activations"] == 5000 + 255
     assert facts("oom-twice-recorded").oom_count == 2  # step 40 recorded twice (one OOM), step 90 once
+    f = facts("lora")
+    assert (f.trainable_params_bytes, f.frozen_params_bytes, f.peak_bytes["params"]) == (100, 900, 1000)
 
 
 def test_fragmentation_verdict_follows_the_light(runs_dir: Path) -> None:

@@ -48,7 +48,12 @@ def test_cli_html_and_markdown(recorded: Any, tmp_path: Path, capsys: pytest.Cap
     run = recorded("input-bound")
     out = tmp_path / "r.html"
     assert main(["report", str(run.path), "-o", str(out), "--price-per-hour", "3.5"]) == 0
-    assert "Input-bound" in out.read_text() and "3.50 $/GPU-hour" in out.read_text()
+    page = out.read_text()
+    assert "Input-bound" in page and "a CPU run: no GPU price" in page and "$/GPU-hour" not in page
+    run.meta["device"] = "cuda:0"
+    from gpudash.analysis.report import render_html
+
+    assert "3.50 $/GPU-hour" in render_html(run, price_per_hour=3.5)  # a GPU run's report says its price
     capsys.readouterr()
     assert main(["report", str(run.path), "--format", "md"]) == 0
     md = capsys.readouterr().out

@@ -23,11 +23,23 @@ def test_summarize_worst_first_cost_last(recorded: Any) -> None:
 
 def test_cost_scales_with_price_and_counts_savings(recorded: Any) -> None:
     run = recorded("input-bound")
+    run.meta["device"] = "cuda:0"  # recorded on the CI CPU; priced as the GPU run its meta now says it was
     a, b = run_cost(run, price_per_hour=1.0), run_cost(run, price_per_hour=4.0)
     assert a.gpu_hours > 0 and b.dollars == pytest.approx(4 * a.dollars)
     cost = summarize(run, price_per_hour=3.0)[-1]
     assert cost.numbers["price_per_hour"] == 3.0 and cost.numbers["saved_gpu_hours"] > 0
     assert cost.saving and "GPU-" in cost.saving
+
+
+def test_a_cpu_run_shows_its_time_not_a_gpu_price(recorded: Any) -> None:
+    run = recorded("input-bound")
+    assert run.meta["device"] == "cpu"
+    assert run_cost(run).gpu_hours == 0.0
+    cost = summarize(run, price_per_hour=3.0)[-1]
+    assert cost.kind == "cost" and cost.title.startswith("Time: ") and "on the CPU" in cost.title
+    text = " ".join([cost.title, *cost.evidence, cost.saving or ""])
+    assert "GPU-" not in text and "$" not in text and cost.numbers["dollars"] == 0.0
+    assert cost.numbers["saved_s"] > 0 and cost.saving  # what the input-bound fix would save, in time
 
 
 def test_analysis_imports_without_torch_or_dash() -> None:

@@ -28,7 +28,7 @@ def test_example_records_a_run(name: str, framework: str, tmp_path: Path) -> Non
     _load(name).main([str(run_dir), "--steps", "3", "--batch-size", "2", "--ctx", "16"])
     run = load_run(run_dir)
     assert run.status == "finished"
-    assert list(run.steps["step"]) == [0, 1, 2]
+    assert list(run.steps["step"]) == [1, 2, 3]  # the framework's global_step
     assert run.steps["loss"].notna().all() and run.memory["params_bytes"].gt(0).all()
     assert run.meta["config"]["framework"] == framework
     run.close()

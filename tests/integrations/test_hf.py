@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from gpudash import load_run  # noqa: E402
+from gpudash.analysis.facts import run_facts  # noqa: E402
 from gpudash.integrations.hf import GpudashCallback  # noqa: E402
 
 STEPS = 6
@@ -51,7 +52,8 @@ def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
     run = load_run(run_dir)
     assert run.status == "finished"
     s = run.steps
-    assert list(s["step"]) == list(range(STEPS))
+    assert list(s["step"]) == list(range(1, STEPS + 1))  # the Trainer's global_step: the same number, the same step
+    assert run_facts(run).steps == STEPS and run.meta["first_step"] == 1
     assert (s["samples"] == 8).all() and (s["tokens"] == 8 * 16).all()  # 2 micro-batches of 4 x 16
     for phase in ("data_s", "forward_s", "backward_s", "optimizer_s"):
         assert (s[phase] > 0).all(), phase
@@ -61,18 +63,19 @@ def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
     # linear decay from 1e-3: the rate each step used
     assert list(s["lr"]) == pytest.approx([1e-3 * (1 - i / STEPS) for i in range(STEPS)])
     logged = s[s["grad_norm"].notna()]
-    assert list(logged["step"]) == [1, 3, 5]  # logging_steps=2: global steps 2, 4, 6
+    assert list(logged["step"]) == [2, 4, 6]  # logging_steps=2: global steps 2, 4, 6
     assert (logged["log_s"] > 0).all()
     # the Trainer's own numbers: loss averaged over each logging window, grad_norm of the logged step
     history = [h for h in trainer.state.log_history if "grad_norm" in h]  # type: ignore[attr-defined]
     assert [h["step"] for h in history] == [2, 4, 6]
     for h, (_, row) in zip(history, logged.iterrows(), strict=True):
         assert row["grad_norm"] == pytest.approx(h["grad_norm"])
-        window = s[(s["step"] >= h["step"] - 2) & (s["step"] < h["step"])]
+        window = s[(s["step"] > h["step"] - 2) & (s["step"] <= h["step"])]
         assert window["loss"].mean() == pytest.approx(h["loss"], rel=1e-4)
     mem = run.memory
     n_params = sum(p.numel() for p in _tiny_llama().parameters())
     assert (mem["params_bytes"] == 4 * n_params).all()
+    assert (mem["trainable_params_bytes"] == 4 * n_params).all()
     assert (mem["grads_bytes"] == 4 * n_params).all()
     assert (mem["optimizer_bytes"].iloc[1:] >= 8 * n_params).all()  # AdamW moments once it stepped
     assert run.meta["config"]["framework"] == "transformers"
@@ -90,7 +93,7 @@ def test_default_run_dir_and_user_monitor(tmp_path: Path) -> None:
     transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(8, 8, 128),
                          callbacks=[GpudashCallback(host_hz=0, handle_signals=False)]).train()
     run = load_run(tmp_path / "out" / "gpudash")
-    assert len(run.steps) == 2 and run.status == "finished"
+    assert list(run.steps["step"]) == [1, 2] and run.status == "finished"
     run.close()
     with Monitor(tmp_path / "mine", host_hz=0, handle_signals=False) as m:
         transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(8, 8, 128),
@@ -145,16 +148,19 @@ def test_evaluation_is_outside_every_step(tmp_path: Path) -> None:
     trainer = transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(16, 8, 128),
                                    eval_dataset=_Tokens(4, 8, 128), callbacks=[Probe(), cb])
     trainer.train()
-    assert seen == [2, 4]
+    assert seen == [3, 5]  # evaluating after global steps 2 and 4: no step open (the index is the next one)
+    final = trainer.evaluate()  # after train() returned: recorded too
     run = load_run(run_dir)
+    assert run.status == "finished"
     s = run.steps
-    assert list(s["step"]) == [0, 1, 2, 3]
+    assert list(s["step"]) == [1, 2, 3, 4]
     assert (s["data_s"] > 0).all()
     # every evaluation is one event at the global step it ran after, the one after the last step too
     evals = run.events[run.events["kind"] == "evaluation"]
     history = [h for h in trainer.state.log_history if "eval_loss" in h]  # type: ignore[attr-defined]
-    assert [h["step"] for h in history] == [2, 4]
-    assert evals["step"].tolist() == [2, 4]
+    assert [h["step"] for h in history] == [2, 4, 4]
+    assert evals["step"].tolist() == [2, 4, 4]
+    assert evals["data"].iloc[-1]["metrics"]["eval_loss"] == pytest.approx(final["eval_loss"])
     for h, data in zip(history, evals["data"], strict=True):
         assert data["metrics"]["eval_loss"] == pytest.approx(h["eval_loss"])
         assert set(data["metrics"]) >= {"eval_loss", "eval_runtime"}

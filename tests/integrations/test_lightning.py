@@ -57,7 +57,8 @@ def test_lightning_steps_loss_lr_grad_norm_memory(tmp_path: Path) -> None:
     run = load_run(run_dir)
     assert run.status == "finished"
     s = run.steps
-    assert list(s["step"]) == list(range(STEPS))
+    assert list(s["step"]) == list(range(1, STEPS + 1))  # Lightning's global_step
+    assert run.meta["first_step"] == 1
     assert (s["samples"] == 16).all()  # two micro-batches of 8
     assert "tokens" not in s or s["tokens"].isna().all()  # float features: no tokens
     for phase in ("data_s", "forward_s", "backward_s", "optimizer_s"):
@@ -71,6 +72,7 @@ def test_lightning_steps_loss_lr_grad_norm_memory(tmp_path: Path) -> None:
     mem = run.memory
     n_params = sum(p.numel() for p in model.parameters())
     assert (mem["params_bytes"] == 4 * n_params).all()
+    assert (mem["trainable_params_bytes"] == 4 * n_params).all()
     assert (mem["grads_bytes"] == 4 * n_params).all()
     assert run.meta["config"]["framework"] == "lightning"
     assert run.meta["config"]["accumulate_grad_batches"] == 2
@@ -108,7 +110,7 @@ def test_validation_is_outside_every_step(tmp_path: Path) -> None:
     trainer.fit(WithVal(), _loader(), _loader())
     assert checked.count(True) == 3 * 2  # validation after steps 2, 4, 6: two batches each
     run = load_run(tmp_path / "val")
-    assert list(run.steps["step"]) == list(range(6))
+    assert list(run.steps["step"]) == list(range(1, 7))
     assert (run.steps["data_s"] > 0).all()
     # each validation is one event with what it logged (not training's metrics), the last one too
     evals = run.events[run.events["kind"] == "evaluation"]

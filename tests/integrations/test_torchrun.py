@@ -79,7 +79,7 @@ def test_hf_trainer_ddp_records_every_rank(tmp_path: Path) -> None:
     assert run.meta["config"]["world_size"] == 2  # the Trainer really ran DDP (gloo)
     for rank in (0, 1):
         s = run.steps[run.steps["rank"] == rank]
-        assert list(s["step"]) == [0, 1, 2, 3]
+        assert list(s["step"]) == [1, 2, 3, 4]  # the Trainer's global_step
         assert (s["samples"] == 2).all() and (s["tokens"] == 32).all()
         # each rank's own mean loss (not its share of the global one): about ln(256) untrained
         assert s["loss"].iloc[0] == pytest.approx(5.55, abs=0.5)

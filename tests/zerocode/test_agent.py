@@ -49,12 +49,12 @@ def test_grad_scaler_loss_is_logged_unscaled_and_two_optimizers_make_one_step(ag
     run.close()
 
 
-def test_eval_and_nested_modules_do_not_open_steps_or_phases(agent: Agent, tmp_path: Path) -> None:
+def test_eval_is_a_phase_and_nested_modules_open_no_steps(agent: Agent, tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with torch.no_grad():
-        model(torch.randn(2, 3))  # evaluation before training: no Monitor yet
-    assert agent.monitor is None
+        model(torch.randn(2, 3))  # evaluation before training: recorded in step 0's eval phase
+    assert agent.monitor is not None
     for i in range(4):  # past NARROW_AFTER: the hooks move from every module to the roots seen
         model(torch.randn(6 + i, 3)).sum().backward()
         opt.step()
@@ -67,8 +67,11 @@ def test_eval_and_nested_modules_do_not_open_steps_or_phases(agent: Agent, tmp_p
     assert list(run.steps["step"]) == [0, 1, 2, 3]
     assert list(run.steps["samples"]) == [6, 7, 8, 9]
     assert (run.steps["forward_s"] > 0).all()
+    assert run.steps["eval_s"].iloc[0] > 0 and run.steps["eval_s"].iloc[1:].isna().all()
     assert (run.memory["params_bytes"] == 4 * (3 * 8 + 8 + 8 + 1)).all()
+    assert (run.memory["trainable_params_bytes"] == run.memory["params_bytes"]).all()
     assert (run.memory["optimizer_bytes"] == 0).all()  # plain SGD keeps no state
+    assert run.meta["steps_from"].startswith("optimizer steps")
     run.close()
 
 
@@ -112,3 +115,77 @@ def test_run_name_and_child_environment(tmp_path: Path) -> None:
     assert parts[0].endswith(os.path.join("zerocode", "_boot")) and parts[1:3] == ["/a", "/b"]
     assert env["KEEP"] == "1" and env["GPUDASH_RUN_DIR"] == str(tmp_path)
     assert env["GPUDASH_RUN_OPTIONS"] == '{"snapshot_every": 5}'
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, monitor: object = None) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ctx = monitor.step(samples=8) if monitor is not None else None  # type: ignore[attr-defined]
+        if ctx is not None:
+            ctx.__enter__()
+        for _ in range(2):  # two micro-batches
+            x = torch.randn(8, 6, generator=g)
+            if monitor is not None:
+                with monitor.phase("forward"):  # type: ignore[attr-defined]
+                    loss = model(x).pow(2).mean() / 2
+                with monitor.phase("backward"):  # type: ignore[attr-defined]
+                    loss.backward()
+            else:
+                (model(x).pow(2).mean() / 2).backward()
+        opt.step()
+        opt.zero_grad()
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+
+def test_step_0_is_what_an_explicit_monitor_records(agent: Agent, tmp_path: Path) -> None:
+    from gpudash.monitor import Monitor
+
+    def model_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    model, opt = model_opt()
+    _train(model, opt, 3)
+    agent.stop()
+    agent.uninstall()
+    model, opt = model_opt()
+    with Monitor(tmp_path / "explicit", host_hz=0, handle_signals=False) as mon:
+        mon.watch(model, opt)
+        _train(model, opt, 3, mon)
+    cols = ["step", "params_bytes", "trainable_params_bytes", "grads_bytes", "grads_total_bytes", "optimizer_bytes"]
+    zero, explicit = load_run(tmp_path / "run"), load_run(tmp_path / "explicit")
+    try:
+        assert zero.memory[cols].to_dict("records") == explicit.memory[cols].to_dict("records")
+        row0 = zero.memory.iloc[0]
+        assert row0["grads_bytes"] == row0["params_bytes"] and row0["optimizer_bytes"] == 0
+    finally:
+        zero.close()
+        explicit.close()
+
+
+def test_a_run_without_a_step_says_why(agent: Agent, tmp_path: Path) -> None:
+    from gpudash.analysis.facts import run_facts
+    from gpudash.analysis.summary import summarize
+    from gpudash.info import summarize as info_lines
+
+    model = torch.nn.Linear(4, 2)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            torch.nn.functional.mse_loss(model(torch.randn(5, 4)), torch.zeros(5, 2))
+            model(torch.randn(5, 4))
+    agent.stop()
+    run = load_run(tmp_path / "run")
+    try:
+        assert run.status == "finished" and len(run.steps) == 0
+        why = run.meta["no_steps_reason"]
+        assert why.startswith("no backward() ran: the script only evaluated")
+        assert run.events[run.events["kind"] == "no_steps"]["message"].tolist() == [why]
+        assert run_facts(run).no_steps_reason == why
+        assert any(line.startswith("no steps") and why in line for line in info_lines(run))
+        status = summarize(run)[0]
+        assert status.title == "Finished without a step" and status.severity == "warn" and why in status.evidence
+    finally:
+        run.close()

@@ -71,7 +71,7 @@ def test_plain_script_output_exit_code_steps_loss_and_exact_bytes(tmp_path: Path
     s = run.steps
     assert list(s["step"]) == list(range(steps))  # one step per optimizer step; the eval after is not one
     assert (s["samples"] == batch * accum).all()  # the model's input batches, not the loss module's
-    assert list(s["loss"]) == pytest.approx(printed, abs=2e-6)  # mean of the micro-batch losses
+    assert list(s["loss"]) == pytest.approx(printed, abs=2e-6)  # the sum of the (divided) micro-batch losses
     assert list(s["lr"]) == pytest.approx([1e-3 * 0.9**i for i in range(steps)])  # the rate each step used
     for phase in ("forward_s", "backward_s", "optimizer_s"):
         assert (s[phase] > 0).all(), phase
@@ -81,10 +81,11 @@ def test_plain_script_output_exit_code_steps_loss_and_exact_bytes(tmp_path: Path
     mem = run.memory
     assert len(mem) == steps
     assert (mem["params_bytes"] == _param_bytes(model)).all()
-    # from the second step on (the first step's categories depend on when in it the optimizer was seen):
-    # every micro-batch after the first runs with all gradients; AdamW keeps two moments per
-    # parameter plus a 4-byte step counter per tensor
-    assert (mem["grads_bytes"].iloc[1:] == _param_bytes(model)).all()
+    # from step 0 on, as an explicit Monitor records it: every micro-batch after the first runs with all
+    # gradients; AdamW keeps two moments per parameter plus a 4-byte step counter per tensor, none before
+    # its first step
+    assert (mem["grads_bytes"] == _param_bytes(model)).all()
+    assert mem["optimizer_bytes"].iloc[0] == 0
     assert (mem["optimizer_bytes"].iloc[1:] == 2 * _param_bytes(model) + 4 * n_tensors).all()
     assert mem["activations_bytes"].iloc[1] > 0  # sampled from the second step on, as the Monitor does
     run.close()
@@ -166,7 +167,7 @@ def test_hf_trainer_script_is_recorded_by_its_callback_once(tmp_path: Path) -> N
     assert run.meta["config"]["framework"] == "transformers"  # the richer callback recorded it
     assert run.meta["total_steps"] == 4  # the auto-attached callback says how many: progress and ETA
     s = run.steps
-    assert list(s["step"]) == [0, 1, 2, 3]  # not counted twice by the optimizer hooks
+    assert list(s["step"]) == [1, 2, 3, 4]  # global_step; not counted twice by the optimizer hooks
     assert (s["samples"] == 4).all() and (s["tokens"] == 4 * 16).all()
     assert s["grad_norm"].notna().all()
     n = _param_bytes(_example(hf).build_model())
@@ -184,7 +185,7 @@ def test_lightning_script_is_recorded_by_its_callback_once(tmp_path: Path) -> No
     assert "trained 4 steps" in rec.stdout
     run = load_run(tmp_path / "run")
     assert run.meta["config"]["framework"] == "lightning"
-    assert list(run.steps["step"]) == [0, 1, 2, 3]
+    assert list(run.steps["step"]) == [1, 2, 3, 4]
     assert run.meta["total_steps"] == 4
     model = _example(pl).build_model()
     n = _param_bytes(model)

@@ -1,0 +1,318 @@
+"""What ``gpudash run``'s agent uses once a script trains (imported with the Monitor, never at torch import).
+
+- :class:`Session`: the recording itself: what a step is (optimizer steps, else backward calls), its
+  phases, loss, samples, evaluations, and why a run without a step has none.
+
+- :class:`Watched`: the model as ``CategoryCollector`` reads it, growing as the agent meets the
+  script's root modules and optimizers (parameters, frozen ones included; optimizer state).
+- :class:`GradMarks`: whether the gradients were reset (set to None, zeroed, replaced) since the last
+  ``backward()``: without a ``torch.optim`` optimizer that is where one step ends and the next begins,
+  and micro-batches that accumulate into the same gradients stay one step.
+- :func:`loss_of`: the loss a root module's call returned (``.loss``, ``["loss"]``, a 0-d tensor in a tuple),
+  and :func:`mean_loss`: an evaluation's ``eval_loss``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import ChainMap
+from typing import Any
+
+__all__ = ["STEPS_FROM_BACKWARD", "STEPS_FROM_OPTIMIZER", "GradMarks", "Session", "Watched", "loss_of", "mean_loss"]
+
+STEPS_FROM_OPTIMIZER = ("optimizer steps: a step is one step of the first torch.optim optimizer seen stepping "
+                        "(its micro-batches included)")
+STEPS_FROM_BACKWARD = ("backward() calls: no torch.optim optimizer stepped, so a step is one backward() of a loss "
+                       "and the update after it (backward calls that accumulate into the same gradients are one step)")
+#: gradients sampled per backward to tell accumulation from a new step
+_MARKS = 4
+
+
+class Watched:
+    """The script's model as ``CategoryCollector`` reads it: the parameters of the root modules seen
+    (frozen ones included) and of the optimizers seen, each once; the primary root's children for
+    activations; the optimizers' states as one mapping."""
+
+    def __init__(self) -> None:
+        self._roots: list[Any] = []  # weakrefs, in the order seen
+        self._optimizers: list[Any] = []  # weakrefs
+        self._params: list[Any] | None = None  # cached until a root or optimizer is added
+        self.state: ChainMap[Any, Any] = ChainMap()
+
+    def add_root(self, module: Any) -> bool:
+        """True when ``module`` is new (the caller refreshes the collector)."""
+        if any(r() is module for r in self._roots):
+            return False
+        self._roots.append(weakref.ref(module))
+        self._params = None
+        return True
+
+    def add_optimizer(self, optimizer: Any) -> bool:
+        if any(r() is optimizer for r in self._optimizers):
+            return False
+        self._optimizers.append(weakref.ref(optimizer))
+        self.state.maps.append(optimizer.state)
+        self._params = None
+        return True
+
+    def parameters(self) -> list[Any]:
+        if self._params is not None:
+            return self._params
+        seen: dict[int, Any] = {}
+        for r in self._roots:
+            module = r()
+            if module is not None:
+                for p in module.parameters():
+                    seen.setdefault(id(p), p)
+        for r in self._optimizers:
+            opt = r()
+            if opt is not None:
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        seen.setdefault(id(p), p)
+        self._params = list(seen.values())
+        return self._params
+
+    def named_children(self) -> Any:
+        root = self._roots[0]() if self._roots else None
+        return root.named_children() if root is not None else iter(())
+
+
+class GradMarks:
+    """A few gradients' identity and version after a ``backward()``; :meth:`reset` tells whether the
+    script reset them since (``zero_grad()``, ``p.grad = None``, ``p.grad.zero_()``)."""
+
+    def __init__(self) -> None:
+        self._marks: list[tuple[Any, int, int]] = []  # (param weakref, id(grad), grad._version)
+
+    def mark(self, params: list[Any]) -> None:
+        marks = []
+        for p in params:
+            g = p.grad
+            if g is not None:
+                marks.append((weakref.ref(p), id(g), int(g._version)))
+                if len(marks) == _MARKS:
+                    break
+        self._marks = marks
+
+    def reset(self) -> bool:
+        if not self._marks:
+            return False
+        for ref, gid, version in self._marks:
+            p = ref()
+            g = None if p is None else p.grad
+            if g is None or id(g) != gid or int(g._version) != version:
+                return True
+        return False
+
+
+def loss_of(output: Any, tensor_type: Any) -> Any:
+    """The loss in a module call's output: ``output.loss`` / ``output["loss"]`` (HF), a 0-d floating tensor
+    (the output itself, or an element of a short tuple: nanoGPT's ``(logits, loss)``); else None."""
+
+    def scalar(t: Any) -> bool:
+        return isinstance(t, tensor_type) and t.ndim == 0 and t.is_floating_point()
+
+    if scalar(output):
+        return output
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if scalar(loss):
+        return loss
+    if isinstance(output, (tuple, list)) and len(output) <= 4:
+        return next((t for t in output if scalar(t)), None)
+    return None
+
+
+def mean_loss(losses: list[Any]) -> float | None:
+    """The mean of one evaluation's losses (read here: evaluation already waited for the device)."""
+    vals = [float(t.detach().float().item()) for t in losses]
+    return sum(vals) / len(vals) if vals else None
+
+
+class Session:
+    """One process's recording under ``gpudash run``: the Monitor, what a step is, and what each hook
+    the agent installed means for it. Created by the agent when the script first trains or evaluates."""
+
+    def __init__(self, monitor: Any, torch: Any) -> None:
+        from gpudash.collectors.categories import CategoryCollector
+        from gpudash.integrations._step import StepDriver
+
+        self.monitor = monitor
+        self.torch = torch
+        self.watched = Watched()
+        self.marks = GradMarks()
+        o = monitor.options
+        self.collector = CategoryCollector(self.watched, self.watched, memory_every=o.memory_every,
+                                           activations_every=o.activations_every,
+                                           activations_budget=o.activations_budget)
+        monitor.add_collector(self.collector)  # before the first step opens: step 0 as a Monitor sees it
+        self.driver = StepDriver(monitor, {})
+        self.mode: str | None = None  # None until known, then "optimizer" or "backward"
+        self.steps = 0
+        self.backwards = 0  # backward() calls in the open step
+        self.since_backward = (0, 0)  # samples, tokens of the forwards since the last backward
+        self.eval_losses: list[Any] | None = None  # None: no evaluation open
+        self.evals = 0
+        self.ambiguous = False
+        self._root: Any = None  # weakref to the primary root module
+        self._primary: Any = None  # weakref to the primary optimizer
+        self.driver.begin_step()
+
+    # ---- what a step is ---------------------------------------------------------------------
+    def _set_mode(self, mode: str) -> None:
+        if self.mode != mode:
+            self.mode = mode
+            self.monitor.set_meta(steps_from=STEPS_FROM_OPTIMIZER if mode == "optimizer" else STEPS_FROM_BACKWARD)
+
+    def end_step(self) -> None:
+        """Close the open step (its loss: the sum of what went to backward) and open the next."""
+        d = self.driver
+        if self.ambiguous:
+            d.samples = d.tokens = 0
+            self.ambiguous = False
+        d.log_loss("sum")
+        d.end_step()
+        d.begin_step()
+        self.backwards = 0
+        self.steps += 1
+
+    def _new_step_if_reset(self) -> None:
+        """Without an optimizer: gradients reset since the last backward mean the last step is over."""
+        if self.mode == "optimizer" or not self.backwards or not self.marks.reset():
+            return
+        self._set_mode("backward")
+        d = self.driver
+        moved = self.since_backward  # the forwards since the last backward belong to the new step
+        d.samples -= moved[0]
+        d.tokens -= moved[1]
+        self.end_step()
+        d.samples += moved[0]
+        d.tokens += moved[1]
+
+    def _see(self, module: Any) -> None:
+        if self.watched.add_root(module):
+            self.collector.refresh()
+
+    # ---- forwards -----------------------------------------------------------------------------
+    def train_forward(self, module: Any, args: tuple[Any, ...], samples_tokens: Any) -> None:
+        self.end_eval()
+        self._new_step_if_reset()
+        d = self.driver
+        if d.phase_name in (None, "update"):
+            d.phase("forward")
+        root = self._root() if self._root is not None else None
+        has_params = any(True for _ in module.parameters())
+        if root is None and has_params:
+            self._root = weakref.ref(module)
+            root = module
+        if has_params:
+            self._see(module)
+        if module is root:
+            samples, tokens = samples_tokens(args)
+            if samples is None:
+                self.ambiguous = True
+            else:
+                d.samples += samples
+                d.tokens += tokens or 0
+                s, t = self.since_backward
+                self.since_backward = (s + samples, t + (tokens or 0))
+
+    def train_forward_done(self) -> None:
+        if self.driver.phase_name == "forward":
+            self.driver.phase(None)
+
+    def eval_forward(self) -> None:
+        if self.eval_losses is None:
+            self.eval_losses = []
+        if self.driver.phase_name != "eval":
+            self.driver.phase("eval")
+
+    def eval_output(self, output: Any) -> None:
+        loss = loss_of(output, self.torch.Tensor)
+        if self.eval_losses is not None and loss is not None:
+            self.eval_losses.append(loss.detach())
+
+    def end_eval(self) -> None:
+        """Training resumed: the evaluation is over; its losses are one ``evaluation`` event."""
+        losses, self.eval_losses = self.eval_losses, None
+        if losses is None:
+            return
+        d = self.driver
+        if d.phase_name == "eval":
+            d.phase(None)
+        self.evals += 1
+        mean = mean_loss(losses)
+        if mean is not None:
+            # without an optimizer a step ends when the next begins: an evaluation after a backward and
+            # its update comes after that step
+            done = self.monitor.step_index + (1 if self.mode != "optimizer" and self.backwards else 0)
+            d.evaluation({"eval_loss": mean, "eval_batches": len(losses)}, step=done)
+
+    # ---- backward and the optimizer --------------------------------------------------------
+    def before_backward(self, loss: Any) -> None:
+        self.end_eval()
+        self._new_step_if_reset()
+        d = self.driver
+        d.phase("backward")
+        if isinstance(loss, self.torch.Tensor) and loss.numel() == 1:
+            d.add_loss(loss)
+
+    def after_backward(self) -> None:
+        d = self.driver
+        if d.phase_name == "backward":
+            d.phase(None)
+        self.backwards += 1
+        self.since_backward = (0, 0)
+        if self.mode != "optimizer":
+            self.marks.mark(self.watched.parameters())
+            if self.mode == "backward":
+                d.phase("update")  # the hand-written update that follows
+
+    def optimizer_pre(self, optimizer: Any) -> None:
+        self.end_eval()
+        if self.watched.add_optimizer(optimizer):
+            self.collector.refresh()
+            if self._primary is None:
+                self._primary = weakref.ref(optimizer)
+                self._set_mode("optimizer")
+        self.driver.phase("optimizer")
+
+    def optimizer_post(self, optimizer: Any) -> bool:
+        """True when this ended a step (the primary optimizer stepped)."""
+        d = self.driver
+        if d.phase_name == "optimizer":
+            d.phase(None)
+        if self._primary is None or self._primary() is not optimizer:
+            return False
+        groups = optimizer.param_groups
+        if groups and "lr" in groups[0]:
+            d.log(lr=groups[0]["lr"])
+        self.end_step()
+        return True
+
+    def checkpoint(self, name: str | None) -> str | None:
+        """Open ``name`` (``checkpoint`` around ``torch.save``, then what was open before); the phase it left."""
+        d = self.driver
+        before = d.phase_name
+        if d.in_step:
+            d.phase(name)
+        return before
+
+    # ---- the end -------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The script is done: close the open step the way its kind of step ends, and say why a run
+        with no step has none."""
+        self.end_eval()
+        if self.mode != "optimizer" and self.backwards:
+            self._set_mode("backward")
+            self.end_step()  # no optimizer: the last backward (and its update) was a step
+        self.driver.abandon()  # what ran after the last optimizer step is not a step
+        if self.monitor.step_index == 0:
+            if self.evals:
+                why = (f"no backward() ran: the script only evaluated ({self.evals} evaluation pass(es) under no_grad "
+                       "or in eval mode); a step is one optimizer step, or one backward() without an optimizer")
+            else:
+                why = ("no backward() and no optimizer step ran in this process: nothing trained that gpudash "
+                       "run could see (a step is one optimizer step, or one backward() without an optimizer)")
+            self.monitor.set_meta(no_steps_reason=why)
+            self.monitor.event("no_steps", why)
