@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import time
@@ -47,7 +48,9 @@ from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_nodes, rank_skew
 from gpudash.errors import RunError, UserError
 from gpudash.layouts.runid import list_nested_run_dirs
+from gpudash.store.bounded import damage
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
+from gpudash.store.schema import quote_ident
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer as WSGIServer
@@ -69,6 +72,13 @@ DEFAULT_PORT = 9479
 WINDOW = 20
 #: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
 CARRY_ROWS = 2000
+#: Series one run may expose per scrape; the rest are dropped and counted (``gpudash_series_dropped``).
+MAX_SERIES_PER_RUN = 2000
+#: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
+RUN_BUDGET_S = 20.0
+#: Characters kept of a label value taken from a run (a run id, a column name, an event kind, a problem).
+LABEL_CHARS = 200
+_BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_:]")
 _CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
                "optimizer_host_bytes"}
 _COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
@@ -99,28 +109,60 @@ def prometheus_name(column: str) -> tuple[str, float]:
     return column, 1.0
 
 
+def metric_name(name: str) -> str:
+    """``name`` as a legal Prometheus metric name: every other character an underscore (``a"b`` -> ``a_b``),
+    as the exposition would escape it; so names that clean to the same one share one family."""
+    name = _BAD_NAME_CHARS.sub("_", name)
+    return "_" + name if name[:1].isdigit() else name
+
+
 class _Families:
-    """Metric families built during one scrape, each with a fixed label set."""
+    """Metric families built during one scrape, each with a fixed label set: one family per cleaned name
+    (one HELP and TYPE), one sample per label set (the first wins: ``lr`` and ``learning_rate`` are one
+    series), at most :data:`MAX_SERIES_PER_RUN` series per run."""
 
     def __init__(self) -> None:
         self.families: dict[str, Any] = {}
         self._labels: dict[str, list[str]] = {}
+        self._seen: set[tuple[str, tuple[str, ...]]] = set()
+        self._exposed: dict[str, str] = {}  # name as exposed (a counter's with _total) -> family
+        self.series: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
 
     def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False) -> None:
         try:
             v = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return
         if v != v:  # NaN: nothing recorded
             return
+        name = metric_name(name)
+        labels = {k: str(val)[:LABEL_CHARS] for k, val in labels.items()}
+        run = labels.get("run", "")
+        key = (name, tuple(labels.values()))
+        if key in self._seen:
+            return  # the same series from another column (``lr`` and ``learning_rate``)
         fam = self.families.get(name)
         if fam is None:
+            exposed = name + "_total" if counter else name
+            if self._exposed.get(exposed, name) != name or (counter and name in self._exposed):
+                return  # a gauge and a counter that would expose one name
+            if self.series.get(run, 0) >= MAX_SERIES_PER_RUN and run:
+                self.dropped[run] = self.dropped.get(run, 0) + 1
+                return
             cls = CounterMetricFamily if counter else GaugeMetricFamily
             fam = cls(name, doc, labels=list(labels))
             self.families[name] = fam
             self._labels[name] = list(labels)
-        elif list(labels) != self._labels[name]:
+            self._exposed[exposed] = name
+        elif list(labels) != self._labels[name] or isinstance(fam, CounterMetricFamily) != counter:
             return
+        elif self.series.get(run, 0) >= MAX_SERIES_PER_RUN and run:
+            self.dropped[run] = self.dropped.get(run, 0) + 1
+            return
+        self._seen.add(key)
+        if run:
+            self.series[run] = self.series.get(run, 0) + 1
         fam.add_metric(list(labels.values()), v)
 
 
@@ -147,6 +189,7 @@ class RunsCollector:
         self._carry: dict[tuple[str, int, str, int | None], tuple[int, dict[str, Any]]] = {}
         self._scanned = 0.0
         self._lock = threading.Lock()
+        self._deadline = float("inf")
 
     def _discover(self) -> None:
         now = time.monotonic()
@@ -164,32 +207,65 @@ class RunsCollector:
     def collect(self) -> Iterator[Metric]:
         from gpudash.analysis.runcache import shared_cache
 
+        # no lock across the scrape: a run that is slow to read (someone else's damaged folder) holds up
+        # only itself, and the next scrape is answered all the same
         with self._lock:
-            fams = _Families()
             self._discover()
-            now = time.time()
-            for run_id, path in sorted(self._paths.items()):
+            paths = sorted(self._paths.items())
+        fams = _Families()
+        now = time.time()
+        for run_id, path in paths:
+            try:
+                self._collect_run(fams, run_id, path, now)
+            except RunError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
+                self._damaged(fams, run_id, "all", exc)
+        for run_id, n in sorted(fams.dropped.items()):
+            fams.add("gpudash_series_dropped", f"Series of the run beyond the {MAX_SERIES_PER_RUN} served per run.",
+                     {"run": run_id}, n)
+        yield from fams.families.values()
+
+    @staticmethod
+    def _damaged(fams: _Families, run_id: str, rank: str, exc: BaseException) -> None:
+        fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                 {"run": run_id, "rank": rank, "error": type(exc).__name__}, 1)
+        fams.add("gpudash_run_damaged", "Runs with damage: the first problem found, as a label.",
+                 {"run": run_id, "problem": damage(exc)}, 1)
+
+    def _collect_run(self, fams: _Families, run_id: str, path: Path, now: float) -> None:
+        from gpudash.analysis.runcache import shared_cache
+
+        reader, reader_lock = shared_cache().reader(path)
+        if not reader_lock.acquire(timeout=RUN_BUDGET_S):
+            self._damaged(fams, run_id, "all", TimeoutError(f"still being read after {RUN_BUDGET_S:g} s; skipped"))
+            return
+        tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+        try:
+            self._deadline = time.monotonic() + RUN_BUDGET_S
+            reader.refresh()
+            for rank, rr in sorted(reader.ranks.items()):
+                if time.monotonic() > self._deadline:
+                    self._damaged(fams, run_id, str(rank),
+                                  TimeoutError(f"reading took over {RUN_BUDGET_S:g} s; the rest skipped"))
+                    break
                 try:
-                    reader, reader_lock = shared_cache().reader(path)
-                except RunError:
+                    tail = self._collect_rank(fams, run_id, rank, rr, now)
+                except Exception as exc:  # noqa: BLE001 - one damaged rank must not break the scrape
+                    self._damaged(fams, run_id, str(rank), exc)
                     continue
-                tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
-                with reader_lock:
-                    reader.refresh()
-                    for rank, rr in sorted(reader.ranks.items()):
-                        try:
-                            tail = self._collect_rank(fams, run_id, rank, rr, now)
-                        except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
-                            fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
-                                     {"run": run_id, "rank": str(rank), "error": type(exc).__name__}, 1)
-                            continue
-                        if tail is not None:
-                            tails.append(tail)
-                if len(tails) > 1:
-                    self._skew(fams, run_id, tails)
-                if tails and self.facts:
-                    self._facts(fams, run_id, reader)
-            yield from fams.families.values()
+                if tail is not None:
+                    tails.append(tail)
+            problems = reader.all_problems()
+        finally:
+            reader_lock.release()
+        if problems:
+            fams.add("gpudash_run_damaged", "Runs with damage: the first problem found, as a label.",
+                     {"run": run_id, "problem": problems[0]}, len(problems))
+        if len(tails) > 1:
+            self._skew(fams, run_id, tails)
+        if tails and self.facts:
+            self._facts(fams, run_id, reader)
 
     @staticmethod
     def _facts(fams: _Families, run_id: str, reader: RunReader) -> None:
@@ -197,7 +273,7 @@ class RunsCollector:
         from gpudash.analysis.runcache import shared_cache
 
         try:
-            facts = shared_cache().get(reader.path).facts
+            facts = shared_cache().get(reader.path, timeout=RUN_BUDGET_S).facts
         except Exception as exc:  # noqa: BLE001 - a damaged run must not break the scrape
             fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
                      {"run": run_id, "rank": "all", "error": type(exc).__name__}, 1)
@@ -231,14 +307,14 @@ class RunsCollector:
             for col in rr.columns(table):
                 if col in values or col in ("_rowid", "rank", "gpu"):
                     continue
-                cond = f'"{col}" IS NOT NULL' + (f" AND {where}" if where else "")
-                try:
-                    row = rr.conn.execute(f'SELECT "{col}" FROM "{table}" WHERE {cond} ORDER BY rowid DESC LIMIT 1',
-                                          params).fetchone()
-                except Exception:  # noqa: BLE001 - a damaged table leaves the other columns
-                    continue
-                if row is not None and isinstance(row[0], (int, float)):
-                    values[col] = row[0]
+                if time.monotonic() > self._deadline:
+                    break  # a table of thousands of never-written columns: the rest on the next scrape
+                q = quote_ident(col)
+                cond = f"{q} IS NOT NULL" + (f" AND {where}" if where else "")
+                rows = rr.query(f"SELECT {q} FROM {quote_ident(table)} WHERE {cond} ORDER BY rowid DESC LIMIT 1",
+                                params, tables=(table,))
+                if rows and isinstance(rows[0][0], (int, float)):
+                    values[col] = rows[0][0]
         self._carry[key] = (top, values)
         return values
 
@@ -345,10 +421,8 @@ class RunsCollector:
     def _device(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
         if "gpu" not in rr.columns("device"):
             return
-        try:
-            gpus = [int(g) for (g,) in rr.conn.execute("SELECT DISTINCT gpu FROM device").fetchall() if g is not None]
-        except Exception:  # noqa: BLE001 - a damaged device table leaves the other metrics
-            return
+        rows = rr.query("SELECT DISTINCT gpu FROM device LIMIT 1025", tables=("device",)) or []
+        gpus = [int(g) for (g,) in rows if isinstance(g, int) and 0 <= g < 1 << 16][:1024]
         for gpu in gpus:
             glab = {**lab, "gpu": str(gpu)}
             for col, value in self._carried((*key, "device", gpu), rr, "device").items():
@@ -358,10 +432,8 @@ class RunsCollector:
                 fams.add(f"gpudash_device_{name}", f"Newest NVML sample of {col}.", glab, value * factor)
 
     def _events(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
-        try:
-            rows = rr.conn.execute("SELECT kind, count(*) FROM events GROUP BY kind").fetchall()
-        except Exception:  # noqa: BLE001 - a damaged events table leaves the other metrics
-            return
+        rows = rr.query(f"SELECT substr(kind, 1, {LABEL_CHARS}), count(*) FROM events GROUP BY 1 LIMIT 1000",
+                        tables=("events",)) or []
         for kind, count in rows:
             fams.add("gpudash_events", "Events recorded by kind (oom, batch_size_change, ...).",
                      {**lab, "kind": str(kind)}, count, counter=True)

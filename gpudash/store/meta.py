@@ -17,6 +17,8 @@ from typing import Any
 __all__ = ["META_KEYS", "clean_meta"]
 
 _MAX_INT = 2**63 - 1
+#: Characters kept of a text fact (a run name, a host, an end reason): enough for any real one.
+TEXT_FACT_CHARS = 1000
 #: Timestamps after this (year 5138) are not times gpudash wrote; ``time.localtime`` chokes on them.
 _MAX_TIME = 1e11
 
@@ -95,6 +97,10 @@ def _show(v: Any) -> str:
     """A short, always printable rendering of a bad value (huge ints and long texts cut)."""
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > _MAX_INT:
         return "a number too large to use"
+    if isinstance(v, (str, bytes)) and len(v) > 40:
+        v = v[:40]
+    elif isinstance(v, (list, dict)) and len(v) > 8:
+        return f"a {type(v).__name__} of {len(v):,} items"
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -116,5 +122,10 @@ def clean_meta(meta: dict[str, Any], where: str, problems: list[str]) -> dict[st
             if msg not in problems:
                 problems.append(msg)
             continue
+        if isinstance(clean, str) and len(clean) > TEXT_FACT_CHARS:
+            msg = f"{where}: {key} is {len(clean):,} characters long; trimmed to {TEXT_FACT_CHARS:,}"
+            if msg not in problems:
+                problems.append(msg)
+            clean = clean[:TEXT_FACT_CHARS] + "…"
         out[key] = clean
     return out
