@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
+from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi, token_from_env
 from gpudash.errors import RunError, UserError
 
 if TYPE_CHECKING:
@@ -360,6 +360,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"port {args.port} is busy (another process listens on {args.host}:{args.port}): "
                             f"pass --port N, or stop the other process") from None
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
+    if token_from_env(args.token):  # a secret kept in the environment is never printed to a terminal or a log
+        url = url.split("?token=")[0] + f"?token=${TOKEN_ENV}"
     print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
     try:
         while True:
