@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi, token_from_env
 from gpudash.errors import RunError, UserError
+from gpudash.store.bounded import damage
 
 if TYPE_CHECKING:
     import dash
@@ -211,6 +212,9 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
                 view = load_view(reader)
         except (InvalidRunId, RunError) as exc:
             out["problems"].append(str(exc))
+            return jsonify(out)
+        except Exception as exc:  # noqa: BLE001 - a run too damaged to view: its one line, never a 500
+            out["problems"].append(f"{run_id}: unreadable ({damage(exc)})")
             return jsonify(out)
         out["meta"] = {k: v for k, v in view.meta.items() if k not in ("argv", "pid", "heartbeat")}
         out["throughput"] = throughput.throughput_stats(view.frame("steps"), view.meta)

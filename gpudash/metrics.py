@@ -205,7 +205,6 @@ class RunsCollector:
         self._paths = found
 
     def collect(self) -> Iterator[Metric]:
-        from gpudash.analysis.runcache import shared_cache
 
         # no lock across the scrape: a run that is slow to read (someone else's damaged folder) holds up
         # only itself, and the next scrape is answered all the same

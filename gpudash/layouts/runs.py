@@ -26,9 +26,9 @@ from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_cell
 from gpudash.layouts.runid import list_run_dirs
-from gpudash.store.run import merged_meta
 from gpudash.store.bounded import damage
 from gpudash.store.reader import read_run_json
+from gpudash.store.run import merged_meta
 from gpudash.store.schema import rank_from_db_name
 
 __all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",

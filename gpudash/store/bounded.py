@@ -22,11 +22,13 @@ Every limit is a module constant, so tests can make a case small and quick.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import stat
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "connect",
     "damage",
     "is_interrupt",
+    "large_values",
     "read_regular",
     "real_tables",
     "trim",
@@ -46,8 +49,11 @@ __all__ = [
 
 #: A query running longer than this is stopped (SQLite's progress handler) and named as damage.
 QUERY_S = 10.0
-#: The largest string or blob SQLite hands back (a merged column chunk of a long run is ~150 MB).
-LENGTH_LIMIT = 512 << 20
+#: The largest value SQLite loads for a row read (larger: the query fails with "string or blob too big",
+#: before the value is in memory; the reader names the row lost). Text up to it is trimmed to TEXT_CHARS.
+LENGTH_LIMIT = 32 << 20
+#: The same for the columnar chunks (:func:`large_values`): a merged chunk of a long run is ~150 MB.
+CHUNK_LENGTH_LIMIT = 1 << 30
 #: The longest SQL statement the reader builds (a wide table's column list).
 SQL_LENGTH_LIMIT = 4 << 20
 #: Characters kept of one text cell read from a run (an event message, a stack, a meta value).
@@ -66,6 +72,7 @@ class GuardedConnection(sqlite3.Connection):
 
     deadline: float = float("inf")
     query_s: float | None = None
+    length_limit: int | None = None
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         self.deadline = time.monotonic() + (self.query_s if self.query_s is not None else QUERY_S)
@@ -81,10 +88,12 @@ def connect(target: str | os.PathLike[str], *, uri: bool = False, timeout: float
     assert isinstance(conn, GuardedConnection)
     try:
         conn.set_progress_handler(conn._tick, _TICKS)
-        if hasattr(conn, "setlimit"):  # Python 3.11+
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, LENGTH_LIMIT)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, SQL_LENGTH_LIMIT)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        setlimit = getattr(conn, "setlimit", None)  # Python 3.11+
+        if setlimit is not None:  # SQLite's SQLITE_LIMIT_LENGTH (0), _SQL_LENGTH (1), _ATTACHED (7)
+            setlimit(0, LENGTH_LIMIT)
+            conn.length_limit = LENGTH_LIMIT
+            setlimit(1, SQL_LENGTH_LIMIT)
+            setlimit(7, 0)
             # the column limit stays SQLite's maximum (2,000): lower, a wide table would make the whole
             # schema unreadable; the reader selects at most MAX_COLUMNS of a table instead
         conn.execute("PRAGMA trusted_schema=OFF")  # no function a view, trigger or index names runs for us
@@ -93,6 +102,20 @@ def connect(target: str | os.PathLike[str], *, uri: bool = False, timeout: float
         conn.close()
         raise
     return conn
+
+
+@contextlib.contextmanager
+def large_values(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within the block, values up to :data:`CHUNK_LENGTH_LIMIT` load (the columnar chunks)."""
+    setlimit = getattr(conn, "setlimit", None)
+    if setlimit is None or not isinstance(conn, GuardedConnection):
+        yield
+        return
+    setlimit(0, CHUNK_LENGTH_LIMIT)
+    try:
+        yield
+    finally:
+        setlimit(0, conn.length_limit if conn.length_limit is not None else LENGTH_LIMIT)
 
 
 def real_tables(conn: sqlite3.Connection) -> set[str]:
@@ -160,6 +183,8 @@ def damage(exc: BaseException) -> str:
         return "ran out of memory reading it"
     if is_interrupt(exc):
         return f"a query ran over {QUERY_S:g} s and was stopped"
+    if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
+        return f"a value over {LENGTH_LIMIT >> 20} MB, more than any record gpudash writes"
     if isinstance(exc, RecursionError):
         return "nested too deeply to read"
     text = str(exc) or type(exc).__name__

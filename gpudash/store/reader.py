@@ -141,6 +141,8 @@ class RankReader:
                f" length(value) FROM meta LIMIT {META_ROWS + 1}")
         try:
             rows = self.conn.execute(sql).fetchall()
+        except sqlite3.DataError:  # a value over the length limit: read key by key, name the ones lost
+            rows = self._meta_by_row(sql)
         except (sqlite3.DatabaseError, MemoryError) as exc:
             self._note(f"{self.path.name}: meta table unreadable ({damage(exc)})")
             rows = []
@@ -158,6 +160,18 @@ class RankReader:
             except (TypeError, ValueError, RecursionError, MemoryError):
                 out[key] = value
         return clean_meta(out, f"{self.path.name} meta", self.problems)
+
+    def _meta_by_row(self, sql: str) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        one = sql.replace(" FROM meta ", " FROM meta WHERE rowid = ? ")
+        for (rowid,) in self.query(f"SELECT rowid FROM meta LIMIT {META_ROWS + 1}", tables=("meta",)) or []:
+            try:
+                rows += self.conn.execute(one, (rowid,)).fetchall()
+            except (sqlite3.DatabaseError, MemoryError) as exc:
+                key = self.query("SELECT substr(key, 1, 40) FROM meta WHERE rowid = ?", (rowid,), tables=("meta",))
+                name = key[0][0] if key and isinstance(key[0][0], str) else f"the key in row {rowid}"
+                self._note(f"{self.path.name} meta: {name} unreadable ({damage(exc)}); ignored")
+        return rows
 
     def status(self, meta: dict[str, Any] | None = None, now: float | None = None) -> str:
         meta = self.meta() if meta is None else meta
@@ -312,10 +326,13 @@ class RankReader:
         if df.empty:
             return
         for col in df.columns:
-            if df[col].dtype != object:
+            if pd.api.types.is_numeric_dtype(df[col].dtype):
                 continue
-            n = sum(1 for v in df[col] if isinstance(v, str) and len(v) > bounded.TEXT_CHARS
-                    and v.endswith(_TRIMMED))
+            try:
+                lengths = df[col].str.len()  # vectorised; a column of None or numbers has no .str
+            except AttributeError:
+                continue
+            n = int((lengths > bounded.TEXT_CHARS).sum())
             if n:
                 self._note(f"{self.path.name}: {n:,} {table}.{col[:40]} value(s) longer than "
                            f"{bounded.TEXT_CHARS:,} characters; trimmed")
@@ -361,7 +378,10 @@ class RankReader:
         cols = self.columns(table)
         if not cols:
             return pd.DataFrame()
-        names, mat, covered = read_chunks(self.conn, table) if self.has_table(CHUNK_TABLE) else ([], None, 0)
+        names, mat, covered = [], None, 0
+        if self.has_table(CHUNK_TABLE):
+            with bounded.large_values(self.conn):  # a merged chunk of a long run is one large blob
+                names, mat, covered = read_chunks(self.conn, table)
         if mat is not None and len(names) > MAX_COLUMNS:
             keep = [i for i, c in enumerate(names) if c in cols]
             names, mat = [names[i] for i in keep], mat[keep]
@@ -380,9 +400,9 @@ class RankReader:
                     " WHERE rowid <= ? ORDER BY rowid", (covered,)
                 ).fetchall()
                 if len(rows) == n:
-                    for i, c in enumerate(text_cols):
-                        head[c] = [r[i] for r in rows]
-                    self._note_trimmed(table, head[text_cols])
+                    text = pd.DataFrame.from_records(rows, columns=text_cols)
+                    head = pd.concat([head, text], axis=1)  # one block, not a column at a time
+                    self._note_trimmed(table, text)
             except (sqlite3.DatabaseError, MemoryError) as exc:
                 self._note(f"{self.path.name}: text columns of {table} unreadable ({damage(exc)})")
         df = pd.concat([head, tail.drop(columns="_rowid")], ignore_index=True) if len(tail) else head
