@@ -75,9 +75,12 @@ CARRY_ROWS = 2000
 #: Series one run may expose per scrape; the rest are dropped and counted (``gpudash_series_dropped``).
 MAX_SERIES_PER_RUN = 2000
 #: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
-RUN_BUDGET_S = 20.0
+RUN_BUDGET_S = 20.0  # (gpudash.analysis.runcache.WAIT_S is the wait for a run another request reads)
 #: Characters kept of a label value taken from a run (a run id, a column name, an event kind, a problem).
 LABEL_CHARS = 200
+#: Problems of one run exposed as ``gpudash_run_damaged{problem=...}`` lines.
+MAX_PROBLEMS = 5
+_DAMAGED_HELP = "1 for each problem found reading the run (the first few), named in the problem label."
 _BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_:]")
 _CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
                "optimizer_host_bytes"}
@@ -129,7 +132,8 @@ class _Families:
         self.series: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
 
-    def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False) -> None:
+    def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False,
+            capped: bool = True) -> None:
         try:
             v = float(value)
         except (TypeError, ValueError, OverflowError):
@@ -138,7 +142,7 @@ class _Families:
             return
         name = metric_name(name)
         labels = {k: str(val)[:LABEL_CHARS] for k, val in labels.items()}
-        run = labels.get("run", "")
+        run = labels.get("run", "") if capped else ""
         key = (name, tuple(labels.values()))
         if key in self._seen:
             return  # the same series from another column (``lr`` and ``learning_rate``)
@@ -222,15 +226,14 @@ class RunsCollector:
                 self._damaged(fams, run_id, "all", exc)
         for run_id, n in sorted(fams.dropped.items()):
             fams.add("gpudash_series_dropped", f"Series of the run beyond the {MAX_SERIES_PER_RUN} served per run.",
-                     {"run": run_id}, n)
+                     {"run": run_id}, n, capped=False)
         yield from fams.families.values()
 
     @staticmethod
     def _damaged(fams: _Families, run_id: str, rank: str, exc: BaseException) -> None:
         fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
-                 {"run": run_id, "rank": rank, "error": type(exc).__name__}, 1)
-        fams.add("gpudash_run_damaged", "Runs with damage: the first problem found, as a label.",
-                 {"run": run_id, "problem": damage(exc)}, 1)
+                 {"run": run_id, "rank": rank, "error": type(exc).__name__}, 1, capped=False)
+        fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": damage(exc)}, 1, capped=False)
 
     def _collect_run(self, fams: _Families, run_id: str, path: Path, now: float) -> None:
         from gpudash.analysis.runcache import shared_cache
@@ -258,9 +261,8 @@ class RunsCollector:
             problems = reader.all_problems()
         finally:
             reader_lock.release()
-        if problems:
-            fams.add("gpudash_run_damaged", "Runs with damage: the first problem found, as a label.",
-                     {"run": run_id, "problem": problems[0]}, len(problems))
+        for problem in problems[:MAX_PROBLEMS]:  # one line each, naming the damage
+            fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": problem}, 1, capped=False)
         if len(tails) > 1:
             self._skew(fams, run_id, tails)
         if tails and self.facts:

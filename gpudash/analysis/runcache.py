@@ -21,7 +21,11 @@ from gpudash.errors import RunError
 from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, load_run
 
-__all__ = ["Loaded", "RunCache", "run_stamp", "shared_cache"]
+__all__ = ["Loaded", "RunBusy", "RunCache", "WAIT_S", "run_stamp", "shared_cache"]
+
+#: How long a server request waits for a run another request is reading (a slow, damaged run holds up
+#: only requests for itself, and those only this long).
+WAIT_S = 20.0
 
 
 def run_stamp(path: Path) -> tuple[Any, ...]:
@@ -121,7 +125,7 @@ class RunCache:
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         if not lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise RunError(f"{key.name}: still being read by another request after {timeout:g} s; try again")
+            raise RunBusy(f"{key.name}: still being read by another request after {timeout:g} s; try again")
         try:
             stamp = run_stamp(key)
             hit = self._items.get(key)
@@ -156,6 +160,10 @@ def _close_when_free(reader: RunReader, lock: threading.Lock) -> None:
     """Close an evicted reader once no request reads it (in a thread: a slow reader holds up nothing)."""
     with lock:
         reader.close()
+
+
+class RunBusy(RunError):
+    """Another request is still reading the run: try again (not damage, so never cached as an answer)."""
 
 
 _SHARED = RunCache()

@@ -18,8 +18,8 @@ from typing import Any
 
 from dash import dcc, html
 from gpudash.analysis.progress import Progress
+from gpudash.analysis.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.analysis.runcache import run_stamp as _run_stamp
-from gpudash.analysis.runcache import shared_cache
 from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
@@ -67,7 +67,10 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
                            "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None,
                            "progress": None}
     try:
-        loaded = shared_cache().get(path)
+        loaded = shared_cache().get(path, timeout=WAIT_S)
+    except RunBusy as exc:
+        out.update(problems=[str(exc)], retry=True)
+        return out
     except RunError as exc:
         out["problems"] = [str(exc)]
         return out
@@ -116,6 +119,8 @@ def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None
     out = summary_store().get(path, stamp)
     if out is None:
         out = run_summary(run_id, path)
+        if out.pop("retry", False):
+            return dict(out, id=run_id)  # busy elsewhere: asked again next time, never kept
         if out["status"] in ("finished", "crashed"):
             summary_store().put(path, stamp, out)
     out = dict(out, id=run_id)
@@ -168,9 +173,13 @@ def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
     no table is read)."""
     try:
         reader, lock = shared_cache().reader(path)  # the one place the server opens runs
-        with lock:
+        if not lock.acquire(timeout=WAIT_S):
+            return {}, "unreadable"
+        try:
             rank_meta = reader.rank_meta()
             return merged_meta(reader, rank_meta), reader.status()
+        finally:
+            lock.release()
     except Exception:  # noqa: BLE001 - RunError, or a run that cannot be read at all: its summary says why
         return {}, "unreadable"
 

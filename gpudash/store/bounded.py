@@ -27,8 +27,8 @@ import os
 import sqlite3
 import stat
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 __all__ = [

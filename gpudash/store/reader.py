@@ -378,7 +378,9 @@ class RankReader:
         cols = self.columns(table)
         if not cols:
             return pd.DataFrame()
-        names, mat, covered = [], None, 0
+        names: list[str] = []
+        mat: np.ndarray | None = None
+        covered = 0
         if self.has_table(CHUNK_TABLE):
             with bounded.large_values(self.conn):  # a merged chunk of a long run is one large blob
                 names, mat, covered = read_chunks(self.conn, table)
