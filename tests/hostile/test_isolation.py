@@ -23,7 +23,7 @@ from gpudash.store.bounded import UnsafeFile, connect, read_regular
 from gpudash.store.reader import RunReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import ENDLESS, events_recursive_view, healthy  # noqa: E402
+from hostile_cases import ENDLESS, events_recursive_view, healthy
 
 
 def test_every_query_has_a_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

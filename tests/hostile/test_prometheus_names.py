@@ -16,7 +16,7 @@ from gpudash import metrics
 from gpudash.metrics import metric_name, metrics_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import colliding_prometheus_names, healthy  # noqa: E402
+from hostile_cases import colliding_prometheus_names, healthy
 
 
 def _scrape(runs: Path) -> str:

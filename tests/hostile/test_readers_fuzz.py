@@ -24,7 +24,7 @@ from gpudash.store.reader import RunReader
 from gpudash.store.schema import quote_ident
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import healthy  # noqa: E402
+from hostile_cases import healthy
 
 _TEMPLATE: list[Path] = []
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -15,7 +15,7 @@ from gpudash.cli import main as cli
 from gpudash.errors import UserError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import healthy  # noqa: E402
+from hostile_cases import healthy
 
 SECRET = "env-secret-0123456789abcdef"
 
