@@ -16,7 +16,7 @@ import pytest
 from gpudash.app import serve_in_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import healthy  # noqa: E402
+from hostile_cases import healthy
 
 pytestmark = pytest.mark.browser
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -45,7 +45,7 @@ def _parent_page(host: str, iframe_src: str) -> tuple[str, http.server.Threading
     body = f'<html><body><iframe id="dash" src="{iframe_src}" width="1000" height="700"></iframe></body></html>'
 
     class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             data = body.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
