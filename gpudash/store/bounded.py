@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpudash.store.schema import quote_ident
+
 __all__ = [
     "LENGTH_LIMIT",
     "QUERY_S",
@@ -38,6 +40,7 @@ __all__ = [
     "UnsafeFile",
     "GuardedConnection",
     "check_regular",
+    "count_trimmed",
     "connect",
     "damage",
     "is_interrupt",
@@ -45,6 +48,7 @@ __all__ = [
     "read_regular",
     "real_tables",
     "trim",
+    "trimmed_column",
 ]
 
 #: A query running longer than this is stopped (SQLite's progress handler) and named as damage.
@@ -60,6 +64,7 @@ SQL_LENGTH_LIMIT = 4 << 20
 TEXT_CHARS = 64 << 10
 #: Progress handler period in SQLite virtual-machine instructions (~1 ms of work).
 _TICKS = 20_000
+_TRIMMED = " characters, trimmed]"
 
 
 class UnsafeFile(OSError):
@@ -189,3 +194,30 @@ def damage(exc: BaseException) -> str:
         return "nested too deeply to read"
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 300 else text[:300] + "…"
+
+
+def trimmed_column(col: str) -> str:
+    """A column as the reader selects it: a text cell over :data:`TEXT_CHARS` cut in SQL, so a long
+    value never reaches Python whole (numbers and blobs as they are)."""
+    q = quote_ident(col)
+    n = TEXT_CHARS
+    return (f"CASE WHEN typeof({q}) = 'text' AND length({q}) > {n} THEN substr({q}, 1, {n}) || "
+            f"'… [' || length({q}) || '{_TRIMMED}' ELSE {q} END")
+
+
+def count_trimmed(df: Any) -> dict[str, int]:
+    """Per column of a frame read with :func:`trimmed_column`: how many of its cells were cut."""
+    import pandas as pd
+
+    out: dict[str, int] = {}
+    for col in df.columns:
+        if pd.api.types.is_numeric_dtype(df[col].dtype):
+            continue
+        try:
+            lengths = df[col].str.len()  # vectorised; a column of None or numbers has no .str
+        except AttributeError:
+            continue
+        n = int((lengths > TEXT_CHARS).sum())
+        if n:
+            out[str(col)] = n
+    return out

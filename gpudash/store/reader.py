@@ -22,9 +22,9 @@ import pandas as pd
 
 from gpudash.errors import RunError
 from gpudash.store import bounded
-from gpudash.store.bounded import UnsafeFile, damage, is_interrupt, read_regular, real_tables
+from gpudash.store.bounded import count_trimmed, damage, is_interrupt, real_tables, trimmed_column
 from gpudash.store.chunks import CHUNK_TABLE, read_chunks
-from gpudash.store.meta import clean_meta
+from gpudash.store.meta import clean_meta, read_run_json
 from gpudash.store.rankfile import Scratch, open_rank_db, wal_path
 from gpudash.store.schema import (
     NUMERIC_TABLES,
@@ -42,14 +42,11 @@ __all__ = ["RankReader", "RunReader", "Cursor", "is_run_dir", "read_run_json"]
 #: flush intervals) is treated as dead: its run reads ``crashed``.
 STALE_AFTER_S = 3.0
 _SALVAGE_BLOCK = 2048
-#: run.json larger than this is not read (gpudash writes a few kB).
-RUN_JSON_BYTES = 8 << 20
 #: Columns read of one table at most (gpudash's own first); SQLite's own limit is 2,000 per result.
 MAX_COLUMNS = 1000
 #: Keys read of a rank's meta table at most, and the longest value kept (gpudash writes a few kB).
 META_ROWS = 10_000
 META_VALUE_CHARS = 1 << 20
-_TRIMMED = " characters, trimmed]"
 
 Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 
@@ -61,28 +58,6 @@ def is_run_dir(path: Path) -> bool:
         )
     except OSError:
         return False
-
-
-def read_run_json(run_dir: Path, problems: list[str]) -> dict[str, Any]:
-    """A run's ``run.json`` as checked facts (:func:`gpudash.store.meta.clean_meta`); ``{}`` when it is
-    missing, not a regular file, over :data:`RUN_JSON_BYTES` or not a JSON object (said in ``problems``)."""
-
-    def say(msg: str) -> dict[str, Any]:
-        if msg not in problems:
-            problems.append(msg)
-        return {}
-
-    try:
-        data = json.loads(read_regular(Path(run_dir) / RUN_META_FILE, RUN_JSON_BYTES))
-    except FileNotFoundError:
-        return {}
-    except UnsafeFile as exc:
-        return say(f"{RUN_META_FILE}: {exc}; using the per-rank meta")
-    except (OSError, ValueError, RecursionError, MemoryError) as exc:
-        return say(f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {damage(exc)[:200]}); using the per-rank meta")
-    if not isinstance(data, dict):
-        return say(f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta")
-    return clean_meta(data, RUN_META_FILE, problems)
 
 
 def _file_identity(path: Path) -> tuple[int, int, int, int] | None:
@@ -303,7 +278,7 @@ class RankReader:
         if not cols:
             return pd.DataFrame()
         cond = ["rowid > ?"] + ([where] if where else [])
-        sql_cols = ", ".join(["rowid", *map(_trimmed, cols)])
+        sql_cols = ", ".join(["rowid", *map(trimmed_column, cols)])
         sql = f'SELECT {sql_cols} FROM {quote_ident(table)} WHERE {" AND ".join(cond)} ORDER BY rowid'
         if limit:
             sql += f" LIMIT {int(limit)}"
@@ -323,19 +298,9 @@ class RankReader:
 
     def _note_trimmed(self, table: str, df: pd.DataFrame) -> None:
         """Name the text cells cut to :data:`gpudash.store.bounded.TEXT_CHARS` while reading."""
-        if df.empty:
-            return
-        for col in df.columns:
-            if pd.api.types.is_numeric_dtype(df[col].dtype):
-                continue
-            try:
-                lengths = df[col].str.len()  # vectorised; a column of None or numbers has no .str
-            except AttributeError:
-                continue
-            n = int((lengths > bounded.TEXT_CHARS).sum())
-            if n:
-                self._note(f"{self.path.name}: {n:,} {table}.{col[:40]} value(s) longer than "
-                           f"{bounded.TEXT_CHARS:,} characters; trimmed")
+        for col, n in count_trimmed(df).items():
+            self._note(f"{self.path.name}: {n:,} {table}.{col[:40]} value(s) longer than "
+                       f"{bounded.TEXT_CHARS:,} characters; trimmed")
 
     def _salvage(self, table: str, sql_cols: str, where: str, params: tuple[Any, ...], after: int,
                  exc: Exception) -> list[tuple[Any, ...]]:
@@ -398,7 +363,7 @@ class RankReader:
         if text_cols and covered:
             try:
                 rows = self.conn.execute(
-                    f"SELECT {', '.join(map(_trimmed, text_cols))} FROM {quote_ident(table)}"
+                    f"SELECT {', '.join(map(trimmed_column, text_cols))} FROM {quote_ident(table)}"
                     " WHERE rowid <= ? ORDER BY rowid", (covered,)
                 ).fetchall()
                 if len(rows) == n:
@@ -428,15 +393,6 @@ class RankReader:
         sql = f"SELECT count(*) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
         rows = self.query(sql, params, tables=(table,))
         return int(rows[0][0] or 0) if rows else 0
-
-
-def _trimmed(col: str) -> str:
-    """A column as read: a text cell over :data:`gpudash.store.bounded.TEXT_CHARS` cut in SQL, so a 200 MB
-    value never reaches Python (numbers and blobs as they are)."""
-    q = quote_ident(col)
-    n = bounded.TEXT_CHARS
-    return (f"CASE WHEN typeof({q}) = 'text' AND length({q}) > {n} THEN substr({q}, 1, {n}) || "
-            f"'… [' || length({q}) || '{_TRIMMED}' ELSE {q} END")
 
 
 def _time_where(t0: float | None, t1: float | None, col: str) -> tuple[str, tuple[Any, ...]]:
