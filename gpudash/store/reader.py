@@ -471,7 +471,11 @@ class RunReader:
             if table in NUMERIC_TABLES:
                 df = r.read_numeric(table)
             else:
-                df = r.read(table)
+                if table == "snapshots":  # compressed summaries: blobs larger than any other cell
+                    with bounded.large_values(r.conn):
+                        df = r.read(table)
+                else:
+                    df = r.read(table)
                 if "_rowid" in df:
                     df = df.drop(columns="_rowid")
             if len(df):
