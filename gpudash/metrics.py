@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import threading
 import time
@@ -41,13 +40,15 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from gpudash import promnames
 from gpudash.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_nodes, rank_skew
 from gpudash.errors import RunError, UserError
 from gpudash.layouts.runid import list_nested_run_dirs
+from gpudash.promnames import LABEL_CHARS, Families, metric_name, prometheus_name
 from gpudash.store.bounded import damage
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
 from gpudash.store.schema import quote_ident
@@ -62,6 +63,7 @@ __all__ = [
     "main",
     "metrics_registry",
     "metrics_wsgi_app",
+    "metric_name",
     "prometheus_name",
     "register_metrics",
     "serve_metrics",
@@ -72,16 +74,11 @@ DEFAULT_PORT = 9479
 WINDOW = 20
 #: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
 CARRY_ROWS = 2000
-#: Series one run may expose per scrape; the rest are dropped and counted (``gpudash_series_dropped``).
-MAX_SERIES_PER_RUN = 2000
 #: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
 RUN_BUDGET_S = 20.0  # (gpudash.analysis.runcache.WAIT_S is the wait for a run another request reads)
-#: Characters kept of a label value taken from a run (a run id, a column name, an event kind, a problem).
-LABEL_CHARS = 200
 #: Problems of one run exposed as ``gpudash_run_damaged{problem=...}`` lines.
 MAX_PROBLEMS = 5
 _DAMAGED_HELP = "1 for each problem found reading the run (the first few), named in the problem label."
-_BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_:]")
 _CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
                "optimizer_host_bytes"}
 _COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
@@ -89,87 +86,6 @@ _SCALARS = {"loss": "gpudash_loss", "lr": "gpudash_learning_rate", "learning_rat
             "grad_norm": "gpudash_grad_norm", "loss_scale": "gpudash_loss_scale",
             "batch_size": "gpudash_batch_size"}
 _SKIP = {"step", "time", "rank", "gpu", "samples", "tokens", "duration_s"}
-#: Column unit suffix -> (Prometheus base-unit suffix, factor); the first match wins.
-_UNITS: tuple[tuple[str, str, float], ...] = (
-    ("_mib_s", "_bytes_per_second", 1024.0 * 1024.0),
-    ("_bytes_s", "_bytes_per_second", 1.0),
-    ("_pct", "_ratio", 0.01),
-    ("_mhz", "_hertz", 1e6),
-    ("_w", "_watts", 1.0),
-    ("_c", "_celsius", 1.0),
-    ("_j", "_joules", 1.0),
-    ("_bytes", "_bytes", 1.0),
-    ("_s", "_seconds", 1.0),
-)
-
-
-def prometheus_name(column: str) -> tuple[str, float]:
-    """A run column in Prometheus base units: ``power_w`` -> (``power_watts``, 1),
-    ``util_pct`` -> (``util_ratio``, 0.01), ``pcie_tx_mib_s`` -> (``pcie_tx_bytes_per_second``, 2**20)."""
-    for suffix, unit, factor in _UNITS:
-        if column.endswith(suffix):
-            return column[: -len(suffix)] + unit, factor
-    return column, 1.0
-
-
-def metric_name(name: str) -> str:
-    """``name`` as a legal Prometheus metric name: every other character an underscore (``a"b`` -> ``a_b``),
-    as the exposition would escape it; so names that clean to the same one share one family."""
-    name = _BAD_NAME_CHARS.sub("_", name)
-    return "_" + name if name[:1].isdigit() else name
-
-
-class _Families:
-    """Metric families built during one scrape, each with a fixed label set: one family per cleaned name
-    (one HELP and TYPE), one sample per label set (the first wins: ``lr`` and ``learning_rate`` are one
-    series), at most :data:`MAX_SERIES_PER_RUN` series per run."""
-
-    def __init__(self) -> None:
-        self.families: dict[str, Any] = {}
-        self._labels: dict[str, list[str]] = {}
-        self._seen: set[tuple[str, tuple[str, ...]]] = set()
-        self._exposed: dict[str, str] = {}  # name as exposed (a counter's with _total) -> family
-        self.series: dict[str, int] = {}
-        self.dropped: dict[str, int] = {}
-
-    def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False,
-            capped: bool = True) -> None:
-        try:
-            v = float(value)
-        except (TypeError, ValueError, OverflowError):
-            return
-        if v != v:  # NaN: nothing recorded
-            return
-        name = metric_name(name)
-        labels = {k: str(val)[:LABEL_CHARS] for k, val in labels.items()}
-        run = labels.get("run", "") if capped else ""
-        key = (name, tuple(labels.values()))
-        if key in self._seen:
-            return  # the same series from another column (``lr`` and ``learning_rate``)
-        fam = self.families.get(name)
-        if fam is None:
-            exposed = name + "_total" if counter else name
-            if self._exposed.get(exposed, name) != name or (counter and name in self._exposed):
-                return  # a gauge and a counter that would expose one name
-            if self.series.get(run, 0) >= MAX_SERIES_PER_RUN and run:
-                self.dropped[run] = self.dropped.get(run, 0) + 1
-                return
-            cls = CounterMetricFamily if counter else GaugeMetricFamily
-            fam = cls(name, doc, labels=list(labels))
-            self.families[name] = fam
-            self._labels[name] = list(labels)
-            self._exposed[exposed] = name
-        elif list(labels) != self._labels[name] or isinstance(fam, CounterMetricFamily) != counter:
-            return
-        elif self.series.get(run, 0) >= MAX_SERIES_PER_RUN and run:
-            self.dropped[run] = self.dropped.get(run, 0) + 1
-            return
-        self._seen.add(key)
-        if run:
-            self.series[run] = self.series.get(run, 0) + 1
-        fam.add_metric(list(labels.values()), v)
-
-
 def _latest(df: pd.DataFrame) -> dict[str, Any]:
     """Newest non-null value of each column (some columns are written every N steps)."""
     if df.empty:
@@ -215,7 +131,7 @@ class RunsCollector:
         with self._lock:
             self._discover()
             paths = sorted(self._paths.items())
-        fams = _Families()
+        fams = Families()
         now = time.time()
         for run_id, path in paths:
             try:
@@ -225,17 +141,17 @@ class RunsCollector:
             except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
                 self._damaged(fams, run_id, "all", exc)
         for run_id, n in sorted(fams.dropped.items()):
-            fams.add("gpudash_series_dropped", f"Series of the run beyond the {MAX_SERIES_PER_RUN} served per run.",
+            fams.add("gpudash_series_dropped", f"Series of the run beyond the {promnames.MAX_SERIES_PER_RUN} served per run.",
                      {"run": run_id}, n, capped=False)
         yield from fams.families.values()
 
     @staticmethod
-    def _damaged(fams: _Families, run_id: str, rank: str, exc: BaseException) -> None:
+    def _damaged(fams: Families, run_id: str, rank: str, exc: BaseException) -> None:
         fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
                  {"run": run_id, "rank": rank, "error": type(exc).__name__}, 1, capped=False)
         fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": damage(exc)}, 1, capped=False)
 
-    def _collect_run(self, fams: _Families, run_id: str, path: Path, now: float) -> None:
+    def _collect_run(self, fams: Families, run_id: str, path: Path, now: float) -> None:
         from gpudash.analysis.runcache import shared_cache
 
         reader, reader_lock = shared_cache().reader(path)
@@ -269,7 +185,7 @@ class RunsCollector:
             self._facts(fams, run_id, reader)
 
     @staticmethod
-    def _facts(fams: _Families, run_id: str, reader: RunReader) -> None:
+    def _facts(fams: Families, run_id: str, reader: RunReader) -> None:
         """Run-level gauges from the run's facts (the numbers the report and the API state)."""
         from gpudash.analysis.runcache import shared_cache
 
@@ -320,7 +236,7 @@ class RunsCollector:
         return values
 
     @staticmethod
-    def _skew(fams: _Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+    def _skew(fams: Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
         """Straggler gauges from the newest step every rank recorded."""
         steps = pd.concat([t[0] for t in tails if not t[0].empty], ignore_index=True)
         memory = pd.concat([t[1] for t in tails if not t[1].empty], ignore_index=True)
@@ -337,7 +253,7 @@ class RunsCollector:
             fams.add("gpudash_memory_imbalance_ratio", "Heaviest rank's memory over the mean rank's, minus 1.",
                      lab, last["memory_imbalance"])
 
-    def _collect_rank(self, fams: _Families, run_id: str, rank: int, rr: RankReader,
+    def _collect_rank(self, fams: Families, run_id: str, rank: int, rr: RankReader,
                       now: float) -> tuple[pd.DataFrame, pd.DataFrame] | None:
         """Add one rank's metrics; returns its newest (steps, memory) rows for the straggler gauges."""
         meta = rr.meta()
@@ -363,7 +279,7 @@ class RunsCollector:
     def _tail(rr: RankReader, table: str, rows: int) -> pd.DataFrame:
         return rr.read(table, after_rowid=max(0, rr.max_rowid(table) - rows))
 
-    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int],
+    def _steps(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int],
                meta: dict[str, Any]) -> pd.DataFrame:
         df = self._tail(rr, "steps", WINDOW)
         if df.empty:
@@ -394,7 +310,7 @@ class RunsCollector:
                 fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
         return df
 
-    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:
+    def _memory(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:
         df = self._tail(rr, "memory", WINDOW)
         last = self._carried((*key, "memory", None), rr, "memory")
         for col, value in last.items():
@@ -411,7 +327,7 @@ class RunsCollector:
                 fams.add(f"gpudash_memory_{name}", f"Newest {col} from the memory record.", lab, value * factor)
         return df
 
-    def _simple(self, fams: _Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str,
+    def _simple(self, fams: Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str,
                 key: tuple[str, int]) -> None:
         for col, value in self._carried((*key, table, None), rr, table).items():
             if col in _SKIP or col == "_rowid":
@@ -419,7 +335,7 @@ class RunsCollector:
             name, factor = prometheus_name(col)
             fams.add(prefix + name, f"Newest {table} sample of {col}.", lab, value * factor)
 
-    def _device(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
+    def _device(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
         if "gpu" not in rr.columns("device"):
             return
         rows = rr.query("SELECT DISTINCT gpu FROM device LIMIT 1025", tables=("device",)) or []
@@ -432,7 +348,7 @@ class RunsCollector:
                 name, factor = prometheus_name(col)
                 fams.add(f"gpudash_device_{name}", f"Newest NVML sample of {col}.", glab, value * factor)
 
-    def _events(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
+    def _events(self, fams: Families, lab: dict[str, str], rr: RankReader) -> None:
         rows = rr.query(f"SELECT substr(kind, 1, {LABEL_CHARS}), count(*) FROM events GROUP BY 1 LIMIT 1000",
                         tables=("events",)) or []
         for kind, count in rows:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from gpudash import metrics
+from gpudash import promnames
 from gpudash.metrics import metric_name, metrics_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,7 +59,7 @@ def test_promtool_accepts_colliding_names(runs: Path) -> None:
 
 
 def test_series_cap_per_run(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "MAX_SERIES_PER_RUN", 5)
+    monkeypatch.setattr(promnames, "MAX_SERIES_PER_RUN", 5)
     text = _scrape(runs)
     for run in ("good", "colliding"):
         n = sum(1 for line in text.splitlines() if f'run="{run}"' in line and not line.startswith("#")
