@@ -27,13 +27,22 @@ from urllib.parse import urlencode
 
 from gpudash.errors import UserError
 
-__all__ = ["TOKEN_ENV", "allowed_hosts", "check_bind", "guard", "host_name", "is_loopback", "resolve_token",
-           "serve_wsgi", "token_ok"]
+__all__ = ["FRAME_ANCESTORS", "MIN_TOKEN_CHARS", "TOKEN_ENV", "allowed_hosts", "check_bind", "check_token",
+           "guard", "host_name", "is_loopback", "resolve_token", "security_headers", "serve_wsgi", "token_from_env",
+           "token_ok"]
 
 TOKEN_ENV = "GPUDASH_TOKEN"
 COOKIE = "gpudash_token"
 _WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+#: The shortest token accepted (a guessable one guards nothing once the server is on the network).
+MIN_TOKEN_CHARS = 16
+#: Pages that may frame the dashboard: its own origin (a notebook through Jupyter's proxy), a notebook
+#: served from this machine (the IFrame of ``gpudash.notebook.show`` at 127.0.0.1), VS Code's notebooks;
+#: ``$GPUDASH_FRAME_ANCESTORS`` adds sources (e.g. ``https://hub.example.org``).
+FRAME_ANCESTORS = ("'self'", "http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
+                   "https://127.0.0.1:*", "https://localhost:*", "vscode-webview:")
+FRAME_ANCESTORS_ENV = "GPUDASH_FRAME_ANCESTORS"
 
 
 def is_loopback(host: str) -> bool:
@@ -47,14 +56,39 @@ def is_loopback(host: str) -> bool:
 
 
 def resolve_token(flag: str | None) -> str | None:
-    """The token given on the command line, else ``$GPUDASH_TOKEN``, else None."""
-    return flag or os.environ.get(TOKEN_ENV) or None
+    """The token given on the command line, else ``$GPUDASH_TOKEN`` (empty: unset), else None;
+    a token too weak to guard anything raises :class:`UserError` (:func:`check_token`)."""
+    if flag is not None:
+        check_token(flag, "--token")
+        return flag
+    env = os.environ.get(TOKEN_ENV)
+    if not env:
+        return None
+    check_token(env, f"${TOKEN_ENV}")
+    return env
+
+
+def token_from_env(flag: str | None) -> bool:
+    """Whether the token in use came from ``$GPUDASH_TOKEN`` (then it is never printed)."""
+    return flag is None and bool(os.environ.get(TOKEN_ENV))
+
+
+def check_token(token: str, where: str = "the token") -> None:
+    """A token must be at least :data:`MIN_TOKEN_CHARS` characters, not all whitespace (one-line UserError)."""
+    if not token.strip():
+        raise UserError(f"{where} is empty or only whitespace: pass a random secret of {MIN_TOKEN_CHARS}+ "
+                        "characters (python -c 'import secrets; print(secrets.token_urlsafe(24))')")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise UserError(f"{where} is {len(token)} characters: use {MIN_TOKEN_CHARS} or more "
+                        "(python -c 'import secrets; print(secrets.token_urlsafe(24))')")
 
 
 def check_bind(host: str, token: str | None) -> None:
     if not is_loopback(host) and not token:
         raise UserError(f"binding {host or '0.0.0.0'} exposes your runs to the network: pass --token SECRET "
                         f"(or set {TOKEN_ENV}), or keep the default --host 127.0.0.1")
+    if not is_loopback(host) and token is not None:
+        check_token(token)
 
 
 def host_name(header: str) -> str | None:
@@ -127,6 +161,25 @@ def _cookie_path(req: Any) -> str:
     return prefix.rstrip("/") + "/" if re.fullmatch(r"[A-Za-z0-9/_.~%-]*", prefix) else "/"
 
 
+def security_headers() -> list[tuple[str, str]]:
+    """Headers on every answer: no ``Referer`` leaves a page (its URL may carry ``?token=``), and only
+    the pages of :data:`FRAME_ANCESTORS` may frame it (no click-jacking from another site)."""
+    extra = [s for s in os.environ.get(FRAME_ANCESTORS_ENV, "").split() if re.fullmatch(r"[\w.:/*\[\]-]+", s)]
+    return [("Referrer-Policy", "no-referrer"),
+            ("Content-Security-Policy", "frame-ancestors " + " ".join([*FRAME_ANCESTORS, *extra]))]
+
+
+def _with_headers(start_response: Callable[..., Any]) -> Callable[..., Any]:
+    added = security_headers()
+
+    def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        have = {k.lower() for k, _ in headers}
+        headers = list(headers) + [(k, v) for k, v in added if k.lower() not in have]
+        return start_response(status, headers, exc_info) if exc_info is not None else start_response(status, headers)
+
+    return start
+
+
 def guard(app: Callable[..., Any], *, token: str | None, hosts: frozenset[str],
           browser: bool = False) -> Callable[..., Any]:
     """A WSGI app that answers only requests naming an allowed host and, with ``token``, carrying it.
@@ -137,6 +190,7 @@ def guard(app: Callable[..., Any], *, token: str | None, hosts: frozenset[str],
     from werkzeug.wrappers import Request
 
     def checked(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        start_response = _with_headers(start_response)
         ok = _host_ok(environ.get("HTTP_HOST"), hosts)
         if ok is None:
             return _plain(start_response, "400 Bad Request", "gpudash: malformed Host header")

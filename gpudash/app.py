@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
+from gpudash.access import TOKEN_ENV, allowed_hosts, check_bind, guard, resolve_token, serve_wsgi, token_from_env
 from gpudash.errors import RunError, UserError
+from gpudash.store.bounded import damage
 
 if TYPE_CHECKING:
     import dash
@@ -212,6 +213,9 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
         except (InvalidRunId, RunError) as exc:
             out["problems"].append(str(exc))
             return jsonify(out)
+        except Exception as exc:  # noqa: BLE001 - a run too damaged to view: its one line, never a 500
+            out["problems"].append(f"{run_id}: unreadable ({damage(exc)})")
+            return jsonify(out)
         out["meta"] = {k: v for k, v in view.meta.items() if k not in ("argv", "pid", "heartbeat")}
         out["throughput"] = throughput.throughput_stats(view.frame("steps"), view.meta)
         out["memory_now"] = memory.memory_at(view.frame("memory"), None)
@@ -369,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"port {args.port} is busy (another process listens on {args.host}:{args.port}): "
                             f"pass --port N, or stop the other process") from None
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
+    if token_from_env(args.token):  # a secret kept in the environment is never printed to a terminal or a log
+        url = url.split("?token=")[0] + f"?token=${TOKEN_ENV}"
     print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
     alerts = None
     if alert_opts is not None:

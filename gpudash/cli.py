@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpudash: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:  # what the readers' bounds did not catch: still one line, no traceback
+        if os.environ.get("GPUDASH_DEBUG"):
+            raise
+        print("gpudash: error: ran out of memory (a damaged run? 'gpudash info RUN' names what it could not read)",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,11 +14,15 @@ from gpudash.units import human_bytes
 
 __all__ = ["add_arguments", "as_json", "human_bytes", "run", "summarize"]
 
+#: Characters of a run name shown on the terminal line.
+NAME_CHARS = 200
+
 
 def summarize(r: Run, facts: Facts | None = None) -> list[str]:
     """The run as lines of text: its :class:`gpudash.analysis.facts.Facts`, and the events by kind."""
     facts = facts if facts is not None else run_facts(r)
-    lines = [f"{'run':<13} {r.name}  ({r.path})"]
+    name = r.name if len(r.name) <= NAME_CHARS else r.name[:NAME_CHARS] + "…"  # the store trims to 1,000
+    lines = [f"{'run':<13} {name}  ({r.path})"]
     lines += [f"{label:<13} {text}" for label, text in headline_rows(facts, r.meta)]
     if len(r.events):
         counts = r.events["kind"].value_counts()

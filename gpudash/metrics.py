@@ -40,14 +40,18 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from gpudash import promnames
 from gpudash.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_nodes, rank_skew
 from gpudash.errors import RunError, UserError
 from gpudash.layouts.runid import list_nested_run_dirs
+from gpudash.promnames import LABEL_CHARS, Families, metric_name, prometheus_name
+from gpudash.store.bounded import damage
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
+from gpudash.store.schema import quote_ident
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer as WSGIServer
@@ -59,6 +63,7 @@ __all__ = [
     "main",
     "metrics_registry",
     "metrics_wsgi_app",
+    "metric_name",
     "prometheus_name",
     "register_metrics",
     "serve_metrics",
@@ -69,6 +74,11 @@ DEFAULT_PORT = 9479
 WINDOW = 20
 #: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
 CARRY_ROWS = 2000
+#: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
+RUN_BUDGET_S = 20.0  # (gpudash.analysis.runcache.WAIT_S is the wait for a run another request reads)
+#: Problems of one run exposed as ``gpudash_run_damaged{problem=...}`` lines.
+MAX_PROBLEMS = 5
+_DAMAGED_HELP = "1 for each problem found reading the run (the first few), named in the problem label."
 _CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
                "optimizer_host_bytes"}
 _COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
@@ -76,54 +86,6 @@ _SCALARS = {"loss": "gpudash_loss", "lr": "gpudash_learning_rate", "learning_rat
             "grad_norm": "gpudash_grad_norm", "loss_scale": "gpudash_loss_scale",
             "batch_size": "gpudash_batch_size"}
 _SKIP = {"step", "time", "rank", "gpu", "samples", "tokens", "duration_s"}
-#: Column unit suffix -> (Prometheus base-unit suffix, factor); the first match wins.
-_UNITS: tuple[tuple[str, str, float], ...] = (
-    ("_mib_s", "_bytes_per_second", 1024.0 * 1024.0),
-    ("_bytes_s", "_bytes_per_second", 1.0),
-    ("_pct", "_ratio", 0.01),
-    ("_mhz", "_hertz", 1e6),
-    ("_w", "_watts", 1.0),
-    ("_c", "_celsius", 1.0),
-    ("_j", "_joules", 1.0),
-    ("_bytes", "_bytes", 1.0),
-    ("_s", "_seconds", 1.0),
-)
-
-
-def prometheus_name(column: str) -> tuple[str, float]:
-    """A run column in Prometheus base units: ``power_w`` -> (``power_watts``, 1),
-    ``util_pct`` -> (``util_ratio``, 0.01), ``pcie_tx_mib_s`` -> (``pcie_tx_bytes_per_second``, 2**20)."""
-    for suffix, unit, factor in _UNITS:
-        if column.endswith(suffix):
-            return column[: -len(suffix)] + unit, factor
-    return column, 1.0
-
-
-class _Families:
-    """Metric families built during one scrape, each with a fixed label set."""
-
-    def __init__(self) -> None:
-        self.families: dict[str, Any] = {}
-        self._labels: dict[str, list[str]] = {}
-
-    def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False) -> None:
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            return
-        if v != v:  # NaN: nothing recorded
-            return
-        fam = self.families.get(name)
-        if fam is None:
-            cls = CounterMetricFamily if counter else GaugeMetricFamily
-            fam = cls(name, doc, labels=list(labels))
-            self.families[name] = fam
-            self._labels[name] = list(labels)
-        elif list(labels) != self._labels[name]:
-            return
-        fam.add_metric(list(labels.values()), v)
-
-
 def _latest(df: pd.DataFrame) -> dict[str, Any]:
     """Newest non-null value of each column (some columns are written every N steps)."""
     if df.empty:
@@ -147,6 +109,7 @@ class RunsCollector:
         self._carry: dict[tuple[str, int, str, int | None], tuple[int, dict[str, Any]]] = {}
         self._scanned = 0.0
         self._lock = threading.Lock()
+        self._deadline = float("inf")
 
     def _discover(self) -> None:
         now = time.monotonic()
@@ -162,42 +125,72 @@ class RunsCollector:
         self._paths = found
 
     def collect(self) -> Iterator[Metric]:
-        from gpudash.analysis.runcache import shared_cache
 
+        # no lock across the scrape: a run that is slow to read (someone else's damaged folder) holds up
+        # only itself, and the next scrape is answered all the same
         with self._lock:
-            fams = _Families()
             self._discover()
-            now = time.time()
-            for run_id, path in sorted(self._paths.items()):
-                try:
-                    reader, reader_lock = shared_cache().reader(path)
-                except RunError:
-                    continue
-                tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
-                with reader_lock:
-                    reader.refresh()
-                    for rank, rr in sorted(reader.ranks.items()):
-                        try:
-                            tail = self._collect_rank(fams, run_id, rank, rr, now)
-                        except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
-                            fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
-                                     {"run": run_id, "rank": str(rank), "error": type(exc).__name__}, 1)
-                            continue
-                        if tail is not None:
-                            tails.append(tail)
-                if len(tails) > 1:
-                    self._skew(fams, run_id, tails)
-                if tails and self.facts:
-                    self._facts(fams, run_id, reader)
-            yield from fams.families.values()
+            paths = sorted(self._paths.items())
+        fams = Families()
+        now = time.time()
+        for run_id, path in paths:
+            try:
+                self._collect_run(fams, run_id, path, now)
+            except RunError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
+                self._damaged(fams, run_id, "all", exc)
+        for run_id, n in sorted(fams.dropped.items()):
+            fams.add("gpudash_series_dropped", f"Series of the run beyond the {promnames.MAX_SERIES_PER_RUN} served per run.",
+                     {"run": run_id}, n, capped=False)
+        yield from fams.families.values()
 
     @staticmethod
-    def _facts(fams: _Families, run_id: str, reader: RunReader) -> None:
+    def _damaged(fams: Families, run_id: str, rank: str, exc: BaseException) -> None:
+        fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                 {"run": run_id, "rank": rank, "error": type(exc).__name__}, 1, capped=False)
+        fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": damage(exc)}, 1, capped=False)
+
+    def _collect_run(self, fams: Families, run_id: str, path: Path, now: float) -> None:
+        from gpudash.analysis.runcache import shared_cache
+
+        reader, reader_lock = shared_cache().reader(path)
+        if not reader_lock.acquire(timeout=RUN_BUDGET_S):
+            self._damaged(fams, run_id, "all", TimeoutError(f"still being read after {RUN_BUDGET_S:g} s; skipped"))
+            return
+        tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+        try:
+            self._deadline = time.monotonic() + RUN_BUDGET_S
+            reader.refresh()
+            for rank, rr in sorted(reader.ranks.items()):
+                if time.monotonic() > self._deadline:
+                    self._damaged(fams, run_id, str(rank),
+                                  TimeoutError(f"reading took over {RUN_BUDGET_S:g} s; the rest skipped"))
+                    break
+                try:
+                    tail = self._collect_rank(fams, run_id, rank, rr, now)
+                except Exception as exc:  # noqa: BLE001 - one damaged rank must not break the scrape
+                    self._damaged(fams, run_id, str(rank), exc)
+                    continue
+                if tail is not None:
+                    tails.append(tail)
+            problems = reader.all_problems()
+        finally:
+            reader_lock.release()
+        for problem in problems[:MAX_PROBLEMS]:  # one line each, naming the damage
+            fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": problem}, 1, capped=False)
+        if len(tails) > 1:
+            self._skew(fams, run_id, tails)
+        if tails and self.facts:
+            self._facts(fams, run_id, reader)
+
+    @staticmethod
+    def _facts(fams: Families, run_id: str, reader: RunReader) -> None:
         """Run-level gauges from the run's facts (the numbers the report and the API state)."""
         from gpudash.analysis.runcache import shared_cache
 
         try:
-            facts = shared_cache().get(reader.path).facts
+            facts = shared_cache().get(reader.path, timeout=RUN_BUDGET_S).facts
         except Exception as exc:  # noqa: BLE001 - a damaged run must not break the scrape
             fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
                      {"run": run_id, "rank": "all", "error": type(exc).__name__}, 1)
@@ -231,19 +224,19 @@ class RunsCollector:
             for col in rr.columns(table):
                 if col in values or col in ("_rowid", "rank", "gpu"):
                     continue
-                cond = f'"{col}" IS NOT NULL' + (f" AND {where}" if where else "")
-                try:
-                    row = rr.conn.execute(f'SELECT "{col}" FROM "{table}" WHERE {cond} ORDER BY rowid DESC LIMIT 1',
-                                          params).fetchone()
-                except Exception:  # noqa: BLE001 - a damaged table leaves the other columns
-                    continue
-                if row is not None and isinstance(row[0], (int, float)):
-                    values[col] = row[0]
+                if time.monotonic() > self._deadline:
+                    break  # a table of thousands of never-written columns: the rest on the next scrape
+                q = quote_ident(col)
+                cond = f"{q} IS NOT NULL" + (f" AND {where}" if where else "")
+                rows = rr.query(f"SELECT {q} FROM {quote_ident(table)} WHERE {cond} ORDER BY rowid DESC LIMIT 1",
+                                params, tables=(table,))
+                if rows and isinstance(rows[0][0], (int, float)):
+                    values[col] = rows[0][0]
         self._carry[key] = (top, values)
         return values
 
     @staticmethod
-    def _skew(fams: _Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+    def _skew(fams: Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
         """Straggler gauges from the newest step every rank recorded."""
         steps = pd.concat([t[0] for t in tails if not t[0].empty], ignore_index=True)
         memory = pd.concat([t[1] for t in tails if not t[1].empty], ignore_index=True)
@@ -260,7 +253,7 @@ class RunsCollector:
             fams.add("gpudash_memory_imbalance_ratio", "Heaviest rank's memory over the mean rank's, minus 1.",
                      lab, last["memory_imbalance"])
 
-    def _collect_rank(self, fams: _Families, run_id: str, rank: int, rr: RankReader,
+    def _collect_rank(self, fams: Families, run_id: str, rank: int, rr: RankReader,
                       now: float) -> tuple[pd.DataFrame, pd.DataFrame] | None:
         """Add one rank's metrics; returns its newest (steps, memory) rows for the straggler gauges."""
         meta = rr.meta()
@@ -286,7 +279,7 @@ class RunsCollector:
     def _tail(rr: RankReader, table: str, rows: int) -> pd.DataFrame:
         return rr.read(table, after_rowid=max(0, rr.max_rowid(table) - rows))
 
-    def _steps(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int],
+    def _steps(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int],
                meta: dict[str, Any]) -> pd.DataFrame:
         df = self._tail(rr, "steps", WINDOW)
         if df.empty:
@@ -317,7 +310,7 @@ class RunsCollector:
                 fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
         return df
 
-    def _memory(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:
+    def _memory(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:
         df = self._tail(rr, "memory", WINDOW)
         last = self._carried((*key, "memory", None), rr, "memory")
         for col, value in last.items():
@@ -334,7 +327,7 @@ class RunsCollector:
                 fams.add(f"gpudash_memory_{name}", f"Newest {col} from the memory record.", lab, value * factor)
         return df
 
-    def _simple(self, fams: _Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str,
+    def _simple(self, fams: Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str,
                 key: tuple[str, int]) -> None:
         for col, value in self._carried((*key, table, None), rr, table).items():
             if col in _SKIP or col == "_rowid":
@@ -342,13 +335,11 @@ class RunsCollector:
             name, factor = prometheus_name(col)
             fams.add(prefix + name, f"Newest {table} sample of {col}.", lab, value * factor)
 
-    def _device(self, fams: _Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
+    def _device(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
         if "gpu" not in rr.columns("device"):
             return
-        try:
-            gpus = [int(g) for (g,) in rr.conn.execute("SELECT DISTINCT gpu FROM device").fetchall() if g is not None]
-        except Exception:  # noqa: BLE001 - a damaged device table leaves the other metrics
-            return
+        rows = rr.query("SELECT DISTINCT gpu FROM device LIMIT 1025", tables=("device",)) or []
+        gpus = [int(g) for (g,) in rows if isinstance(g, int) and 0 <= g < 1 << 16][:1024]
         for gpu in gpus:
             glab = {**lab, "gpu": str(gpu)}
             for col, value in self._carried((*key, "device", gpu), rr, "device").items():
@@ -357,11 +348,9 @@ class RunsCollector:
                 name, factor = prometheus_name(col)
                 fams.add(f"gpudash_device_{name}", f"Newest NVML sample of {col}.", glab, value * factor)
 
-    def _events(self, fams: _Families, lab: dict[str, str], rr: RankReader) -> None:
-        try:
-            rows = rr.conn.execute("SELECT kind, count(*) FROM events GROUP BY kind").fetchall()
-        except Exception:  # noqa: BLE001 - a damaged events table leaves the other metrics
-            return
+    def _events(self, fams: Families, lab: dict[str, str], rr: RankReader) -> None:
+        rows = rr.query(f"SELECT substr(kind, 1, {LABEL_CHARS}), count(*) FROM events GROUP BY 1 LIMIT 1000",
+                        tables=("events",)) or []
         for kind, count in rows:
             fams.add("gpudash_events", "Events recorded by kind (oom, batch_size_change, ...).",
                      {**lab, "kind": str(kind)}, count, counter=True)

@@ -17,10 +17,15 @@ from typing import Any
 
 from gpudash.analysis.facts import Facts, run_facts
 from gpudash.analysis.verdict import Verdict
+from gpudash.errors import RunError
 from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, load_run
 
-__all__ = ["Loaded", "RunCache", "run_stamp", "shared_cache"]
+__all__ = ["Loaded", "RunBusy", "RunCache", "WAIT_S", "run_stamp", "shared_cache"]
+
+#: How long a server request waits for a run another request is reading (a slow, damaged run holds up
+#: only requests for itself, and those only this long).
+WAIT_S = 20.0
 
 
 def run_stamp(path: Path) -> tuple[Any, ...]:
@@ -69,6 +74,7 @@ class RunCache:
         self.readers_size = readers
         self._items: OrderedDict[Path, Loaded] = OrderedDict()
         self._locks: dict[Path, threading.Lock] = {}
+        self._open_locks: dict[Path, threading.Lock] = {}
         self._readers: OrderedDict[Path, tuple[RunReader, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -81,13 +87,29 @@ class RunCache:
             if item is not None:
                 self._readers.move_to_end(key)
                 return item
+            lock = self._open_locks.setdefault(key, threading.Lock())
+        # opened under the run's own lock, never the cache's: a run that is slow to open (a huge or
+        # damaged file) holds up only its own requests, every other run is still served
+        with lock:
+            with self._lock:
+                item = self._readers.get(key)
+            if item is not None:
+                return item
             item = (RunReader(key), threading.Lock())
+        with self._lock:
             self._readers[key] = item
+            evicted = []
             while len(self._readers) > self.readers_size:
-                old, old_lock = self._readers.popitem(last=False)[1]
-                with old_lock:
+                evicted.append(self._readers.popitem(last=False)[1])
+        for old, old_lock in evicted:
+            if old_lock.acquire(blocking=False):
+                try:
                     old.close()
-            return item
+                finally:
+                    old_lock.release()
+            else:
+                threading.Thread(target=_close_when_free, args=(old, old_lock), daemon=True).start()
+        return item
 
     def current(self, path: str | Path) -> Loaded | None:
         """The run at ``path`` as cached, if no file of it changed since it was read; never loads it."""
@@ -96,12 +118,15 @@ class RunCache:
             hit = self._items.get(key)
         return hit if hit is not None and hit.stamp == run_stamp(key) else None
 
-    def get(self, path: str | Path) -> Loaded:
-        """The run at ``path`` (raises :class:`gpudash.RunError` when it is not a run)."""
+    def get(self, path: str | Path, timeout: float | None = None) -> Loaded:
+        """The run at ``path`` (raises :class:`gpudash.RunError` when it is not a run, or when another
+        request is still loading it after ``timeout`` seconds)."""
         key = Path(path).resolve()
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
+        if not lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise RunBusy(f"{key.name}: still being read by another request after {timeout:g} s; try again")
+        try:
             stamp = run_stamp(key)
             hit = self._items.get(key)
             if hit is not None and (hit.stamp == stamp or (
@@ -117,6 +142,8 @@ class RunCache:
                 while len(self._items) > self.size:
                     self._items.popitem(last=False)
             return item
+        finally:
+            lock.release()
 
     def clear(self) -> None:
         with self._lock:
@@ -127,6 +154,16 @@ class RunCache:
         for reader, lock in readers:
             with lock:
                 reader.close()
+
+
+def _close_when_free(reader: RunReader, lock: threading.Lock) -> None:
+    """Close an evicted reader once no request reads it (in a thread: a slow reader holds up nothing)."""
+    with lock:
+        reader.close()
+
+
+class RunBusy(RunError):
+    """Another request is still reading the run: try again (not damage, so never cached as an answer)."""
 
 
 _SHARED = RunCache()

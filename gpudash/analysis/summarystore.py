@@ -25,6 +25,9 @@ from gpudash._version import __version__
 __all__ = ["CACHE_DIR_ENV", "SummaryStore", "cache_dir", "summary_store"]
 
 CACHE_DIR_ENV = "GPUDASH_CACHE_DIR"
+#: A summary is a row of the runs page (a few kB; run names and problems are trimmed where read): one larger
+#: than this is never kept, nor read back.
+MAX_SUMMARY_CHARS = 1 << 20
 
 
 def cache_dir() -> Path | None:
@@ -67,8 +70,8 @@ class SummaryStore:
         key, want = self._key(path, stamp)
         with self._lock:
             try:
-                row = self._conn.execute("SELECT stamp, version, summary FROM summaries WHERE path = ?",
-                                         (key,)).fetchone()
+                row = self._conn.execute("SELECT stamp, version, summary FROM summaries WHERE path = ? "
+                                         f"AND length(summary) <= {MAX_SUMMARY_CHARS}", (key,)).fetchone()
             except sqlite3.Error:
                 return None
         if row is None or row[0] != want or row[1] != __version__:
@@ -85,8 +88,10 @@ class SummaryStore:
         key, value = self._key(path, stamp)
         try:
             text = json.dumps(summary, allow_nan=False)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             return  # not JSON-safe: computed again next time
+        if len(text) > MAX_SUMMARY_CHARS:
+            return  # a run whose summary is this large is computed again rather than kept
         with self._lock:
             try:
                 with self._conn:

@@ -45,6 +45,7 @@ from gpudash.layouts.runs_callbacks import register_runs_callbacks
 from gpudash.layouts.snapshot_views import register_snapshot_callbacks
 from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, xmode_of, zoom_range
 from gpudash.layouts.xaxis_callbacks import register_xaxis_callbacks
+from gpudash.store.bounded import damage
 
 __all__ = ["ReaderCache", "SnapshotRequests", "event_inputs", "page_for", "register_callbacks", "view_params",
            "view_search", "zoom_range"]
@@ -120,9 +121,13 @@ def page_for(pathname: str, search: str, runs_dir: Path, readers: ReaderCache) -
         except BadInput:
             rank = 0
         cursor, xrange, smooth = view_params(query)
-        with lock:
-            return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth,
-                                  xmode=xmode_of(query))
+        try:
+            with lock:
+                return build_run_page(run_id, reader, rank, cursor=cursor, xrange=xrange, smooth=smooth,
+                                      xmode=xmode_of(query))
+        except Exception as exc:  # noqa: BLE001 - someone else's damaged run: one line, the other runs still served
+            return html.Div([dcc.Link("← all runs", href=href("/")),
+                             note(f"{run_id}: damaged, the page cannot be drawn ({damage(exc)})")], id="run-damaged")
     if pathname == "/compare":
         query = parse_qs(search.lstrip("?"))
         wanted = [r for r in ",".join(query.get("runs", [])).split(",") if r]

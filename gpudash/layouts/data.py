@@ -7,7 +7,6 @@ arrived since, and drops the few rows both reads saw (by step or time).
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pandas as pd
 from gpudash.layouts.downsample import MAX_POINTS, downsample_indices
 from gpudash.store.reader import RunReader
 from gpudash.store.run import merged_meta, parse_json
-from gpudash.store.schema import NUMERIC_TABLES
+from gpudash.store.schema import NUMERIC_TABLES, quote_ident
 
 __all__ = ["RAW_LIMIT", "STEP_TABLES", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta", "time_bounds"]
 
@@ -114,20 +113,20 @@ def time_bounds(reader: RunReader, table: str) -> tuple[float | None, float | No
     """First and last time in ``table``: two index lookups (``min(t), max(t)`` in one query scans the table)."""
     lo: float | None = None
     hi: float | None = None
-    for r in reader.ranks.values():
-        try:
-            a = r.conn.execute(f'SELECT min(time) FROM "{table}"').fetchone()[0]
-            b = r.conn.execute(f'SELECT max(time) FROM "{table}"').fetchone()[0]
-        except sqlite3.DatabaseError:
+    for r in reader.ranks.values():  # through the rank's bounded query: real tables only, a deadline
+        lo_rows = r.query(f"SELECT min(time) FROM {quote_ident(table)}", tables=(table,))
+        hi_rows = r.query(f"SELECT max(time) FROM {quote_ident(table)}", tables=(table,))
+        if not lo_rows or not hi_rows:
             continue
-        if a is not None:
+        a, b = lo_rows[0][0], hi_rows[0][0]
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             lo = a if lo is None else min(lo, a)
             hi = b if hi is None else max(hi, b)
     return lo, hi
 
 
 def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = RAW_LIMIT,
-              known: dict[str, pd.DataFrame] | None = None) -> RunView:
+              known: dict[str, Any] | None = None) -> RunView:
     """Everything the run page needs, with numeric tables at most ``max_points`` rows per rank. ``known``:
     step tables (:data:`STEP_TABLES`) already read from these same files, used instead of reading them again."""
     reader.refresh()
@@ -174,5 +173,7 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     status = reader.status()
     if status == "crashed" and not meta.get("end_reason"):
         meta["end_reason"] = "process died (no heartbeat)"
+    problems = reader.all_problems()
+    problems += [p for p in (known or {}).get("problems", ()) if p not in problems]
     return RunView(path=reader.path, meta=meta, status=status, frames=frames, levels=levels,
-                   problems=reader.all_problems(), cursor=cursor, last=last, t0=t0, full=full)
+                   problems=problems, cursor=cursor, last=last, t0=t0, full=full)

@@ -104,7 +104,9 @@ def known_tables(path: Any) -> dict[str, Any] | None:
     hit = shared_cache().current(path)
     if hit is None or hit.run.status == "live":
         return None
-    return {"steps": hit.run.steps.copy(deep=False), "memory": hit.run.memory.copy(deep=False)}
+    # with what reading them found damaged (the page's reader does not read them again, so cannot say)
+    return {"steps": hit.run.steps.copy(deep=False), "memory": hit.run.memory.copy(deep=False),
+            "problems": list(hit.run.problems)}
 
 
 def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView | None = None,
@@ -163,12 +165,12 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
 def _step_times(reader: RunReader, s0: float, s1: float) -> tuple[float, float] | None:
     lo, hi = np.inf, -np.inf
     for r in reader.ranks.values():
-        try:
-            a, b = r.conn.execute("SELECT min(time), max(time) FROM steps WHERE step >= ? AND step <= ?",
-                                  (s0, s1)).fetchone()
-        except Exception:  # noqa: BLE001 - a damaged table: fall back to the whole run
+        rows = r.query("SELECT min(time), max(time) FROM steps WHERE step >= ? AND step <= ?", (s0, s1),
+                       tables=("steps",))
+        if not rows:  # a damaged table: fall back to the whole run
             continue
-        if a is not None:
+        a, b = rows[0]
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             lo, hi = min(lo, a), max(hi, b)
     return None if lo == np.inf else (float(lo), float(hi))
 

@@ -9,7 +9,6 @@ summarised (:func:`cached_summary`: the run loaded once, its facts kept in memor
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import OrderedDict
@@ -19,16 +18,18 @@ from typing import Any
 
 from dash import dcc, html
 from gpudash.analysis.progress import Progress
+from gpudash.analysis.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.analysis.runcache import run_stamp as _run_stamp
-from gpudash.analysis.runcache import shared_cache
 from gpudash.analysis.summarystore import summary_store
 from gpudash.errors import RunError
 from gpudash.layouts.common import fmt_bytes, fmt_num, fmt_s, note
 from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_cell
 from gpudash.layouts.runid import list_run_dirs
+from gpudash.store.bounded import damage
+from gpudash.store.reader import read_run_json
 from gpudash.store.run import merged_meta
-from gpudash.store.schema import RUN_META_FILE, rank_from_db_name
+from gpudash.store.schema import rank_from_db_name
 
 __all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
            "page_label", "read_meta", "run_stamp", "run_summary", "runs_page", "runs_table"]
@@ -66,9 +67,15 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
                            "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None,
                            "progress": None}
     try:
-        loaded = shared_cache().get(path)
+        loaded = shared_cache().get(path, timeout=WAIT_S)
+    except RunBusy as exc:
+        out.update(problems=[str(exc)], retry=True)
+        return out
     except RunError as exc:
         out["problems"] = [str(exc)]
+        return out
+    except Exception as exc:  # noqa: BLE001 - one run's damage is its row's note; the others are listed
+        out["problems"] = [f"{path.name}: unreadable ({damage(exc)})"]
         return out
     run, facts = loaded.run, loaded.facts
     meta = run.meta
@@ -112,6 +119,8 @@ def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None
     out = summary_store().get(path, stamp)
     if out is None:
         out = run_summary(run_id, path)
+        if out.pop("retry", False):
+            return dict(out, id=run_id)  # busy elsewhere: asked again next time, never kept
         if out["status"] in ("finished", "crashed"):
             summary_store().put(path, stamp, out)
     out = dict(out, id=run_id)
@@ -150,11 +159,9 @@ class RunEntry:
 
 
 def _run_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((path / RUN_META_FILE).read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """``run.json`` read as the store reads it (regular file, bounded size, facts checked and trimmed);
+    what is wrong with it is said by the run's summary."""
+    return read_run_json(path, [])
 
 
 def _has_rank_files(stamp: tuple[Any, ...]) -> bool:
@@ -166,11 +173,15 @@ def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
     no table is read)."""
     try:
         reader, lock = shared_cache().reader(path)  # the one place the server opens runs
-    except RunError:
+        if not lock.acquire(timeout=WAIT_S):
+            return {}, "unreadable"
+        try:
+            rank_meta = reader.rank_meta()
+            return merged_meta(reader, rank_meta), reader.status()
+        finally:
+            lock.release()
+    except Exception:  # noqa: BLE001 - RunError, or a run that cannot be read at all: its summary says why
         return {}, "unreadable"
-    with lock:
-        rank_meta = reader.rank_meta()
-        return merged_meta(reader, rank_meta), reader.status()
 
 
 def _read_status(path: Path) -> str:

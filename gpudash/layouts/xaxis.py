@@ -161,12 +161,12 @@ def steps_in(reader: RunReader, lock: threading.Lock, ms: tuple[float, float], x
     lo, hi = math.inf, -math.inf
     with lock:
         for r in reader.ranks.values():
-            try:
-                a, b = r.conn.execute("SELECT min(step), max(step) FROM steps WHERE time >= ? AND time <= ?",
-                                      (t0, t1)).fetchone()
-            except Exception:  # noqa: BLE001 - a damaged table: no steps from it
+            rows = r.query("SELECT min(step), max(step) FROM steps WHERE time >= ? AND time <= ?", (t0, t1),
+                           tables=("steps",))
+            if not rows:  # a damaged table: no steps from it
                 continue
-            if a is not None:
+            a, b = rows[0]
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 lo, hi = min(lo, float(a)), max(hi, float(b))
     return None if lo == math.inf else (lo, hi)
 
@@ -193,9 +193,7 @@ def cursor_ms(reader: RunReader, lock: threading.Lock, rank: int, step: int, x: 
     if r is None:
         return None
     with lock:
-        try:
-            row = r.conn.execute("SELECT time FROM steps WHERE step <= ? ORDER BY step DESC LIMIT 1",
-                                 (int(step),)).fetchone()
-        except Exception:  # noqa: BLE001 - a damaged table: the line stays where it is
-            return None
-    return None if row is None or row[0] is None else (float(row[0]) - x.origin) * 1000.0
+        rows = r.query("SELECT time FROM steps WHERE step <= ? ORDER BY step DESC LIMIT 1", (int(step),),
+                       tables=("steps",))
+    # a damaged table: the line stays where it is
+    return (float(rows[0][0]) - x.origin) * 1000.0 if rows and isinstance(rows[0][0], (int, float)) else None

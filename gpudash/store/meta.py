@@ -10,13 +10,22 @@ Unknown keys pass through untouched.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["META_KEYS", "clean_meta"]
+from gpudash.store.bounded import UnsafeFile, damage, read_regular
+from gpudash.store.schema import RUN_META_FILE
+
+__all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "read_run_json"]
 
 _MAX_INT = 2**63 - 1
+#: run.json larger than this is not read (gpudash writes a few kB).
+RUN_JSON_BYTES = 8 << 20
+#: Characters kept of a text fact (a run name, a host, an end reason): enough for any real one.
+TEXT_FACT_CHARS = 1000
 #: Timestamps after this (year 5138) are not times gpudash wrote; ``time.localtime`` chokes on them.
 _MAX_TIME = 1e11
 
@@ -95,6 +104,10 @@ def _show(v: Any) -> str:
     """A short, always printable rendering of a bad value (huge ints and long texts cut)."""
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > _MAX_INT:
         return "a number too large to use"
+    if isinstance(v, (str, bytes)) and len(v) > 40:
+        v = v[:40]
+    elif isinstance(v, (list, dict)) and len(v) > 8:
+        return f"a {type(v).__name__} of {len(v):,} items"
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -116,5 +129,32 @@ def clean_meta(meta: dict[str, Any], where: str, problems: list[str]) -> dict[st
             if msg not in problems:
                 problems.append(msg)
             continue
+        if isinstance(clean, str) and len(clean) > TEXT_FACT_CHARS:
+            msg = f"{where}: {key} is {len(clean):,} characters long; trimmed to {TEXT_FACT_CHARS:,}"
+            if msg not in problems:
+                problems.append(msg)
+            clean = clean[:TEXT_FACT_CHARS] + "…"
         out[key] = clean
     return out
+
+
+def read_run_json(run_dir: Path, problems: list[str]) -> dict[str, Any]:
+    """A run's ``run.json`` as checked facts (:func:`gpudash.store.meta.clean_meta`); ``{}`` when it is
+    missing, not a regular file, over :data:`RUN_JSON_BYTES` or not a JSON object (said in ``problems``)."""
+
+    def say(msg: str) -> dict[str, Any]:
+        if msg not in problems:
+            problems.append(msg)
+        return {}
+
+    try:
+        data = json.loads(read_regular(Path(run_dir) / RUN_META_FILE, RUN_JSON_BYTES))
+    except FileNotFoundError:
+        return {}
+    except UnsafeFile as exc:
+        return say(f"{RUN_META_FILE}: {exc}; using the per-rank meta")
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:
+        return say(f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {damage(exc)[:200]}); using the per-rank meta")
+    if not isinstance(data, dict):
+        return say(f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta")
+    return clean_meta(data, RUN_META_FILE, problems)

@@ -15,6 +15,9 @@ import sqlite3
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
+
+from gpudash.store.bounded import UnsafeFile, check_regular, connect
 
 __all__ = ["Scratch", "open_rank_db", "wal_path"]
 
@@ -44,7 +47,15 @@ def wal_path(db: Path) -> Path:
 
 
 def open_rank_db(path: Path, scratch: Scratch, note: Callable[[str], None]) -> sqlite3.Connection:
-    """A read-only view of ``rankN.db``; damage that costs records is passed to ``note``."""
+    """A read-only view of ``rankN.db``; damage that costs records is passed to ``note``.
+    Only regular files are opened (a FIFO named ``rank0.db`` would block the open for good)."""
+    for p in (path, wal_path(path)):
+        try:
+            check_regular(p)
+        except FileNotFoundError:
+            pass
+        except (UnsafeFile, OSError) as exc:
+            raise sqlite3.DatabaseError(str(exc) if isinstance(exc, UnsafeFile) else f"{p.name}: {exc}") from None
     if not path.exists() and wal_path(path).exists():
         return _open_orphan_wal(path, scratch, note)
     try:
@@ -62,7 +73,7 @@ def _connect(path: Path, scratch: Scratch) -> sqlite3.Connection:
     # immutable (reads only; creates no -wal/-shm beside someone else's run)
     flags = "mode=ro" if wal_path(path).exists() else "mode=ro&immutable=1"
     try:
-        conn = sqlite3.connect(f"file:{path}?{flags}", uri=True, check_same_thread=False, timeout=5)
+        conn = connect(f"file:{quote(str(path))}?{flags}", uri=True)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         conn.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")  # big chunk blobs read without copies
         return conn
@@ -71,7 +82,7 @@ def _connect(path: Path, scratch: Scratch) -> sqlite3.Connection:
             raise
     try:
         # a WAL database in a folder we may write to: let SQLite create the -shm file
-        conn = sqlite3.connect(path, check_same_thread=False, timeout=5)
+        conn = connect(path)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         return conn
     except sqlite3.OperationalError as exc:
@@ -82,7 +93,7 @@ def _connect(path: Path, scratch: Scratch) -> sqlite3.Connection:
     folder = scratch.path()
     for src in (path, wal_path(path)):
         shutil.copyfile(src, folder / src.name)
-    conn = sqlite3.connect(folder / path.name, check_same_thread=False, timeout=5)
+    conn = connect(folder / path.name)
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn
 
@@ -104,7 +115,7 @@ def _open_orphan_wal(path: Path, scratch: Scratch, note: Callable[[str], None]) 
     folder = scratch.path()
     shutil.copyfile(wal, folder / wal.name)
     (folder / path.name).write_bytes(bytes(page))
-    conn = sqlite3.connect(folder / path.name, check_same_thread=False, timeout=5)
+    conn = connect(folder / path.name)
     try:
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     except sqlite3.DatabaseError:

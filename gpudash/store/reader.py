@@ -21,8 +21,10 @@ import numpy as np
 import pandas as pd
 
 from gpudash.errors import RunError
-from gpudash.store.chunks import read_chunks
-from gpudash.store.meta import clean_meta
+from gpudash.store import bounded
+from gpudash.store.bounded import count_trimmed, damage, is_interrupt, real_tables, trimmed_column
+from gpudash.store.chunks import CHUNK_TABLE, read_chunks
+from gpudash.store.meta import clean_meta, read_run_json
 from gpudash.store.rankfile import Scratch, open_rank_db, wal_path
 from gpudash.store.schema import (
     NUMERIC_TABLES,
@@ -34,12 +36,17 @@ from gpudash.store.schema import (
     rollup_table,
 )
 
-__all__ = ["RankReader", "RunReader", "Cursor", "is_run_dir"]
+__all__ = ["RankReader", "RunReader", "Cursor", "is_run_dir", "read_run_json"]
 
 #: A writer that has not written a heartbeat for this long (and at least 4
 #: flush intervals) is treated as dead: its run reads ``crashed``.
 STALE_AFTER_S = 3.0
 _SALVAGE_BLOCK = 2048
+#: Columns read of one table at most (gpudash's own first); SQLite's own limit is 2,000 per result.
+MAX_COLUMNS = 1000
+#: Keys read of a rank's meta table at most, and the longest value kept (gpudash writes a few kB).
+META_ROWS = 10_000
+META_VALUE_CHARS = 1 << 20
 
 Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 
@@ -80,6 +87,8 @@ class RankReader:
         self.problems: list[str] = []
         self._columns: dict[str, list[str]] = {}
         self._schema_version: int | None = None
+        self._tables: set[str] | None = None
+        self._not_tables: set[str] = set()
         self._scratch = Scratch()
         # no log beside it: opened immutable; a published copy (shared-filesystem mode) is replaced by rename
         self._identity = None if wal_path(path).exists() else _file_identity(path)
@@ -100,17 +109,44 @@ class RankReader:
     # ---- meta ---------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        if not self.has_table("meta"):
+            return out
+        # bounded: at most META_ROWS keys, a value over META_VALUE_CHARS is not even handed to Python
+        sql = (f"SELECT substr(key, 1, 200), CASE WHEN length(value) > {META_VALUE_CHARS} THEN NULL ELSE value END,"
+               f" length(value) FROM meta LIMIT {META_ROWS + 1}")
         try:
-            for key, value in self.conn.execute("SELECT key, value FROM meta"):
-                if not isinstance(key, str):
-                    continue
-                try:
-                    out[key] = json.loads(value)
-                except (TypeError, ValueError, RecursionError):
-                    out[key] = value
-        except sqlite3.DatabaseError as exc:
-            self._note(f"{self.path.name}: meta table unreadable ({exc})")
+            rows = self.conn.execute(sql).fetchall()
+        except sqlite3.DataError:  # a value over the length limit: read key by key, name the ones lost
+            rows = self._meta_by_row(sql)
+        except (sqlite3.DatabaseError, MemoryError) as exc:
+            self._note(f"{self.path.name}: meta table unreadable ({damage(exc)})")
+            rows = []
+        if len(rows) > META_ROWS:
+            self._note(f"{self.path.name}: meta table holds over {META_ROWS:,} keys; read the first {META_ROWS:,}")
+        for key, value, size in rows[:META_ROWS]:
+            if not isinstance(key, str):
+                continue
+            if value is None and isinstance(size, int) and size > META_VALUE_CHARS:
+                self._note(f"{self.path.name} meta: {key[:40]} is {size:,} characters long, over the "
+                           f"{META_VALUE_CHARS:,} kept; ignored")
+                continue
+            try:
+                out[key] = json.loads(value)
+            except (TypeError, ValueError, RecursionError, MemoryError):
+                out[key] = value
         return clean_meta(out, f"{self.path.name} meta", self.problems)
+
+    def _meta_by_row(self, sql: str) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        one = sql.replace(" FROM meta ", " FROM meta WHERE rowid = ? ")
+        for (rowid,) in self.query(f"SELECT rowid FROM meta LIMIT {META_ROWS + 1}", tables=("meta",)) or []:
+            try:
+                rows += self.conn.execute(one, (rowid,)).fetchall()
+            except (sqlite3.DatabaseError, MemoryError) as exc:
+                key = self.query("SELECT substr(key, 1, 40) FROM meta WHERE rowid = ?", (rowid,), tables=("meta",))
+                name = key[0][0] if key and isinstance(key[0][0], str) else f"the key in row {rowid}"
+                self._note(f"{self.path.name} meta: {name} unreadable ({damage(exc)}); ignored")
+        return rows
 
     def status(self, meta: dict[str, Any] | None = None, now: float | None = None) -> str:
         meta = self.meta() if meta is None else meta
@@ -128,17 +164,73 @@ class RankReader:
         return "live"
 
     # ---- tables -------------------------------------------------------------------------
+    def tables(self) -> set[str]:
+        """The file's real tables (views and triggers are someone else's code: never run)."""
+        if self._tables is None:
+            try:
+                self._tables = real_tables(self.conn)
+            except (sqlite3.DatabaseError, MemoryError) as exc:
+                self._note(f"{self.path.name}: table list unreadable ({damage(exc)}); nothing of it read")
+                self._tables = set()
+        return self._tables
+
+    def has_table(self, table: str) -> bool:
+        """Whether ``table`` is a real table of the file; a view or trigger under its name is noted."""
+        if table in self.tables():
+            return True
+        if table in self._not_tables:
+            return False
+        self._not_tables.add(table)
+        try:
+            row = self.conn.execute("SELECT type FROM sqlite_master WHERE name = ? AND type != 'table' LIMIT 1",
+                                    (table,)).fetchone()
+        except (sqlite3.DatabaseError, MemoryError):
+            row = None
+        if row is not None:
+            self._note(f"{self.path.name}: {table} is a {str(row[0])[:20]}, not a table; not read "
+                       "(a run file holds tables only)")
+        return False
+
+    def query(self, sql: str, params: tuple[Any, ...] | list[Any] = (), *, tables: tuple[str, ...],
+              what: str = "") -> list[tuple[Any, ...]] | None:
+        """Rows of ``sql`` over ``tables`` (all real tables, else None without running it); a query
+        that fails, runs out of memory or over its deadline is noted (when ``what`` names it) and gives None."""
+        if not all(self.has_table(t) for t in tables):
+            return None
+        try:
+            return self.conn.execute(sql, params).fetchall()
+        except (sqlite3.DatabaseError, MemoryError) as exc:
+            if what or is_interrupt(exc) or isinstance(exc, MemoryError):
+                self._note(f"{self.path.name}: {what or tables[0]} unreadable ({damage(exc)})")
+            return None
+
     def columns(self, table: str) -> list[str]:
         cols = self._columns.get(table)
         if cols is None:
-            try:
-                cols = [r[1] for r in self.conn.execute(f"PRAGMA table_info({quote_ident(table)})")]
-            except sqlite3.DatabaseError as exc:
-                self._note(f"{self.path.name}: table {table} unreadable ({exc})")
-                cols = []
+            cols = []
+            if self.has_table(table):
+                try:
+                    cols = [r[1] for r in self.conn.execute(f"PRAGMA table_info({quote_ident(table)})")
+                            if isinstance(r[1], str)]
+                except (sqlite3.DatabaseError, MemoryError) as exc:
+                    self._note(f"{self.path.name}: table {table} unreadable ({damage(exc)})")
+                    cols = []
+            cols = self._fit_columns(table, cols)
             if cols:
                 self._columns[table] = cols
         return cols
+
+    def _fit_columns(self, table: str, cols: list[str]) -> list[str]:
+        """At most :data:`MAX_COLUMNS` of a table's columns, gpudash's own first, the rest in file order."""
+        if len(cols) <= MAX_COLUMNS:
+            return cols
+        base = [c for c, _ in TABLE_BASE_COLUMNS.get(table, ())] + ["bucket", "n"]
+        keep = [c for c in cols if c in base]
+        keep += [c for c in cols if c not in keep][:MAX_COLUMNS - len(keep)]
+        kept = set(keep)
+        self._note(f"{self.path.name}: table {table} has {len(cols):,} columns; read {len(keep):,} of them "
+                   f"(gpudash's own and the first others), {len(cols) - len(keep):,} left out")
+        return [c for c in cols if c in kept]
 
     def reopen_if_replaced(self) -> bool:
         """An immutable file replaced since it was opened (a newer published copy, see
@@ -155,6 +247,7 @@ class RankReader:
         self.conn.close()
         self.conn, self._identity, self._schema_version = conn, now, None
         self._columns.clear()
+        self._tables = None
         return True
 
     def refresh_columns(self) -> None:
@@ -167,12 +260,15 @@ class RankReader:
         if version != self._schema_version:
             self._schema_version = version
             self._columns.clear()
+            self._tables = None
+            self._not_tables.clear()
 
     def max_rowid(self, table: str) -> int:
-        """Largest rowid, or 0 when unknown (empty or damaged)."""
+        """Largest rowid, or 0 when unknown (empty, damaged or not a table)."""
+        rows = self.query(f"SELECT max(rowid) FROM {quote_ident(table)}", tables=(table,))
         try:
-            return int(self.conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0)
-        except sqlite3.DatabaseError:
+            return int(rows[0][0] or 0) if rows else 0
+        except (TypeError, ValueError):
             return 0
 
     def read(self, table: str, where: str = "", params: tuple[Any, ...] = (), after_rowid: int = 0,
@@ -181,7 +277,9 @@ class RankReader:
         cols, rows = self.read_rows(table, where, params, after_rowid, limit)
         if not cols:
             return pd.DataFrame()
-        return pd.DataFrame.from_records(rows, columns=["_rowid", *cols])
+        df = pd.DataFrame.from_records(rows, columns=["_rowid", *cols])
+        self._note_trimmed(table, df)
+        return df
 
     def read_rows(self, table: str, where: str = "", params: tuple[Any, ...] = (), after_rowid: int = 0,
                   limit: int | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -191,15 +289,27 @@ class RankReader:
         if not cols:
             return [], []
         cond = ["rowid > ?"] + ([where] if where else [])
-        sql_cols = ", ".join(["rowid", *map(quote_ident, cols)])
+        sql_cols = ", ".join(["rowid", *map(trimmed_column, cols)])
         sql = f'SELECT {sql_cols} FROM {quote_ident(table)} WHERE {" AND ".join(cond)} ORDER BY rowid'
         if limit:
             sql += f" LIMIT {int(limit)}"
         try:
             rows = self.conn.execute(sql, (after_rowid, *params)).fetchall()
+        except MemoryError:
+            self._note(f"{self.path.name}: table {table} unreadable ({damage(MemoryError())}); none of its rows kept")
+            return [], []
         except sqlite3.DatabaseError as exc:
+            if is_interrupt(exc):  # a deadline is no damage that reading block by block would get around
+                self._note(f"{self.path.name}: table {table} unreadable ({damage(exc)}); none of its rows kept")
+                return [], []
             rows = self._salvage(table, sql_cols, where, params, after_rowid, exc)
         return cols, rows
+
+    def _note_trimmed(self, table: str, df: pd.DataFrame) -> None:
+        """Name the text cells cut to :data:`gpudash.store.bounded.TEXT_CHARS` while reading."""
+        for col, n in count_trimmed(df).items():
+            self._note(f"{self.path.name}: {n:,} {table}.{col[:40]} value(s) longer than "
+                       f"{bounded.TEXT_CHARS:,} characters; trimmed")
 
     def _salvage(self, table: str, sql_cols: str, where: str, params: tuple[Any, ...], after: int,
                  exc: Exception) -> list[tuple[Any, ...]]:
@@ -209,13 +319,16 @@ class RankReader:
         extra = f" AND {where}" if where else ""
         sql = f"SELECT {sql_cols} FROM {quote_ident(table)} WHERE rowid > ? AND rowid <= ?{extra} ORDER BY rowid"
         lost = 0
+        stop = time.monotonic() + 3 * bounded.QUERY_S
 
         def block(lo: int, hi: int) -> list[tuple[Any, ...]]:
             nonlocal lost
+            if time.monotonic() > stop:
+                return []
             try:
                 return self.conn.execute(sql, (lo, hi, *params)).fetchall()
-            except sqlite3.DatabaseError:
-                if hi - lo <= 1:
+            except sqlite3.DatabaseError as err:
+                if hi - lo <= 1 or is_interrupt(err):
                     lost += 1
                     return []
                 mid = (lo + hi) // 2
@@ -224,13 +337,14 @@ class RankReader:
         top = self.max_rowid(table)
         rows: list[tuple[Any, ...]] = []
         lo, misses = after, 0
-        while (top and lo < top) or (not top and misses < 8):
+        while ((top and lo < top) or (not top and misses < 8)) and time.monotonic() <= stop:
             got = block(lo, lo + _SALVAGE_BLOCK)
             rows += got
             misses = 0 if got else misses + 1
             lo += _SALVAGE_BLOCK
-        self._note(f"{self.path.name}: table {table} is damaged ({exc}); kept {len(rows)} rows, "
-                   f"about {lost} unreadable")
+        late = f"; stopped after {3 * bounded.QUERY_S:g} s" if time.monotonic() > stop else ""
+        self._note(f"{self.path.name}: table {table} is damaged ({damage(exc)}); kept {len(rows)} rows, "
+                   f"about {lost} unreadable{late}")
         return rows
 
     def read_numeric(self, table: str) -> pd.DataFrame:
@@ -238,7 +352,15 @@ class RankReader:
         cols = self.columns(table)
         if not cols:
             return pd.DataFrame()
-        names, mat, covered = read_chunks(self.conn, table)
+        names: list[str] = []
+        mat: np.ndarray | None = None
+        covered = 0
+        if self.has_table(CHUNK_TABLE):
+            with bounded.large_values(self.conn):  # a merged chunk of a long run is one large blob
+                names, mat, covered = read_chunks(self.conn, table)
+        if mat is not None and len(names) > MAX_COLUMNS:
+            keep = [i for i, c in enumerate(names) if c in cols]
+            names, mat = [names[i] for i in keep], mat[keep]
         tail = self.read(table, after_rowid=covered)
         if mat is None:
             return tail.drop(columns="_rowid")
@@ -250,14 +372,15 @@ class RankReader:
         if text_cols and covered:
             try:
                 rows = self.conn.execute(
-                    f"SELECT {', '.join(map(quote_ident, text_cols))} FROM {quote_ident(table)}"
+                    f"SELECT {', '.join(map(trimmed_column, text_cols))} FROM {quote_ident(table)}"
                     " WHERE rowid <= ? ORDER BY rowid", (covered,)
                 ).fetchall()
                 if len(rows) == n:
-                    for i, c in enumerate(text_cols):
-                        head[c] = [r[i] for r in rows]
-            except sqlite3.DatabaseError as exc:
-                self._note(f"{self.path.name}: text columns of {table} unreadable ({exc})")
+                    text = pd.DataFrame.from_records(rows, columns=text_cols)
+                    head = pd.concat([head, text], axis=1)  # one block, not a column at a time
+                    self._note_trimmed(table, text)
+            except (sqlite3.DatabaseError, MemoryError) as exc:
+                self._note(f"{self.path.name}: text columns of {table} unreadable ({damage(exc)})")
         df = pd.concat([head, tail.drop(columns="_rowid")], ignore_index=True) if len(tail) else head
         for c in ("step", "gpu"):
             if c in df and df[c].notna().all():
@@ -276,11 +399,9 @@ class RankReader:
 
     def count(self, table: str, t0: float | None, t1: float | None) -> int:
         where, params = _time_where(t0, t1, "time")
-        try:
-            sql = f"SELECT count(*) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
-            return int(self.conn.execute(sql, params).fetchone()[0])
-        except sqlite3.DatabaseError:
-            return 0
+        sql = f"SELECT count(*) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
+        rows = self.query(sql, params, tables=(table,))
+        return int(rows[0][0] or 0) if rows else 0
 
 
 def _time_where(t0: float | None, t1: float | None, col: str) -> tuple[str, tuple[Any, ...]]:
@@ -319,8 +440,8 @@ class RunReader:
                 continue
             try:
                 self.ranks[rank] = RankReader(db)
-            except sqlite3.DatabaseError as exc:
-                msg = f"{db.name}: unreadable ({exc}); that rank's records are lost, other ranks shown"
+            except (sqlite3.DatabaseError, OSError, MemoryError) as exc:
+                msg = f"{db.name}: unreadable ({damage(exc)}); that rank's records are lost, other ranks shown"
                 if msg not in self.problems:
                     self.problems.append(msg)
         for r in self.ranks.values():
@@ -337,22 +458,7 @@ class RunReader:
         return out
 
     def run_meta(self) -> dict[str, Any]:
-        path = self.path / RUN_META_FILE
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, RecursionError) as exc:
-            msg = f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {str(exc)[:200]}); using the per-rank meta"
-            if msg not in self.problems:
-                self.problems.append(msg)
-            return {}
-        if not isinstance(data, dict):
-            msg = f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta"
-            if msg not in self.problems:
-                self.problems.append(msg)
-            return {}
-        return clean_meta(data, RUN_META_FILE, self.problems)
+        return read_run_json(self.path, self.problems)
 
     def rank_meta(self) -> dict[int, dict[str, Any]]:
         return {rank: r.meta() for rank, r in sorted(self.ranks.items())}
@@ -374,7 +480,11 @@ class RunReader:
             if table in NUMERIC_TABLES:
                 df = r.read_numeric(table)
             else:
-                df = r.read(table)
+                if table == "snapshots":  # compressed summaries: blobs larger than any other cell
+                    with bounded.large_values(r.conn):
+                        df = r.read(table)
+                else:
+                    df = r.read(table)
                 if "_rowid" in df:
                     df = df.drop(columns="_rowid")
             if len(df):
@@ -410,12 +520,13 @@ class RunReader:
     def time_bounds(self, table: str = "steps") -> tuple[float, float] | None:
         lo, hi = np.inf, -np.inf
         for r in self.ranks.values():
-            try:  # two queries: each is one index probe, together they would scan the table
-                a = r.conn.execute(f"SELECT min(time) FROM {quote_ident(table)}").fetchone()[0]
-                b = r.conn.execute(f"SELECT max(time) FROM {quote_ident(table)}").fetchone()[0]
-            except sqlite3.DatabaseError:
+            # two queries: each is one index probe, together they would scan the table
+            lo_rows = r.query(f"SELECT min(time) FROM {quote_ident(table)}", tables=(table,))
+            hi_rows = r.query(f"SELECT max(time) FROM {quote_ident(table)}", tables=(table,))
+            if not lo_rows or not hi_rows:
                 continue
-            if a is not None:
+            a, b = lo_rows[0][0], hi_rows[0][0]
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 lo, hi = min(lo, a), max(hi, b)
         return None if lo == np.inf else (float(lo), float(hi))
 
@@ -431,11 +542,11 @@ class RunReader:
             params.append(step1)
         sql = "SELECT min(time), max(time) FROM steps" + (f" WHERE {' AND '.join(where)}" if where else "")
         for r in self.ranks.values():
-            try:
-                a, b = r.conn.execute(sql, params).fetchone()
-            except sqlite3.DatabaseError:
+            rows = r.query(sql, params, tables=("steps",))
+            if not rows:
                 continue
-            if a is not None:
+            a, b = rows[0]
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 lo, hi = min(lo, a), max(hi, b)
         if lo == np.inf:
             return None, None

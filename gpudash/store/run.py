@@ -83,7 +83,7 @@ def parse_json(value: Any) -> dict[str, Any]:
         return {}
     try:
         out = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError, MemoryError):
         return {}
     return out if isinstance(out, dict) else {}
 

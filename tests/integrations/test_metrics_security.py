@@ -76,18 +76,18 @@ def test_exposed_bind_needs_a_token(runs: Path, capsys: pytest.CaptureFixture[st
     assert main([str(runs), "--host", "0.0.0.0", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--token" in err and "Traceback" not in err
-    MetricsServer(port=0, host="0.0.0.0", token="t")  # allowed with a token
-    monkeypatch.setenv("GPUDASH_TOKEN", "from-env")
-    assert MetricsServer(port=0, host="0.0.0.0").token == "from-env"
+    MetricsServer(port=0, host="0.0.0.0", token="t" * 16)  # allowed with a token
+    monkeypatch.setenv("GPUDASH_TOKEN", "from-env-0123456789")
+    assert MetricsServer(port=0, host="0.0.0.0").token == "from-env-0123456789"
 
 
 def test_token_checked_on_every_scrape(serve: Callable[..., str]) -> None:
-    url = serve(token="s3cret")
+    url = serve(token="s3cret-s3cret-s3cret")
     assert _get(url)[0] == 401
     assert _get(url, Authorization="Bearer wrong")[0] == 401
-    status, text = _get(url, Authorization="Bearer s3cret")  # Prometheus: authorization: {credentials: s3cret}
+    status, text = _get(url, Authorization="Bearer s3cret-s3cret-s3cret")  # Prometheus: authorization: {credentials: s3cret-s3cret-s3cret}
     assert status == 200 and "good" in _runs_seen(text)
-    assert _get(url + "?token=s3cret")[0] == 200
+    assert _get(url + "?token=s3cret-s3cret-s3cret")[0] == 200
 
 
 def test_foreign_host_header_refused(serve: Callable[..., str]) -> None:
@@ -115,13 +115,37 @@ def test_no_symlinks_out_of_the_runs_folder(runs: Path, serve: Callable[..., str
 
 def test_monitor_exporter_with_token(tmp_path: Path, train_tiny: Callable[..., Any]) -> None:
     tiny_loop = train_tiny
-    exporter = MetricsServer(port=0, token="tok")
+    exporter = MetricsServer(port=0, token="tok-0123456789abcdef")
     mon = tiny_loop(tmp_path / "self", steps=2, close=False, host_hz=0, handle_signals=False)
     try:
         mon.add_collector(exporter)
         assert mon.flush() and exporter.url is not None
         assert _get(exporter.url)[0] == 401
-        status, text = _get(exporter.url, Authorization="Bearer tok")
+        status, text = _get(exporter.url, Authorization="Bearer tok-0123456789abcdef")
         assert status == 200 and _runs_seen(text) == {"self"}
     finally:
         mon.close()
+
+
+def test_weak_tokens_refused(runs: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single space or a short word guards nothing: refused in one line, from the flag and the environment."""
+    for weak in (" ", "   \t", "short-token"):
+        with pytest.raises(UserError, match="characters|whitespace"):
+            MetricsServer(port=0, host="0.0.0.0", token=weak)
+        assert main([str(runs), "--host", "0.0.0.0", "--port", "0", "--token", weak]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and "short-token" not in err, err
+    monkeypatch.setenv("GPUDASH_TOKEN", " ")
+    with pytest.raises(UserError, match="GPUDASH_TOKEN"):
+        MetricsServer(port=0, host="0.0.0.0")
+
+
+def test_security_headers(serve: Callable[..., str]) -> None:
+    """No Referer leaves a page whose URL may carry the token; only local pages and the own origin may frame it."""
+    url = serve()
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.headers["Referrer-Policy"] == "no-referrer"
+        csp = resp.headers["Content-Security-Policy"]
+    assert csp.startswith("frame-ancestors ") and "'self'" in csp and "http://127.0.0.1:*" in csp
+    status, _ = _get(url, Host="evil.example")  # refusals carry them too
+    assert status == 403

@@ -1,0 +1,223 @@
+"""Reading files someone else made: every run folder is hostile input.
+
+A run folder may come from anyone (a colleague's crashed run, a cluster job
+copied to a laptop), so the read side never trusts a byte of it:
+
+* SQLite: :func:`connect` gives a connection that runs no schema code from the
+  file (``trusted_schema=OFF``), writes nothing (``query_only``), refuses
+  values over :data:`LENGTH_LIMIT`, and stops any query that runs longer than
+  :data:`QUERY_S` (a progress handler: a recursive view, a huge scan). Only
+  real tables are read (:func:`real_tables`), never views; identifiers are
+  always quoted (:func:`gpudash.store.schema.quote_ident`).
+* Files: :func:`read_regular` opens only regular files (a FIFO or a device would
+  block or never end) and refuses one larger than the caller's limit before
+  reading a byte of it.
+* Text: :func:`trim` cuts a string read from a run to a length every surface
+  can show; the reader says so in the run's problems.
+* :func:`damage` turns what reading can raise (``MemoryError``, a stopped
+  query, a refused file) into the one line a run's problems hold.
+
+Every limit is a module constant, so tests can make a case small and quick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpudash.store.schema import quote_ident
+
+__all__ = [
+    "LENGTH_LIMIT",
+    "QUERY_S",
+    "TEXT_CHARS",
+    "UnsafeFile",
+    "GuardedConnection",
+    "check_regular",
+    "count_trimmed",
+    "connect",
+    "damage",
+    "is_interrupt",
+    "large_values",
+    "read_regular",
+    "real_tables",
+    "trim",
+    "trimmed_column",
+]
+
+#: A query running longer than this is stopped (SQLite's progress handler) and named as damage.
+QUERY_S = 10.0
+#: The largest value SQLite loads for a row read (larger: the query fails with "string or blob too big",
+#: before the value is in memory; the reader names the row lost). Text up to it is trimmed to TEXT_CHARS.
+LENGTH_LIMIT = 32 << 20
+#: The same for the columnar chunks (:func:`large_values`): a merged chunk of a long run is ~150 MB.
+CHUNK_LENGTH_LIMIT = 1 << 30
+#: The longest SQL statement the reader builds (a wide table's column list).
+SQL_LENGTH_LIMIT = 4 << 20
+#: Characters kept of one text cell read from a run (an event message, a stack, a meta value).
+TEXT_CHARS = 64 << 10
+#: Progress handler period in SQLite virtual-machine instructions (~1 ms of work).
+_TICKS = 20_000
+_TRIMMED = " characters, trimmed]"
+
+
+class UnsafeFile(OSError):
+    """A file in a run folder that is not a regular file, or too large to read."""
+
+
+class GuardedConnection(sqlite3.Connection):
+    """A read-only connection whose every ``execute`` gets its own deadline of :data:`QUERY_S`
+    (checked by SQLite's progress handler while the statement runs and while its rows are fetched)."""
+
+    deadline: float = float("inf")
+    query_s: float | None = None
+    length_limit: int | None = None
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        self.deadline = time.monotonic() + (self.query_s if self.query_s is not None else QUERY_S)
+        return super().execute(sql, parameters)
+
+    def _tick(self) -> int:
+        return 1 if time.monotonic() > self.deadline else 0
+
+
+def connect(target: str | os.PathLike[str], *, uri: bool = False, timeout: float = 5.0) -> GuardedConnection:
+    """A hardened read-only connection to a run's database file (see the module doc)."""
+    conn = sqlite3.connect(target, uri=uri, check_same_thread=False, timeout=timeout, factory=GuardedConnection)
+    assert isinstance(conn, GuardedConnection)
+    try:
+        conn.set_progress_handler(conn._tick, _TICKS)
+        setlimit = getattr(conn, "setlimit", None)  # Python 3.11+
+        if setlimit is not None:  # SQLite's SQLITE_LIMIT_LENGTH (0), _SQL_LENGTH (1), _ATTACHED (7)
+            setlimit(0, LENGTH_LIMIT)
+            conn.length_limit = LENGTH_LIMIT
+            setlimit(1, SQL_LENGTH_LIMIT)
+            setlimit(7, 0)
+            # the column limit stays SQLite's maximum (2,000): lower, a wide table would make the whole
+            # schema unreadable; the reader selects at most MAX_COLUMNS of a table instead
+        conn.execute("PRAGMA trusted_schema=OFF")  # no function a view, trigger or index names runs for us
+        conn.execute("PRAGMA query_only=ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextlib.contextmanager
+def large_values(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within the block, values up to :data:`CHUNK_LENGTH_LIMIT` load (the columnar chunks)."""
+    setlimit = getattr(conn, "setlimit", None)
+    if setlimit is None or not isinstance(conn, GuardedConnection):
+        yield
+        return
+    setlimit(0, CHUNK_LENGTH_LIMIT)
+    try:
+        yield
+    finally:
+        setlimit(0, conn.length_limit if conn.length_limit is not None else LENGTH_LIMIT)
+
+
+def real_tables(conn: sqlite3.Connection) -> set[str]:
+    """Names of the real tables in the file (views, triggers and indexes are never read)."""
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' LIMIT 10000").fetchall()
+    return {r[0] for r in rows if isinstance(r[0], str)}
+
+
+def check_regular(path: Path) -> os.stat_result:
+    """``path``'s stat when it is a regular file (after links); raises :class:`UnsafeFile` for a FIFO,
+    a device, a socket or a folder, ``FileNotFoundError`` when it is not there."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise UnsafeFile(f"{path.name} is {kind}, not a regular file; not read")
+    return st
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``
+    (checked before reading, and again while reading: a file that grows is cut off)."""
+    check_regular(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)  # the file opened, not the name stat'ed above (it may have been swapped)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{path.name} is not a regular file; not read")
+        if st.st_size > max_bytes:
+            raise UnsafeFile(f"{path.name} is {_size(st.st_size)}, over the {_size(max_bytes)} a reader accepts; "
+                             "not read")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UnsafeFile(f"{path.name} grew past {_size(max_bytes)} while read; not read")
+    return data
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def trim(text: str, limit: int | None = None) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` characters (default :data:`TEXT_CHARS`) with a marker; (text, was it cut)."""
+    limit = TEXT_CHARS if limit is None else limit
+    if len(text) <= limit:
+        return text, False
+    return text[:limit] + f"… [{len(text):,} characters, trimmed]", True
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """A query that the deadline stopped."""
+    return isinstance(exc, sqlite3.OperationalError) and "interrupt" in str(exc)
+
+
+def damage(exc: BaseException) -> str:
+    """What went wrong reading, in words for a run's one-line damage note."""
+    if isinstance(exc, MemoryError):
+        return "ran out of memory reading it"
+    if is_interrupt(exc):
+        return f"a query ran over {QUERY_S:g} s and was stopped"
+    if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
+        return f"a value over {LENGTH_LIMIT >> 20} MB, more than any record gpudash writes"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to read"
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def trimmed_column(col: str) -> str:
+    """A column as the reader selects it: a text cell over :data:`TEXT_CHARS` cut in SQL, so a long
+    value never reaches Python whole (numbers and blobs as they are)."""
+    q = quote_ident(col)
+    n = TEXT_CHARS
+    return (f"CASE WHEN typeof({q}) = 'text' AND length({q}) > {n} THEN substr({q}, 1, {n}) || "
+            f"'… [' || length({q}) || '{_TRIMMED}' ELSE {q} END")
+
+
+def count_trimmed(df: Any) -> dict[str, int]:
+    """Per column of a frame read with :func:`trimmed_column`: how many of its cells were cut."""
+    import pandas as pd
+
+    out: dict[str, int] = {}
+    for col in df.columns:
+        if pd.api.types.is_numeric_dtype(df[col].dtype):
+            continue
+        try:
+            lengths = df[col].str.len()  # vectorised; a column of None or numbers has no .str
+        except AttributeError:
+            continue
+        n = int((lengths > TEXT_CHARS).sum())
+        if n:
+            out[str(col)] = n
+    return out
