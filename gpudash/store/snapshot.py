@@ -170,6 +170,14 @@ def _take(table: np.ndarray, ids: Any) -> np.ndarray:
     return table[np.where(bad, len(table) - 1, ids)]
 
 
+def _category(table: np.ndarray, ids: Any) -> pd.Categorical:
+    """A string column of a million rows as codes into its table (no string per row to build or convert)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.where((ids < 0) | (ids >= len(table) - 1), len(table) - 1, ids)
+    uniq, inverse = np.unique(np.asarray(table, dtype=str), return_inverse=True)
+    return pd.Categorical.from_codes(inverse.reshape(-1)[ids], categories=uniq)
+
+
 def _frames_v2(summary: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     frames = _table(summary.get("frames"), "frame")
     stack_lists = summary.get("stacks")
@@ -208,10 +216,11 @@ def _frames_v2(summary: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.
             return out
 
         trace = pd.DataFrame({
-            "device": t["device"].astype(np.int64), "action": _take(_table(summary.get("trace_actions"), "action"),
-                                                                    t["action"]),
+            "device": t["device"].astype(np.int64),
+            "action": _category(_table(summary.get("trace_actions"), "action"), t["action"]),
             "address": t["address"], "size": t["size"], "stream": t["stream"], "time_us": na(t["time_us"]),
-            "device_free": na(t["device_free"]), "frame": _take(frames, t["frame"]), "stack": _take(stacks, t["stack"]),
+            "device_free": na(t["device_free"]), "frame": _category(frames, t["frame"]),
+            "stack": _category(stacks, t["stack"]),
             "stack_id": t["stack"].astype(np.int64),
         })
     return seg, blocks, trace

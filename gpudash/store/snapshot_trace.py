@@ -171,30 +171,33 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
     An event is an alloc or a free; a ``free_completed`` right after the same address's ``free_requested``
     (or ``free``) is the same free and no second event. An address allocated twice ends the first (the trace
     lost its free); a free without an alloc before it in the trace frees an allocation older than the trace."""
-    actions = trace["action"].astype(str).to_numpy()
+    act_codes, act_names = _labels(trace["action"])
     addrs = trace["address"].to_numpy(dtype=np.int64)
     sizes = trace["size"].to_numpy(dtype=np.int64)
     stacks = (trace["stack"] if "stack" in trace else trace.get("frame", pd.Series([""] * len(trace))))
-    stack_arr = stacks.astype(str).to_numpy(dtype=object)
+    stack_codes, stack_names = _labels(stacks)
     times = pd.to_numeric(trace["time_us"], errors="coerce").to_numpy(dtype=float) if "time_us" in trace \
         else np.full(len(trace), np.nan)
-    is_alloc = actions == "alloc"
-    is_free = (actions == "free_requested") | (actions == "free")
-    is_done = actions == "free_completed"
+    def of(*names: str) -> np.ndarray:
+        return np.isin(act_codes, [i for i, a in enumerate(act_names) if a in names])
+
+    is_alloc = of("alloc")
+    is_free = of("free_requested", "free")
+    is_done = of("free_completed")
     kept = is_alloc | is_free | is_done
     ignored: dict[str, int] = {}
     if not kept.all():
-        names, counts = np.unique(actions[~kept], return_counts=True)
-        ignored = {str(k): int(v) for k, v in zip(names, counts, strict=True)}
+        codes, counts = np.unique(act_codes[~kept], return_counts=True)
+        ignored = {str(act_names[k]): int(v) for k, v in zip(codes, counts, strict=True)}
     pos = np.flatnonzero(kept)
     order = pos[np.lexsort((pos, addrs[pos]))]  # by address, then in trace order
     same = np.r_[False, addrs[order][1:] == addrs[order][:-1]]
     prev_free = np.r_[False, is_free[order][:-1]]
-    skip = np.zeros(len(actions), dtype=bool)
+    skip = np.zeros(len(act_codes), dtype=bool)
     skip[order[same & prev_free & is_done[order]]] = True
     ev = np.flatnonzero(kept & ~skip)  # the events, in trace order; event k is at x = k + 1
     n = len(ev)
-    x_of = np.zeros(len(actions), dtype=np.int64)
+    x_of = np.zeros(len(act_codes), dtype=np.int64)
     x_of[ev] = np.arange(1, n + 1)
     x_time = np.r_[times[0] if len(times) else np.nan, times[ev]]
     order = ev[np.lexsort((ev, addrs[ev]))]
@@ -217,11 +220,24 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
         "start": np.r_[np.zeros(nb, np.int64), x_of[alloc_rows]],
         "end": np.r_[x_of[base_rows], alloc_end].astype(np.int64),
         "address": np.r_[addrs[base_rows], addrs[alloc_rows]],
-        "stack": np.r_[stack_arr[base_rows], stack_arr[alloc_rows]],
+        "stack": stack_names[np.r_[stack_codes[base_rows], stack_codes[alloc_rows]]],
         "base": np.r_[np.ones(nb, bool), np.zeros(na, bool)],
         "stack_of_free": np.r_[np.ones(nb, bool), np.zeros(na, bool)],
     }
     return cols, n, np.asarray(x_time, dtype=float), ignored
+
+
+def _labels(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A string column as (codes, names): a categorical's own (a stored trace), else factorized."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        names = np.asarray(col.cat.categories.astype(str), dtype=object)
+        codes = col.cat.codes.to_numpy(dtype=np.int64)
+        if (codes < 0).any():  # a missing value: ""
+            names = np.r_[names, np.array([""], dtype=object)]
+            codes = np.where(codes < 0, len(names) - 1, codes)
+        return codes, names
+    codes, uniques = pd.factorize(col.astype(str), sort=False)
+    return codes.astype(np.int64), np.asarray(uniques, dtype=object)
 
 
 def _still_active(mm: Any, device: int, live_addresses: np.ndarray, end: int) -> dict[str, np.ndarray]:
