@@ -127,7 +127,10 @@ def snapshot_diff(before: Any, after: Any, top: int = 50) -> SnapshotDiff:
     for mm in (before, after):
         live = _live_blocks(mm)
         groups.append(live.groupby("stack", sort=False)["size"].agg(["sum", "count"]))
-    joined = groups[0].join(groups[1], how="outer", lsuffix="_a", rsuffix="_b").fillna(0)
+    index = groups[0].index.union(groups[1].index)
+    a, b = (g.reindex(index, fill_value=0).astype("int64") for g in groups)
+    joined = pd.DataFrame({"sum_a": a["sum"], "count_a": a["count"], "sum_b": b["sum"], "count_b": b["count"]},
+                          index=index)
     joined["delta"] = joined["sum_b"] - joined["sum_a"]
     changed = joined[(joined["delta"] != 0) | (joined["count_a"] != joined["count_b"])]
     changed = changed.assign(key=-changed["delta"].abs()).sort_values(["delta", "key"], ascending=[False, True],
