@@ -37,7 +37,8 @@ def largest_children(mm: Any, n: int = 15) -> list[Any]:
     body = [html.Tr([html.Td(fmt_bytes(r.size)), html.Td(fmt_bytes(r.requested_size)), html.Td(f"{r.address:#x}"),
                      html.Td(_frames(r.stack))]) for r in rows]
     return [html.H4(f"Largest live allocations (of {len(mm.blocks[mm.blocks['state'] == 'active_allocated']):,})"),
-            html.Table([html.Thead(head), html.Tbody(body)], id="largest-allocations", className="table")]
+            html.Div(html.Table([html.Thead(head), html.Tbody(body)], id="largest-allocations", className="table"),
+                     style={"maxHeight": "380px", "overflowY": "auto"})]
 
 
 def diff_options(maps: list[Any]) -> list[dict[str, Any]]:
