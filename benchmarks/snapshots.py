@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import results  # noqa: E402  (benchmarks/results.py)
-from snapshot_gen import write_snapshot  # noqa: E402
 
 TITLE = "## Large allocator snapshots (issue 27)"
 
@@ -83,10 +82,15 @@ def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 
 def measure(n: int, work: Path, repeats: int, env: dict[str, str], browser: bool) -> dict[str, Any]:
-    snap = write_snapshot(n, work / f"snapshot-{n}.pickle")
+    # written by a child: a forked child's peak RSS starts at its parent's, so this process stays small
+    snap = work / f"snapshot-{n}.pickle"
+    _child([sys.executable, "-c", "import sys; from snapshot_gen import write_snapshot; from pathlib import Path; "
+            "write_snapshot(int(sys.argv[1]), Path(sys.argv[2]))", str(n), str(snap)],
+           {**env, "PYTHONPATH": f"{env['PYTHONPATH']}{os.pathsep}{Path(__file__).resolve().parent}"})
     loads: list[tuple[float, float]] = []
     imports: list[tuple[float, float]] = []
-    run = work / f"run-{n}"
+    run = work / "serve" / f"run-{n}"
+    run.parent.mkdir(exist_ok=True)
     for r in range(repeats):
         loads.append(_child([sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))",
                              str(snap)], env)[:2])
@@ -121,10 +125,7 @@ def _browser_draw(work: Path, run: Path) -> float | None:
         return None
     from gpudash.app import serve_in_thread
 
-    root = work / f"serve-{run.name}"
-    root.mkdir()
-    (root / run.name).symlink_to(run)
-    url, stop = serve_in_thread(root, "127.0.0.1", 0)
+    url, stop = serve_in_thread(run.parent, "127.0.0.1", 0)
     opts = Options()
     opts.binary_location = "/usr/bin/chromium"
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"):

@@ -97,7 +97,7 @@ def diff_children(maps: list[Any], before: Any, after: Any, graph_config: Any = 
     if not diff.rows:
         parts.append(note("no live allocation changed between A and B"))
         return parts
-    parts.append(dcc.Graph(id="snapshot-diff-graph", figure=diff_figure(diff), config=graph_config or {}))
+    parts.append(dcc.Graph(id="snapshot-diff-graph", figure=diff_figure(diff), config=graph_config))
     head = html.Tr([html.Th("change"), html.Th("A"), html.Th("B"), html.Th("allocations"), html.Th("stack")])
     body = [html.Tr([html.Td(_signed(r.delta_bytes)), html.Td(fmt_bytes(r.before_bytes)), html.Td(fmt_bytes(r.after_bytes)),
                      html.Td(f"{r.before_count:,} -> {r.after_count:,}"), html.Td(_frames(r.stack))]) for r in diff.rows]

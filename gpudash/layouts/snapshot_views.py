@@ -30,8 +30,8 @@ from gpudash.layouts.common import (
 from gpudash.layouts.fig import Fig
 from gpudash.layouts.inputs import BadInput, as_float, as_int, page_run
 from gpudash.layouts.readers import ReaderCache
-from gpudash.store.reader import RunReader
 from gpudash.layouts.viewstate import relayout_range
+from gpudash.store.reader import RunReader
 from gpudash.store.snapshot_trace import AllocTimeline, Band, TraceModel, allocation_timeline, trace_model
 from gpudash.units import fmt_duration
 

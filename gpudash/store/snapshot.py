@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpudash.errors import RunError
 from gpudash.store.snapshot_codec import MAX_V1_BYTES, decode_summary, encode_summary, snapshot_row
 from gpudash.store.snapshot_read import (
     BLOCK_COLUMNS,
@@ -175,7 +174,7 @@ def _category(table: np.ndarray, ids: Any) -> pd.Categorical:
     ids = np.asarray(ids, dtype=np.int64)
     ids = np.where((ids < 0) | (ids >= len(table) - 1), len(table) - 1, ids)
     uniq, inverse = np.unique(np.asarray(table, dtype=str), return_inverse=True)
-    return pd.Categorical.from_codes(inverse.reshape(-1)[ids], categories=uniq)
+    return pd.Categorical.from_codes(inverse.reshape(-1)[ids], categories=pd.Index(uniq))  # type: ignore[call-overload]
 
 
 def _frames_v2(summary: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:

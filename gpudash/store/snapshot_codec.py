@@ -35,7 +35,7 @@ MAX_V1_BYTES = 96 * 2**20
 #: Lists and objects in a header or a v1 summary (an honest one has a few per segment and stack): a
 #: few megabytes of ``[[],[],...]`` would make hundreds of megabytes of lists.
 MAX_CONTAINERS = 2_000_000
-_DTYPES = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
+_DTYPES: dict[str, np.dtype[Any]] = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
 _TABLES = ("blocks", "trace")
 
 

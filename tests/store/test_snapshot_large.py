@@ -36,7 +36,7 @@ from gpudash.store.snapshot import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from snapshot_gen import grow_snapshot  # noqa: E402
+from snapshot_gen import grow_snapshot
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,8 @@ def test_a_v1_summary_of_millions_of_lists_is_refused_before_parsing(monkeypatch
     """The issue's case, scaled down: valid summary JSON (here 2.4 MB of ``[],``; 400 MB in the issue) that
     would make a list per two bytes. Counted before json.loads, refused with the reason."""
     monkeypatch.setattr(snapshot_codec, "MAX_CONTAINERS", 100_000)
-    text = '{"format": "%s", "segments": {}, "blocks": {}, "x": [%s]}' % (SUMMARY_FORMAT_V1, ",".join(["[]"] * 800_000))
+    lists = ",".join(["[]"] * 800_000)
+    text = f'{{"format": "{SUMMARY_FORMAT_V1}", "segments": {{}}, "blocks": {{}}, "x": [{lists}]}}'
     msg = _problem(zlib.compress(text.encode(), 9), SUMMARY_FORMAT_V1)
     assert "lists and objects" in msg and "counted before parsing" in msg
 
