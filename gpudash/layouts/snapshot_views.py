@@ -75,9 +75,13 @@ def _decode_snapshots(reader: RunReader, problems: list[str] | None) -> list[Any
         return []
     try:
         return list(mod.snapshots_from_frame(frame, problems if problems is not None else []))
+    except MemoryError:
+        if problems is not None:
+            problems.append("snapshots unreadable: too large for the memory this server has")
+        return []
     except Exception as exc:  # noqa: BLE001 - a bad snapshot must not break the page
         if problems is not None:
-            problems.append(f"snapshots unreadable: {exc}")
+            problems.append(f"snapshots unreadable: {str(exc)[:200] or type(exc).__name__}")
         return []
 
 

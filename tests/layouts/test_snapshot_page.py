@@ -90,3 +90,29 @@ def test_a_run_with_steps_keeps_its_page_and_gets_the_diff_picker(tmp_path: Path
     page = _json(build_run_page("rich", RunReader(tmp_path / "rich")))
     assert "step-time-graph" in page and "snap-pick" not in page and '"largest-box"' in page
     _ = pickle  # the fixtures are pickles; the page never unpickles anything
+
+
+def test_snapshots_that_cannot_be_read_say_why(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudash.store import snapshot
+
+    def boom(df: Any, problems: list[str]) -> list[Any]:
+        raise MemoryError
+
+    monkeypatch.setattr(snapshot, "snapshots_from_frame", boom)
+    problems: list[str] = []
+    assert snapshot_views._decode_snapshots(RunReader(run), problems) == []
+    assert problems == ["snapshots unreadable: too large for the memory this server has"]
+
+
+def test_the_page_and_the_cli_show_the_same_diff(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One fact, one place: the run page's diff table and ``gpudash diff-snapshots --json`` agree."""
+    from gpudash.layouts.common import fmt_bytes
+
+    maps = snapshot_views.load_snapshots(RunReader(run))
+    page = _json_children(diff_children(maps, maps[0], maps[1]))
+    assert cli(["diff-snapshots", f"{run}@1", f"{run}@3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for s in data["stacks"][:5]:
+        sign = "+" if s["delta_bytes"] > 0 else "-"
+        assert sign + fmt_bytes(abs(s["delta_bytes"])) in page
+    assert ("+" + fmt_bytes(data["allocated_delta_bytes"])) in page
