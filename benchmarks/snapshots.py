@@ -15,7 +15,8 @@ its wall time and peak memory (``ru_maxrss`` of that child, from ``os.wait4``) a
   metered unpickling, summary, compression, the SQLite write);
 * first draw (server side): in a fresh process, from the stored run to the timeline's figure as JSON (read
   the row, decode, trace model, timeline, figure), and a zoom to a 2,000-event window in the middle.
-* ``--browser``: the run page in headless Chromium, navigation to ``#alloc-timeline`` drawn.
+* ``--browser``: the run page in headless Chromium (after the runs page, so the server has started),
+  navigation to ``#alloc-timeline`` drawn.
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ def _browser_draw(work: Path, run: Path) -> float | None:
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
     try:
+        # the server's own start first (its deferred imports, the compressed plotly bundle): the runs page,
+        # then the run page timed from navigation (its snapshot read, the timeline, the figure, the drawing)
+        driver.get(url)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 120 and not driver.execute_script(
+                "return document.querySelectorAll('a[href*=\"/run/\"]').length"):
+            time.sleep(0.05)
         t = time.perf_counter()
         driver.get(url + "run/" + run.name)
         while time.perf_counter() - t < 120:

@@ -179,7 +179,7 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
     times = pd.to_numeric(trace["time_us"], errors="coerce").to_numpy(dtype=float) if "time_us" in trace \
         else np.full(len(trace), np.nan)
     def of(*names: str) -> np.ndarray:
-        return np.isin(act_codes, [i for i, a in enumerate(act_names) if a in names])
+        return np.array([a in names for a in act_names], dtype=bool)[act_codes]
 
     is_alloc = of("alloc")
     is_free = of("free_requested", "free")
@@ -190,7 +190,7 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
         codes, counts = np.unique(act_codes[~kept], return_counts=True)
         ignored = {str(act_names[k]): int(v) for k, v in zip(codes, counts, strict=True)}
     pos = np.flatnonzero(kept)
-    order = pos[np.lexsort((pos, addrs[pos]))]  # by address, then in trace order
+    order = pos[np.argsort(addrs[pos], kind="stable")]  # by address, then in trace order
     same = np.r_[False, addrs[order][1:] == addrs[order][:-1]]
     prev_free = np.r_[False, is_free[order][:-1]]
     skip = np.zeros(len(act_codes), dtype=bool)
@@ -200,7 +200,7 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
     x_of = np.zeros(len(act_codes), dtype=np.int64)
     x_of[ev] = np.arange(1, n + 1)
     x_time = np.r_[times[0] if len(times) else np.nan, times[ev]]
-    order = ev[np.lexsort((ev, addrs[ev]))]
+    order = ev[np.argsort(addrs[ev], kind="stable")]
     same_next = np.r_[addrs[order][1:] == addrs[order][:-1], False]
     same_prev = np.r_[False, same_next[:-1]]
     a_sorted = is_alloc[order]
@@ -364,13 +364,24 @@ def _samples(drawn_total: np.ndarray, total: np.ndarray, buckets: int, lo: int =
         keep.append(np.arange(n))
     else:
         edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-        bucket = np.searchsorted(edges, np.arange(n), side="right") - 1
-        # argmax/argmin per bucket through sorting by (bucket, value)
-        order_max = np.lexsort((-total, bucket))
-        order_min = np.lexsort((total, bucket))
-        keep.append(order_max[np.flatnonzero(np.r_[True, np.diff(bucket[order_max]) != 0])])
-        keep.append(order_min[np.flatnonzero(np.r_[True, np.diff(bucket[order_min]) != 0])])
+        bucket = np.repeat(np.arange(buckets), np.diff(edges))
+        # the first maximum and minimum of each bucket: its extreme (reduceat), then the first x holding it
+        for extreme in (np.maximum.reduceat(total, edges[:-1]), np.minimum.reduceat(total, edges[:-1])):
+            hit = np.flatnonzero(total == extreme[bucket])
+            keep.append(hit[np.r_[True, np.diff(bucket[hit]) != 0]])
     return np.unique(np.concatenate(keep)) + lo
+
+
+def _first(k: int, keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Positions of the first ``k`` rows in ``np.lexsort(keys)`` order (the last key primary), sorting only
+    the rows that can be among them (those at or under the k-th smallest primary key)."""
+    primary = keys[-1]
+    if len(primary) > 4 * k > 0:
+        cut = np.partition(primary, k - 1)[k - 1]
+        rows = np.flatnonzero(primary <= cut)
+    else:
+        rows = np.arange(len(primary))
+    return rows[np.lexsort(tuple(key[rows] for key in keys))][:k]
 
 
 def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int = MAX_POINTS,
@@ -395,8 +406,9 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
     life = np.minimum(end, hi + 1) - np.maximum(start, lo)
     # bands for the allocations covering the most area (size x lifetime, within the window), and a quarter of
     # them for the largest by size (a brief spike); the rest are merged
-    by_size = alive[np.lexsort((alive, -life, -size))]
-    by_area = alive[np.lexsort((alive, -(size * life)))]
+    k0 = min(max_bands, len(alive))
+    by_size = alive[_first(max(1, k0 // 4), (alive, -life, -size))]
+    by_area = alive[_first(k0 + k0 // 4 + 1, (alive, -(size * life)))]
     budget = max(1, max_points - 2 * (2 * buckets + 2))
     k = min(max_bands, len(alive))
     while True:
