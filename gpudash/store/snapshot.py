@@ -3,9 +3,10 @@
 The capture side (``gpudash.collectors.snapshots``) and ``gpudash import-snapshot`` both
 :func:`~gpudash.store.snapshot_read.summarize` a torch snapshot dict (read safely by
 :func:`~gpudash.store.snapshot_read.read_snapshot_pickle`) into a compact columnar summary and
-store it zlib-compressed JSON in the ``snapshots`` table with format :data:`SUMMARY_FORMAT`.
-:func:`snapshots_from_frame` turns those rows back into :class:`MemoryMap` objects, decompressing
-at most :data:`MAX_SUMMARY_BYTES` each (a crafted run database cannot make a zlib bomb of it).
+store it (:mod:`gpudash.store.snapshot_codec`: zlib'd numpy columns, every trace entry) in the
+``snapshots`` table with format :data:`SUMMARY_FORMAT`. :func:`snapshots_from_frame` turns those rows
+back into :class:`MemoryMap` objects, inflating each only to the rows it declares (a crafted run
+database cannot make a zlib bomb of it); the trace's strings come back as categoricals.
 The allocation timeline drawn from a map's trace is :mod:`gpudash.store.snapshot_trace`.
 No torch here: a laptop reads them.
 """
