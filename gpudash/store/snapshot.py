@@ -175,7 +175,8 @@ def _category(table: np.ndarray, ids: Any) -> pd.Categorical:
     ids = np.asarray(ids, dtype=np.int64)
     ids = np.where((ids < 0) | (ids >= len(table) - 1), len(table) - 1, ids)
     uniq, inverse = np.unique(np.asarray(table, dtype=str), return_inverse=True)
-    return pd.Categorical.from_codes(inverse.reshape(-1)[ids], categories=pd.Index(uniq))  # type: ignore[call-overload]
+    cat = pd.Categorical.from_codes(inverse.reshape(-1)[ids], categories=pd.Index(uniq))  # type: ignore[call-overload]
+    return cat.remove_unused_categories()  # value_counts() lists only what occurs
 
 
 def _frames_v2(summary: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
