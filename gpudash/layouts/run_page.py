@@ -372,8 +372,9 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                             title="the run records an allocator snapshot at the end of its next step (GPU runs)"),
                 html.Span(id="snapshot-requested", className="muted"),
             ], style={"display": "flex", "gap": "8px", "alignItems": "center"}),
-                      dcc.Dropdown(id="snapshot-diff-pick", options=diff_options(maps), value="none", clearable=False)
-                      if len(maps) > 1 else None,
+                      # always in the page (its callback's inputs must all exist), shown with two snapshots to compare
+                      html.Div(dcc.Dropdown(id="snapshot-diff-pick", options=diff_options(maps), value="none",
+                                            clearable=False), style={} if len(maps) > 1 else {"display": "none"}),
                       html.Div(_graph("segment-map", snap) if isinstance(snap, Fig) else note(str(snap)),
                                id="segment-map-box")], className="half"),
         ], className="row"),

@@ -89,6 +89,7 @@ def test_a_run_with_steps_keeps_its_page_and_gets_the_diff_picker(tmp_path: Path
     train(tmp_path / "rich", 12, rich=True)
     page = _json(build_run_page("rich", RunReader(tmp_path / "rich")))
     assert "step-time-graph" in page and "snap-pick" not in page and '"largest-box"' in page
+    assert '"snapshot-diff-pick"' in page  # always there: its callback needs every input
     _ = pickle  # the fixtures are pickles; the page never unpickles anything
 
 
