@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("gpudash.analysis.report_cli", "write a post-mortem report (html or md)"),
     "export": ("gpudash.export", "export a run's tables to parquet or csv"),
     "import-snapshot": ("gpudash.collectors.snapshot_cli", "store a torch memory snapshot pickle in a run"),
+    "diff-snapshots": ("gpudash.analysis.snapshot_diff_cli", "what grew between two snapshots, by frame"),
 }
 
 

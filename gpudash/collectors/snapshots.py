@@ -242,7 +242,9 @@ class SnapshotCollector:
         if monitor is None:
             return
         try:
-            summary = summarize(snap)
+            # torch's own snapshot, not a stranger's file: the work budget is its size (a 1,000,000-entry
+            # history is ~11 million entries and frames), every trace entry kept
+            summary = summarize(snap, max_nodes=10**12)
         except Exception as exc:  # noqa: BLE001 - a strange snapshot must not stop the collector
             monitor.event("snapshot_failed", f"memory snapshot at step {step} not stored: {exc}", step=step)
             return

@@ -42,6 +42,7 @@ from gpudash.layouts.progressbar import register_progress_callbacks
 from gpudash.layouts.readers import ReaderCache
 from gpudash.layouts.runid import InvalidRunId, resolve_run_dir
 from gpudash.layouts.runs_callbacks import register_runs_callbacks
+from gpudash.layouts.snapshot_page import register_snapshot_page_callbacks
 from gpudash.layouts.snapshot_views import register_snapshot_callbacks
 from gpudash.layouts.viewstate import smoothing_of, view_params, view_search, xmode_of, zoom_range
 from gpudash.layouts.xaxis_callbacks import register_xaxis_callbacks
@@ -415,6 +416,7 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         _register_zoom(app, readers, graph_id, xmode)
     _register_ranks(app, readers)
     register_snapshot_callbacks(app, readers)
+    register_snapshot_page_callbacks(app, readers)
     register_lazy_callbacks(app, readers)
 
     @app.callback(Output("summary-panel", "children"), Output("summary-panel", "style"),

@@ -14,11 +14,22 @@ from gpudash.layouts import events, hotspots, memory, ranks
 from gpudash.layouts.data import STEP_TABLES, RunView, downsample_frame, load_view, rolled_frame
 from gpudash.layouts.downsample import MAX_POINTS
 from gpudash.layouts.live import initial_state
-from gpudash.layouts.run_page import EAGER, LIVE_GRAPHS, STEP_GRAPHS, graph_specs, page_graph, placeholder, run_page
+from gpudash.layouts.run_page import (
+    EAGER,
+    GRAPH_CONFIG,
+    LIVE_GRAPHS,
+    STEP_GRAPHS,
+    graph_specs,
+    page_graph,
+    placeholder,
+    run_page,
+)
+from gpudash.layouts.snapshot_page import is_snapshot_only, snapshot_page
 from gpudash.layouts.snapshot_views import (
     alloc_timeline_child,
     alloc_timeline_view,
     load_snapshots,
+    map_key,
     pick_snapshot,
     segment_map_view,
     snapshot_options,
@@ -138,6 +149,8 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
     problems = list(view.problems)
     maps = load_snapshots(reader, problems)
     view.problems = problems
+    if is_snapshot_only(view, maps):  # an imported snapshot: its views, none of a training run's empty ones
+        return snapshot_page(run_id, view, maps, GRAPH_CONFIG)
     mem_now = memory.memory_at(view.full.get("memory", view.frame("memory")), cursor, rank)
     extra: dict[str, Any] = {
         "cursor": cursor,
@@ -148,6 +161,9 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "snapshot_options": snapshot_options(maps),
         "alloc_timeline": alloc_timeline_child(alloc_timeline_view(maps, cursor if cursor is not None else last,
                                                                    "cursor")),
+        "snapshots": maps,
+        "alloc_timeline_key": map_key(maps, pick_snapshot(maps, cursor if cursor is not None else last, "cursor")),
+        "largest": pick_snapshot(maps, cursor if cursor is not None else last, "cursor"),
         "activations": memory.activations_figure(view.frame("activations"), cursor, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),

@@ -17,6 +17,7 @@ from gpudash.layouts.links import href
 from gpudash.layouts.progressbar import progress_bar
 from gpudash.layouts.runs import device_label
 from gpudash.layouts.series import SMOOTHING, Series, series_xy
+from gpudash.layouts.snapshot_diff_view import diff_options, largest_children
 from gpudash.layouts.style import DRAW_FIRST
 from gpudash.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
 
@@ -303,6 +304,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
     rows, hot-spot rows, the summary verdicts (or None), the snapshot options, the ranks box's children and the
     run's :class:`gpudash.analysis.facts.Facts` (the lights render them)."""
+    maps = extra.get("snapshots") or []
     meta = view.meta
     facts = extra.get("facts")
     # the header's step is the run's facts (the summary says the same), the view's only before they exist
@@ -370,10 +372,16 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                             title="the run records an allocator snapshot at the end of its next step (GPU runs)"),
                 html.Span(id="snapshot-requested", className="muted"),
             ], style={"display": "flex", "gap": "8px", "alignItems": "center"}),
+                      # always in the page (its callback's inputs must all exist), shown with two snapshots to compare
+                      html.Div(dcc.Dropdown(id="snapshot-diff-pick", options=diff_options(maps), value="none",
+                                            clearable=False), style={} if len(maps) > 1 else {"display": "none"}),
                       html.Div(_graph("segment-map", snap) if isinstance(snap, Fig) else note(str(snap)),
                                id="segment-map-box")], className="half"),
         ], className="row"),
-        html.Div(extra.get("alloc_timeline"), id="alloc-timeline-box"), dcc.Store(id="alloc-timeline-key"),
+        html.Div(extra.get("alloc_timeline"), id="alloc-timeline-box"),
+        dcc.Store(id="alloc-timeline-key", data=extra.get("alloc_timeline_key")),
+        html.Div(largest_children(extra["largest"]) if extra.get("largest") is not None else None, id="largest-box"),
+        html.Div(id="snapshot-diff-box"),
         html.Div(note(acts_reason) if acts_reason else _graph("activations-graph", extra["activations"]),
                  id="activations-box"),
     ], "memory-view")

@@ -28,14 +28,16 @@ from gpudash.layouts.common import (
     waiting_figure,
 )
 from gpudash.layouts.fig import Fig
-from gpudash.layouts.inputs import BadInput, as_int, page_run
+from gpudash.layouts.inputs import BadInput, as_float, as_int, page_run
 from gpudash.layouts.readers import ReaderCache
+from gpudash.layouts.viewstate import relayout_range
 from gpudash.store.reader import RunReader
-from gpudash.store.snapshot_trace import AllocTimeline, Band, allocation_timeline
+from gpudash.store.snapshot_trace import AllocTimeline, Band, TraceModel, allocation_timeline, trace_model
 from gpudash.units import fmt_duration
 
-__all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "pick_snapshot",
-           "register_snapshot_callbacks", "segment_map_view", "snapshot_options", "timeline_of"]
+__all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
+           "pick_snapshot", "register_snapshot_callbacks", "segment_map_view", "shown_map", "snapshot_options",
+           "timeline_of", "zoom_window"]
 
 _BAND_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
                 "#bab0ac"]
@@ -46,7 +48,7 @@ _NO_TRACE = ("this snapshot holds no allocation history: call torch.cuda.memory.
              "before the snapshot (gpudash's snapshot_every does)")
 
 _SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
-_TIMELINES: dict[int, tuple[Any, AllocTimeline | None]] = {}
+_TIMELINES: dict[int, tuple[Any, TraceModel | None, AllocTimeline | None]] = {}
 
 
 def load_snapshots(reader: RunReader, problems: list[str] | None = None) -> list[Any]:
@@ -73,9 +75,13 @@ def _decode_snapshots(reader: RunReader, problems: list[str] | None) -> list[Any
         return []
     try:
         return list(mod.snapshots_from_frame(frame, problems if problems is not None else []))
+    except MemoryError:
+        if problems is not None:
+            problems.append("snapshots unreadable: too large for the memory this server has")
+        return []
     except Exception as exc:  # noqa: BLE001 - a bad snapshot must not break the page
         if problems is not None:
-            problems.append(f"snapshots unreadable: {exc}")
+            problems.append(f"snapshots unreadable: {str(exc)[:200] or type(exc).__name__}")
         return []
 
 
@@ -111,16 +117,19 @@ def segment_map_view(maps: list[Any], step: int | None, choice: str | None, meta
     return memory.segment_map_figure(mm)
 
 
-def timeline_of(mm: Any) -> AllocTimeline | None:
-    """The allocation timeline of a memory map, computed once per map (maps are cached per run)."""
+def timeline_of(mm: Any, window: tuple[float, float] | None = None) -> AllocTimeline | None:
+    """The allocation timeline of a memory map (the whole trace, or the x range ``window`` at full detail);
+    its allocations are worked out once per map (maps are cached per run), a window from them in milliseconds."""
     hit = _TIMELINES.get(id(mm))
-    if hit is not None and hit[0] is mm:
-        return hit[1]
-    tl = allocation_timeline(mm)
-    if len(_TIMELINES) >= 8:
-        _TIMELINES.clear()
-    _TIMELINES[id(mm)] = (mm, tl)  # the map is held, so its id is not reused while cached
-    return tl
+    if hit is None or hit[0] is not mm:
+        model = trace_model(mm)
+        hit = (mm, model, allocation_timeline(mm, model=model) if model is not None else None)
+        if len(_TIMELINES) >= 8:
+            _TIMELINES.clear()
+        _TIMELINES[id(mm)] = hit  # the map is held, so its id is not reused while cached
+    if window is None or hit[1] is None:
+        return hit[2]
+    return allocation_timeline(mm, model=hit[1], window=window)
 
 
 def _snapshot_title(mm: Any) -> str:
@@ -148,9 +157,11 @@ def _band_hover(b: Band, t0_us: float) -> str:
 def _notes(tl: AllocTimeline) -> list[str]:
     """What the chart leaves out or starts from, one line each: bands drawn and merged; the base layer and
     what the trace does not hold."""
-    first = [f"{tl.allocations - tl.merged:,} of {tl.allocations:,} allocations drawn as bands"]
+    first = [f"{len(tl.bands):,} of {tl.allocations:,} allocations drawn as bands"]
+    if tl.window is not None:
+        first.append(f"{tl.in_window:,} alive in this window")
     if tl.merged:
-        first.append(f"{tl.merged:,} smaller allocations merged (grey band on top)")
+        first.append(f"{tl.merged:,} smaller allocations merged (grey band on top; zoom in for detail)")
     second = []
     if tl.base:
         second.append(f"{tl.base:,} alive before the trace began (grey, at the bottom)")
@@ -162,16 +173,21 @@ def _notes(tl: AllocTimeline) -> list[str]:
     return [" · ".join(first)] + ([" · ".join(second)] if second else [])
 
 
-def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None) -> Fig:
+def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tuple[float, float] | None = None) -> Fig:
     """memory_viz's Active Memory Timeline: every allocation a band over the trace's events, stacked;
-    when one is freed the bands above it drop down, so the top is the live bytes."""
-    tl = tl if tl is not None else timeline_of(mm)
+    when one is freed the bands above it drop down, so the top is the live bytes. ``window``: the x range
+    zoomed to (drawn again from every event in it; double-click shows the whole trace)."""
+    tl = tl if tl is not None else timeline_of(mm, window)
     title = "Allocation timeline" + _snapshot_title(mm)
     if tl is None:
         fig = base_figure(title, height=420, xaxis_title="allocation event", yaxis_title="live bytes")
         return waiting_figure(fig, _NO_TRACE)
     unit, scale = byte_unit(float(tl.peak_bytes) or None)
-    title += f": peak {fmt_bytes(tl.peak_bytes)} at event {tl.peak_x:,} of {tl.events:,}"
+    if tl.window is None:
+        title += f": peak {fmt_bytes(tl.peak_bytes)} at event {tl.peak_x:,} of {tl.events:,}"
+    else:
+        title += (f": events {tl.window[0]:,}-{tl.window[1]:,} of {tl.events:,} (peak here {fmt_bytes(tl.peak_bytes)} "
+                  f"at {tl.peak_x:,})")
     fig = base_figure(title, height=460, xaxis_title="allocation event (each alloc or free is one step)",
                       yaxis_title="live bytes", bytes_axis=unit)
     fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 70, "r": 30, "t": 76, "b": 40})
@@ -193,7 +209,10 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None) -> Fig:
                    "text": merged_text, "hoverinfo": "text+x", "name": "smaller allocations (merged)"})
     fig.add_annotation(text="<br>".join(plot_text(line, 300) for line in _notes(tl)), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
                        xanchor="left", yanchor="bottom", align="left", font={"size": 11, "color": "#666"})
-    fig.update_xaxes(range=[0, tl.events + 1], tickformat=",d")
+    fig.update_xaxes(range=[0, tl.events + 1] if window is None else [float(min(window)), float(max(window))],
+                     tickformat=",d")
+    fig.layout["meta"] = {"events": tl.events, "window": list(tl.window) if tl.window else None,
+                          "bands": len(tl.bands), "sampled": len(tl.x)}
     fig.update_yaxes(**unit_axis(unit), rangemode="tozero")
     return fig
 
@@ -207,6 +226,11 @@ def alloc_timeline_view(maps: list[Any], step: int | None, choice: str | None) -
     return alloc_timeline_figure(mm)
 
 
+def map_key(maps: list[Any], mm: Any) -> list[Any]:
+    """What the page keeps of the snapshot the timeline shows: the number of maps and its index."""
+    return [len(maps), next((i for i, m in enumerate(maps) if m is mm), None)]
+
+
 def alloc_timeline_child(view: Fig | str) -> Any:
     from gpudash.layouts.run_page import GRAPH_CONFIG
 
@@ -215,7 +239,39 @@ def alloc_timeline_child(view: Fig | str) -> Any:
     return dcc.Graph(id="alloc-timeline", figure=view, config=GRAPH_CONFIG, className="graph")
 
 
+def zoom_window(relayout: Any) -> tuple[float, float] | bool | None:
+    """The event range a ``relayoutData`` of the timeline zoomed to; True for a reset, None for no x change."""
+    rng = relayout_range(relayout)
+    if isinstance(rng, tuple):
+        return as_float(rng[0], "x range"), as_float(rng[1], "x range")
+    return rng
+
+
+def shown_map(maps: list[Any], key: Any) -> Any | None:
+    """The map the timeline shows (its key: ``[number of maps, index]``), None if the run changed since."""
+    if not (isinstance(key, list) and len(key) == 2 and key[0] == len(maps) and isinstance(key[1], int)
+            and 0 <= key[1] < len(maps)):
+        return None
+    return maps[key[1]]
+
+
 def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
+    @app.callback(Output("alloc-timeline", "figure"), Input("alloc-timeline", "relayoutData"),
+                  State("alloc-timeline-key", "data"), State("page-run", "data"), prevent_initial_call=True)
+    def alloc_timeline_zoom(relayout: Any, key: Any, page: dict[str, Any] | None) -> Any:
+        # a zoom draws the window again from every event in it (as the long step charts re-query)
+        window = zoom_window(relayout)
+        if window is None or not page:
+            raise PreventUpdate
+        reader, lock = readers.get_or_skip(page_run(page)[0])
+        with lock:
+            maps = load_snapshots(reader)
+        mm = shown_map(maps, key)
+        if mm is None:
+            raise PreventUpdate
+        return alloc_timeline_figure(mm, window=None if window is True else window)  # type: ignore[arg-type]
+
+
     @app.callback(Output("alloc-timeline-box", "children"), Output("alloc-timeline-key", "data"),
                   Input("cursor-slider", "value"), Input("snapshot-pick", "value"), State("page-run", "data"),
                   State("alloc-timeline-key", "data"), prevent_initial_call=True)
@@ -229,8 +285,7 @@ def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
         reader, lock = readers.get_or_skip(page_run(page)[0])
         with lock:
             maps = load_snapshots(reader)
-        mm = pick_snapshot(maps, step, pick)
-        key = [len(maps), next((i for i, m in enumerate(maps) if m is mm), None)]
+        key = map_key(maps, pick_snapshot(maps, step, pick))
         if key == shown:
             raise PreventUpdate
         return alloc_timeline_child(alloc_timeline_view(maps, step, pick)), key

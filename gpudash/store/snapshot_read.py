@@ -15,26 +15,37 @@ A torch allocator snapshot (``torch.cuda.memory._snapshot()``, pickled by
 Every key but ``segments`` is optional here (torch 2.1 files lack several), and
 so is every key inside a segment, block or trace entry.
 
-:func:`summarize` turns the dict into a compact columnar summary: one top frame per block and
-trace entry, and a short user stack (:data:`STACK_DEPTH` frames, for the allocation timeline's
-hover), both through string tables. A pickle is code: :func:`read_snapshot_pickle` uses an
-unpickler that refuses every global, so a hostile file fails with a one-line :class:`RunError`
-and nothing in it runs. No torch here.
+:func:`summarize` turns the dict into a compact columnar summary (numpy columns for blocks and every
+trace entry): one top frame per block and trace entry, and a short user stack (:data:`STACK_DEPTH`
+frames, for the allocation timeline's hover), both through string tables; frame lists are looked up
+by the ids of the frame dicts in them (torch pickles each frame once), so a million entries take
+about a second. A pickle is code: :func:`read_snapshot_pickle` uses an unpickler that refuses every
+global, so a hostile file fails with a one-line :class:`RunError` and nothing in it runs; the bytes
+reach the C unpickler a MiB at a time and the memory made is checked before each
+(:data:`GROWTH_PER_BYTE`), so a small file cannot make gigabytes; the work of :func:`summarize` is
+counted as it walks (:func:`node_budget`). No torch here.
 """
 
 from __future__ import annotations
 
-import io
 import math
-import pickle
+from operator import itemgetter
 from typing import Any
 
+import numpy as np
+
 from gpudash.errors import RunError
+from gpudash.store.snapshot_pickle import no_gc, open_snapshot_file, read_snapshot_pickle
 
 __all__ = [
     "BLOCK_COLUMNS",
     "MAX_BLOCKS",
     "MAX_NODES",
+    "NA_INT",
+    "SUMMARY_FORMAT_V1",
+    "no_gc",
+    "node_budget",
+    "open_snapshot_file",
     "MAX_TRACE",
     "SEGMENT_COLUMNS",
     "STACK_DEPTH",
@@ -46,14 +57,25 @@ __all__ = [
     "top_frames",
 ]
 
-SUMMARY_FORMAT = "gpudash-memmap-v1"
+SUMMARY_FORMAT = "gpudash-memmap-v2"
+#: The JSON summaries written before the columnar one (still read).
+SUMMARY_FORMAT_V1 = "gpudash-memmap-v1"
 #: Blocks and trace entries kept per stored snapshot (bounded DB growth).
 MAX_BLOCKS = 200_000
-MAX_TRACE = 100_000
+#: Trace entries kept per stored snapshot: every one of torch's largest histories (torchtitan records
+#: 1,000,000), 57 bytes each in memory once read back.
+MAX_TRACE = 4_000_000
 #: Work budget of one summary: segments, blocks, trace entries, frames and settings entries
 #: visited. A pickle can reference one list from many places (4,000 segments sharing one list of
 #: 4,000 blocks is 16 KB on disk and 16 million visits), so the work is bounded, not the file size.
 MAX_NODES = 5_000_000
+
+
+def node_budget(file_bytes: int) -> int:
+    """The work budget for a file of ``file_bytes``: :data:`MAX_NODES` and one node per byte on top. Each
+    reference in a pickle takes at least a byte, so an honest file (however big) stays within it, while a
+    list shared from thousands of places (a few bytes each, the whole list each) does not."""
+    return MAX_NODES + max(0, int(file_bytes))
 _INT64 = 2**63
 
 SEGMENT_COLUMNS = ("device", "address", "total_size", "allocated_size", "active_size", "requested_size",
@@ -64,37 +86,6 @@ TRACE_COLUMNS = ("device", "action", "address", "size", "stream", "time_us", "de
 _INTERNAL = ("/torch/", "\\torch\\", "<frozen", "/contextlib.py", "/functools.py")
 #: User frames kept per block and trace entry (the ``stack`` column; innermost first).
 STACK_DEPTH = 4
-
-
-# ---- reading a pickle safely ----------------------------------------------------------------
-class _NoGlobals(pickle.Unpickler):
-    """Plain containers only: every global (and so every call) is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("refused persistent id")
-
-
-def read_snapshot_pickle(data: bytes, where: str = "snapshot") -> dict[str, Any]:
-    """Unpickle ``data`` allowing only plain containers; RunError on anything else."""
-    try:
-        obj = _NoGlobals(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as exc:
-        if "refused" in str(exc):
-            raise RunError(f"{where}: refused: the pickle wants to run code ({exc}); "
-                           "a torch memory snapshot holds only plain data") from None
-        raise RunError(f"{where}: not a readable pickle ({exc})") from None
-    except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError,
-            MemoryError, RecursionError, UnicodeDecodeError) as exc:
-        raise RunError(f"{where}: not a readable pickle ({type(exc).__name__}: {exc})") from None
-    if not isinstance(obj, dict):
-        raise RunError(f"{where}: not a torch memory snapshot (top level is {type(obj).__name__}, expected a dict)")
-    if "segments" not in obj and "device_traces" not in obj:
-        raise RunError(f"{where}: not a torch memory snapshot (no 'segments' key); "
-                       "write one with torch.cuda.memory._dump_snapshot(path)")
-    return obj
 
 
 # ---- summarising ----------------------------------------------------------------------------
@@ -205,30 +196,6 @@ def top_frames(frames: Any, depth: int = STACK_DEPTH) -> list[str]:
     return out or ([first] if first else [])
 
 
-def _count(snapshot: dict[str, Any], budget: _Budget) -> None:
-    """Charge the budget before any work: list lengths first (one step per segment or device),
-    so a list shared by thousands of places is refused at once; then the frames of each item."""
-    segments = snapshot.get("segments")
-    segments = segments if isinstance(segments, (list, tuple)) else []
-    budget.take(len(segments))
-    block_lists: list[list[Any] | tuple[Any, ...]] = []
-    for s in segments:
-        blocks = s.get("blocks") if isinstance(s, dict) else None
-        if isinstance(blocks, (list, tuple)):
-            block_lists.append(blocks)
-    for blocks in block_lists:
-        budget.take(len(blocks))
-    traces = snapshot.get("device_traces")
-    traces = [t for t in traces if isinstance(t, (list, tuple))] if isinstance(traces, (list, tuple)) else []
-    for entries in traces:
-        budget.take(len(entries))
-    for items in (*block_lists, *traces):
-        for item in items:
-            frames = item.get("frames") if isinstance(item, dict) else None
-            if isinstance(frames, (list, tuple)):
-                budget.take(1 + len(frames))
-
-
 class _Strings:
     def __init__(self) -> None:
         self.index: dict[str, int] = {"": 0}
@@ -243,15 +210,33 @@ class _Strings:
 
 
 class _Stacks:
-    """Short stacks as lists of frame ids, each distinct stack stored once (0 = no frames)."""
+    """Short stacks as lists of frame ids, each distinct stack stored once (0 = no frames).
 
-    def __init__(self, frames: _Strings) -> None:
+    torch pickles each frame once and every entry's list refers to it, so a list is looked up by the ids
+    of the frame dicts in it (while the snapshot is alive an id names one dict); :data:`_ID_CACHE` distinct
+    lists at most are remembered (a file whose frames are all distinct is read, just slower)."""
+
+    def __init__(self, frames: _Strings, budget: _Budget) -> None:
         self.frames = frames
+        self.budget = budget
         self.index: dict[tuple[int, ...], int] = {(): 0}
         self.items: list[list[int]] = [[]]
+        self.by_ids: dict[tuple[int, ...], tuple[int, int]] = {}
 
     def __call__(self, raw_frames: Any) -> tuple[int, int]:
         """(top frame id, stack id) of one block's or trace entry's ``frames``."""
+        if not isinstance(raw_frames, (list, tuple)) or not raw_frames:
+            return 0, 0
+        self.budget.take(len(raw_frames))
+        key = tuple(map(id, raw_frames))
+        hit = self.by_ids.get(key)
+        if hit is None:
+            if len(self.by_ids) >= _ID_CACHE:
+                self.by_ids.clear()
+            hit = self.by_ids[key] = self._compute(raw_frames)
+        return hit
+
+    def _compute(self, raw_frames: Any) -> tuple[int, int]:
         ids = tuple(self.frames(t) for t in top_frames(raw_frames))
         i = self.index.get(ids)
         if i is None:
@@ -260,38 +245,115 @@ class _Stacks:
         return (ids[0] if ids else 0), i
 
 
+_ID_CACHE = 200_000
+#: Missing ``time_us`` or ``device_free`` in the stored int64 columns.
+NA_INT = -(2**63)
+
+
+def _ints(values: list[Any], what: str, default: int = 0, nullable: bool = False) -> np.ndarray:
+    """An int64 column; numpy converts the usual all-int column at C speed, anything else goes one by one
+    (None to ``default`` or :data:`NA_INT`, floats truncated, other types and over-64-bit numbers refused)."""
+    if values:
+        try:
+            arr = np.array(values)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is not None and arr.ndim == 1 and arr.dtype.kind in "ib" and len(arr) == len(values):
+            return arr.astype(np.int64, copy=False)
+    try:
+        if nullable:
+            return np.array([NA_INT if v is None else _int(v) for v in values], dtype=np.int64)
+        return np.array([_int(v, default) for v in values], dtype=np.int64)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def _codes(values: list[Any], table: _Strings) -> np.ndarray:
+    """Labels (action, state) as ids into ``table``: known strings at dict speed, the rest one by one."""
+    get = table.index.get
+    try:
+        out = np.array([get(v, -1) for v in values], dtype=np.int32)
+    except TypeError:  # an unhashable value (a list where a label belongs)
+        out = np.full(len(values), -1, dtype=np.int32)
+    for i in np.flatnonzero(out < 0).tolist():
+        out[i] = table(_label(values[i]))
+    return out
+
+
+def _column(entries: list[dict[str, Any]], key: str) -> list[Any]:
+    """``entry[key]`` of every entry (None where missing), at C speed when every entry has it."""
+    try:
+        return list(map(itemgetter(key), entries))
+    except KeyError:
+        return [e.get(key) for e in entries]
+
+
+def _stack_ids(frame_lists: list[Any], stacks: _Stacks, budget: _Budget) -> np.ndarray:
+    """The stack id of every entry's ``frames`` (the loop of :meth:`_Stacks.__call__`, inlined: it runs once
+    per trace entry). Frames are charged to the budget before each list is looked at."""
+    by_ids = stacks.by_ids
+    out: list[int] = []
+    append = out.append
+    seen = 0
+    left = budget.left
+    for f in frame_lists:
+        if type(f) is list or type(f) is tuple:
+            seen += len(f)
+            if seen > left:
+                budget.take(seen)
+            key = tuple(map(id, f))
+            hit = by_ids.get(key)
+            if hit is None:
+                if len(by_ids) >= _ID_CACHE:
+                    by_ids.clear()
+                hit = by_ids[key] = stacks._compute(f)
+            append(hit[1])
+        else:
+            append(0)
+    budget.take(seen)
+    return np.array(out, dtype=np.int32)
+
+
 def summarize(snapshot: dict[str, Any], *, max_blocks: int = MAX_BLOCKS, max_trace: int = MAX_TRACE,
               max_nodes: int = MAX_NODES, where: str = "snapshot") -> dict[str, Any]:
-    """Compact, JSON-able summary of a snapshot dict (columnar, frames in a string table).
+    """Compact summary of a snapshot dict: segments as lists, blocks and trace entries as numpy columns
+    (labels and frames through string tables); :func:`gpudash.store.snapshot_codec.encode_summary` stores it.
 
-    Reads at most ``max_nodes`` segments, blocks, trace entries, frames and settings entries
-    (a reference shared by many places counts at each); RunError past that."""
+    Reads at most ``max_nodes`` segments, blocks, trace entries, frames and settings entries, counted as
+    they are walked (a list referenced from many places counts at each use); RunError past that."""
     try:
         return _summarize(snapshot, max_blocks, max_trace, _Budget(max_nodes))
     except _OverBudget:
         raise RunError(f"{where}: too much to read: over {max_nodes:,} segments, blocks, frames and trace "
                        "entries (shared references count at each use); if you trust the file, raise the "
                        "budget (load_snapshot(..., max_nodes=N), gpudash import-snapshot --max-nodes N)") from None
+    except MemoryError:
+        raise RunError(f"{where}: too large to summarise in the memory this process has (MemoryError)") from None
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
         raise RunError(f"{where}: malformed torch memory snapshot ({exc})") from None
 
 
 def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int, budget: _Budget) -> dict[str, Any]:
-    _count(snapshot, budget)
     frames = _Strings()
-    stacks = _Stacks(frames)
+    stacks = _Stacks(frames, budget)
     seg: dict[str, list[Any]] = {c: [] for c in SEGMENT_COLUMNS}
     blk: dict[str, list[Any]] = {c: [] for c in (*BLOCK_COLUMNS, "stack")}
+    states = _Strings()
     dropped_blocks = 0
-    for i, s in enumerate(_list(snapshot.get("segments"), "segments")):
+    segments = _list(snapshot.get("segments"), "segments")
+    budget.take(len(segments))
+    for i, s in enumerate(segments):
         s = _dict(s, f"segment {i}")
-        blocks = [_dict(b, f"block in segment {i}") for b in _list(s.get("blocks"), f"segment {i} blocks")]
+        raw_blocks = _list(s.get("blocks"), f"segment {i} blocks")
+        budget.take(len(raw_blocks))
+        blocks = [_dict(b, f"block in segment {i}") for b in raw_blocks]
         address = _int(s.get("address"))
         sizes = [_int(b.get("size")) for b in blocks]
-        alloc = sum(sz for sz, b in zip(sizes, blocks, strict=True) if b.get("state") == "active_allocated")
-        active = sum(sz for sz, b in zip(sizes, blocks, strict=True) if _label(b.get("state")).startswith("active"))
-        req = sum(_int(b.get("requested_size"), sz) for sz, b in zip(sizes, blocks, strict=True)
-                  if b.get("state") == "active_allocated")
+        labels = [_label(b.get("state")) for b in blocks]
+        alloc = sum(sz for sz, st in zip(sizes, labels, strict=True) if st == "active_allocated")
+        active = sum(sz for sz, st in zip(sizes, labels, strict=True) if st.startswith("active"))
+        req = sum(_int(b.get("requested_size"), sz) for sz, b, st in zip(sizes, blocks, labels, strict=True)
+                  if st == "active_allocated")
         seg["device"].append(_int(s.get("device")))
         seg["address"].append(address)
         seg["total_size"].append(_int(s.get("total_size"), sum(sizes)))
@@ -303,7 +365,7 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int, budget
         seg["is_expandable"].append(bool(s.get("is_expandable", False)))
         seg["blocks"].append(len(blocks))
         offset = address
-        for sz, b in zip(sizes, blocks, strict=True):
+        for sz, st, b in zip(sizes, labels, blocks, strict=True):
             baddr = _int(b.get("address"), offset)
             offset = baddr + sz
             if len(blk["address"]) >= max_blocks:
@@ -313,47 +375,65 @@ def _summarize(snapshot: dict[str, Any], max_blocks: int, max_trace: int, budget
             blk["address"].append(baddr)
             blk["size"].append(sz)
             blk["requested_size"].append(_int(b.get("requested_size"), sz))
-            blk["state"].append(_label(b.get("state")))
+            blk["state"].append(states(st))
             top, stack = stacks(b.get("frames"))
             blk["frame"].append(top)
             blk["stack"].append(stack)
-    trace: dict[str, list[Any]] | None = None
-    dropped_trace = 0
-    traces = _list(snapshot.get("device_traces"), "device_traces")
-    if any(traces):
-        entries: list[tuple[int, dict[str, Any]]] = []
-        for dev, per_device in enumerate(traces):
-            for e in _list(per_device, f"device_traces[{dev}]"):
-                entries.append((dev, _dict(e, "trace entry")))
-        if len(entries) > max_trace:
-            dropped_trace = len(entries) - max_trace
-            entries = entries[-max_trace:]
-        trace = {c: [] for c in (*TRACE_COLUMNS, "stack")}
-        for dev, e in entries:
-            t = e.get("time_us")
-            free = e.get("device_free")
-            trace["device"].append(dev)
-            trace["action"].append(_label(e.get("action")))
-            trace["address"].append(_int(e.get("addr")))
-            trace["size"].append(_int(e.get("size")))
-            trace["stream"].append(_int(e.get("stream")))
-            trace["time_us"].append(None if t is None else _int(t))
-            trace["device_free"].append(None if free is None else _int(free))
-            top, stack = stacks(e.get("frames"))
-            trace["frame"].append(top)
-            trace["stack"].append(stack)
+    blocks_out = {c: np.array(v, dtype=np.int32 if c in ("state", "frame", "stack") else np.int64)
+                  for c, v in blk.items()}
+    trace, actions, dropped_trace = _trace(snapshot, max_trace, budget, stacks)
     settings = snapshot.get("allocator_settings")
     return {
         "format": SUMMARY_FORMAT,
         "segments": seg,
-        "blocks": blk,
+        "blocks": blocks_out,
+        "block_states": states.items,
         "frames": frames.items,
         "stacks": stacks.items,
         "trace": trace,
+        "trace_actions": actions,
         "truncated_blocks": dropped_blocks,
         "truncated_trace": dropped_trace,
         "allocator_settings": _plain(settings, budget) if isinstance(settings, dict) else {},
     }
+
+
+def _trace(snapshot: dict[str, Any], max_trace: int, budget: _Budget,
+           stacks: _Stacks) -> tuple[dict[str, np.ndarray] | None, list[str], int]:
+    """Every device's trace as columns (the newest ``max_trace`` entries), its action table, entries left out."""
+    traces = _list(snapshot.get("device_traces"), "device_traces")
+    budget.take(len(traces))
+    per_device = [_list(t, f"device_traces[{d}]") for d, t in enumerate(traces)]
+    lengths = [len(t) for t in per_device]
+    budget.take(sum(lengths))
+    total = sum(lengths)
+    if not total:
+        return None, [], 0
+    entries: list[Any] = per_device[0] if len(per_device) == 1 else [e for t in per_device for e in t]
+    device = np.repeat(np.arange(len(per_device), dtype=np.int32), lengths)
+    dropped = max(0, total - max_trace)
+    if dropped:
+        entries, device = entries[dropped:], device[dropped:]
+    if not all(type(e) is dict for e in entries):
+        bad = next(e for e in entries if not isinstance(e, dict))
+        raise ValueError(f"trace entry is {type(bad).__name__}, expected a dict")
+    actions = _Strings()
+    for a in ("alloc", "free_requested", "free_completed"):
+        actions(a)
+    stack_ids = _stack_ids(_column(entries, "frames"), stacks, budget)
+    tops = np.array([ids[0] if ids else 0 for ids in stacks.items], dtype=np.int32)
+    cols = {
+        "device": device,
+        "action": _codes(_column(entries, "action"), actions),
+        "address": _ints(_column(entries, "addr"), "trace addr"),
+        "size": _ints(_column(entries, "size"), "trace size"),
+        "stream": _ints(_column(entries, "stream"), "trace stream"),
+        "time_us": _ints(_column(entries, "time_us"), "trace time_us", nullable=True),
+        "device_free": _ints(_column(entries, "device_free"), "trace device_free", nullable=True),
+        "frame": tops[stack_ids],
+        "stack": stack_ids,
+    }
+    return cols, actions.items, dropped
 
 
 def _plain(value: Any, budget: _Budget, depth: int = 0) -> Any:

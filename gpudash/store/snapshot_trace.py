@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["MAX_BANDS", "MAX_POINTS", "AllocTimeline", "Band", "allocation_timeline", "live_bytes"]
+__all__ = ["MAX_BANDS", "MAX_POINTS", "AllocTimeline", "Band", "TraceModel", "allocation_timeline", "live_bytes",
+           "trace_model"]
 
 #: Allocations drawn as bands of their own (the rest are merged).
 MAX_BANDS = 200
@@ -114,6 +115,10 @@ class AllocTimeline:
     #: allocations freed in the trace but made before it: the history starts mid-run (a ring buffer)
     freed_before: int = 0
     ignored_actions: dict[str, int] = field(default_factory=dict)
+    #: the x range drawn (a zoom), None for the whole trace; ``peak_*`` are then the window's
+    window: tuple[int, int] | None = None
+    #: allocations alive in the window (all of them for the whole trace)
+    in_window: int = 0
 
     @property
     def points(self) -> int:
@@ -131,85 +136,176 @@ class _Alloc:
     stack_of_free: bool = False
 
 
-def _events(trace: pd.DataFrame) -> tuple[list[_Alloc], int, np.ndarray, dict[str, int]]:
-    """Allocations (in order of allocation; those alive before the trace get ``base``), the number of
-    events (x steps) and the time of each x, from one device's trace."""
-    actions = trace["action"].astype(str).to_numpy()
+@dataclass
+class TraceModel:
+    """One device's trace as allocations (numpy columns, one row per allocation), computed once per map:
+    the whole timeline and every zoomed window are drawn from it.
+
+    Rows: allocations alive for the whole trace (active in the snapshot, never allocated in it; largest
+    first), then those freed in the trace but made before it (freed latest first), then the trace's own
+    allocations in order. ``total``: live bytes at every x in ``0..events``."""
+
+    size: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    address: np.ndarray
+    stack: np.ndarray
+    base: np.ndarray
+    stack_of_free: np.ndarray
+    events: int
+    x_time: np.ndarray
+    total: np.ndarray
+    device: int
+    freed_before: int
+    ignored: dict[str, int]
+
+    def alloc(self, i: int) -> _Alloc:
+        return _Alloc(int(self.size[i]), int(self.start[i]), int(self.end[i]), int(self.address[i]),
+                      str(self.stack[i]), bool(self.base[i]), bool(self.stack_of_free[i]))
+
+
+def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray, dict[str, int]]:
+    """Allocations of one device's trace as columns (those freed but made before it first, freed latest
+    first, then the trace's in order of allocation), the number of events (x steps) and the time of each x.
+
+    An event is an alloc or a free; a ``free_completed`` right after the same address's ``free_requested``
+    (or ``free``) is the same free and no second event. An address allocated twice ends the first (the trace
+    lost its free); a free without an alloc before it in the trace frees an allocation older than the trace."""
+    act_codes, act_names = _labels(trace["action"])
     addrs = trace["address"].to_numpy(dtype=np.int64)
     sizes = trace["size"].to_numpy(dtype=np.int64)
     stacks = (trace["stack"] if "stack" in trace else trace.get("frame", pd.Series([""] * len(trace))))
-    stack_list = stacks.astype(str).tolist()
+    stack_codes, stack_names = _labels(stacks)
     times = pd.to_numeric(trace["time_us"], errors="coerce").to_numpy(dtype=float) if "time_us" in trace \
         else np.full(len(trace), np.nan)
-    allocs: list[_Alloc] = []
-    base_freed: list[_Alloc] = []
-    live: dict[int, _Alloc] = {}
-    pending: set[int] = set()
+    def of(*names: str) -> np.ndarray:
+        return np.array([a in names for a in act_names], dtype=bool)[act_codes]
+
+    is_alloc = of("alloc")
+    is_free = of("free_requested", "free")
+    is_done = of("free_completed")
+    kept = is_alloc | is_free | is_done
     ignored: dict[str, int] = {}
-    x_time = [times[0] if len(times) else np.nan]
-    n = 0
-    for i, action in enumerate(actions):
-        addr = int(addrs[i])
-        if action in _ALLOC:
-            n += 1
-            old = live.pop(addr, None)
-            if old is not None:  # an address allocated twice: the trace lost its free
-                old.end = n
-            a = _Alloc(int(sizes[i]), n, -1, addr, stack_list[i], False)
-            live[addr] = a
-            allocs.append(a)
-            pending.discard(addr)
-        elif action in _FREE or action == _FREE_DONE:
-            if action == _FREE_DONE and addr in pending:
-                pending.discard(addr)  # its free_requested already ended it
-                continue
-            n += 1
-            a_live = live.pop(addr, None)
-            if a_live is None:  # freed without being allocated in the trace: alive before it began
-                base_freed.append(_Alloc(int(sizes[i]), 0, n, addr, stack_list[i], True, True))
-            else:
-                a_live.end = n
-            if action != _FREE_DONE:
-                pending.add(addr)
-        else:
-            ignored[action] = ignored.get(action, 0) + 1
-            continue
-        x_time.append(times[i])
-    for a in live.values():
-        a.end = n + 1
-    # the base layer: freed latest lowest, so the fewest bands drop when one ends (as memory_viz)
-    base = sorted(base_freed, key=lambda a: -a.end)
-    return base + allocs, n, np.asarray(x_time, dtype=float), ignored
+    if not kept.all():
+        codes, counts = np.unique(act_codes[~kept], return_counts=True)
+        ignored = {str(act_names[k]): int(v) for k, v in zip(codes, counts, strict=True)}
+    pos = np.flatnonzero(kept)
+    order = pos[np.argsort(addrs[pos], kind="stable")]  # by address, then in trace order
+    same = np.r_[False, addrs[order][1:] == addrs[order][:-1]]
+    prev_free = np.r_[False, is_free[order][:-1]]
+    skip = np.zeros(len(act_codes), dtype=bool)
+    skip[order[same & prev_free & is_done[order]]] = True
+    ev = np.flatnonzero(kept & ~skip)  # the events, in trace order; event k is at x = k + 1
+    n = len(ev)
+    x_of = np.zeros(len(act_codes), dtype=np.int64)
+    x_of[ev] = np.arange(1, n + 1)
+    x_time = np.r_[times[0] if len(times) else np.nan, times[ev]]
+    order = ev[np.argsort(addrs[ev], kind="stable")]
+    same_next = np.r_[addrs[order][1:] == addrs[order][:-1], False]
+    same_prev = np.r_[False, same_next[:-1]]
+    a_sorted = is_alloc[order]
+    # an allocation ends at the next event of its address (its free, or an alloc that found it still there)
+    end_sorted = np.where(same_next, np.r_[x_of[order][1:], 0], n + 1)
+    alloc_rows = order[a_sorted]
+    alloc_end = end_sorted[a_sorted]
+    by_x = np.argsort(x_of[alloc_rows], kind="stable")
+    alloc_rows, alloc_end = alloc_rows[by_x], alloc_end[by_x]
+    # a free whose address had no alloc before it in the trace: alive before the trace began
+    orphan = ~a_sorted & ~(same_prev & np.r_[False, a_sorted[:-1]])
+    base_rows = order[orphan]
+    base_rows = base_rows[np.argsort(-x_of[base_rows], kind="stable")]
+    nb, na = len(base_rows), len(alloc_rows)
+    cols = {
+        "size": np.r_[sizes[base_rows], sizes[alloc_rows]],
+        "start": np.r_[np.zeros(nb, np.int64), x_of[alloc_rows]],
+        "end": np.r_[x_of[base_rows], alloc_end].astype(np.int64),
+        "address": np.r_[addrs[base_rows], addrs[alloc_rows]],
+        "stack": stack_names[np.r_[stack_codes[base_rows], stack_codes[alloc_rows]]],
+        "base": np.r_[np.ones(nb, bool), np.zeros(na, bool)],
+        "stack_of_free": np.r_[np.ones(nb, bool), np.zeros(na, bool)],
+    }
+    return cols, n, np.asarray(x_time, dtype=float), ignored
 
 
-def _still_active(mm: Any, device: int, live_addresses: set[int], end: int) -> list[_Alloc]:
-    """Blocks active in the snapshot that the trace never allocated: alive for its whole length."""
+def _labels(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A string column as (codes, names): a categorical's own (a stored trace), else factorized."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        names = np.asarray(col.cat.categories.astype(str), dtype=object)
+        codes = col.cat.codes.to_numpy(dtype=np.int64)
+        if (codes < 0).any():  # a missing value: ""
+            names = np.r_[names, np.array([""], dtype=object)]
+            codes = np.where(codes < 0, len(names) - 1, codes)
+        return codes, names
+    codes, uniques = pd.factorize(col.astype(str), sort=False)
+    return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+
+def _still_active(mm: Any, device: int, live_addresses: np.ndarray, end: int) -> dict[str, np.ndarray]:
+    """Blocks active in the snapshot that the trace never allocated: alive for its whole length (largest first)."""
     blocks: pd.DataFrame = getattr(mm, "blocks", pd.DataFrame())
     segs: pd.DataFrame = getattr(mm, "segments", pd.DataFrame())
+    empty = {"size": np.zeros(0, np.int64), "address": np.zeros(0, np.int64), "stack": np.zeros(0, object)}
     if not len(blocks) or "state" not in blocks:
-        return []
+        return empty
     b = blocks[blocks["state"].astype(str) == "active_allocated"]
     if "device" in segs and "address" in segs and "segment_address" in b:
-        on_device = set(segs.loc[segs["device"] == device, "address"].astype("int64").tolist())
+        on_device = segs.loc[segs["device"] == device, "address"].astype("int64")
         b = b[b["segment_address"].isin(on_device)]
     size_col = "requested_size" if "requested_size" in b else "size"
     stack_col = "stack" if "stack" in b else "frame" if "frame" in b else None
-    out = []
-    for row in zip(b["address"].astype("int64"), b[size_col].astype("int64"),
-                   b[stack_col].astype(str) if stack_col else [""] * len(b), strict=True):
-        addr, size, stack = int(row[0]), int(row[1]), row[2]
-        if addr not in live_addresses and size > 0:
-            out.append(_Alloc(size, 0, end, addr, stack, True))
-    return sorted(out, key=lambda a: -a.size)
+    addr = b["address"].astype("int64").to_numpy()
+    size = b[size_col].astype("int64").to_numpy()
+    stack = b[stack_col].astype(str).to_numpy(dtype=object) if stack_col else np.full(len(b), "", dtype=object)
+    keep = ~np.isin(addr, live_addresses) & (size > 0)
+    addr, size, stack = addr[keep], size[keep], stack[keep]
+    order = np.argsort(-size, kind="stable")
+    return {"size": size[order], "address": addr[order], "stack": stack[order]}
 
 
-def live_bytes(allocs: list[Any], n: int) -> np.ndarray:
-    """Live bytes at every x in ``0..n`` of allocations alive on ``[start, end)``."""
+def live_bytes(allocs: Any, n: int) -> np.ndarray:
+    """Live bytes at every x in ``0..n`` of allocations alive on ``[start, end)`` (a list of allocations,
+    or a :class:`TraceModel`)."""
+    if isinstance(allocs, TraceModel):
+        start, end, size = allocs.start, allocs.end, allocs.size
+    else:
+        start = np.array([a.start for a in allocs], dtype=np.int64)
+        end = np.array([a.end for a in allocs], dtype=np.int64)
+        size = np.array([a.size for a in allocs], dtype=np.int64)
+    return _live(start, end, size, n)
+
+
+def _live(start: np.ndarray, end: np.ndarray, size: np.ndarray, n: int) -> np.ndarray:
     delta = np.zeros(n + 2, dtype=np.int64)
-    for a in allocs:
-        delta[a.start] += a.size
-        delta[min(a.end, n + 1)] -= a.size
+    np.add.at(delta, start, size)
+    np.add.at(delta, np.minimum(end, n + 1), -size)
     return np.cumsum(delta)[: n + 1]
+
+
+def trace_model(mm: Any, device: int | None = None) -> TraceModel | None:
+    """The allocations of ``mm``'s trace on ``device`` (default: the device with the most entries), None if
+    it has no trace or no alloc or free in it."""
+    trace: pd.DataFrame | None = getattr(mm, "trace", None)
+    if trace is None or not len(trace) or "action" not in trace:
+        return None
+    if device is None:
+        device = int(trace["device"].astype("int64").value_counts().index[0]) if "device" in trace else 0
+    if "device" in trace:
+        trace = trace[trace["device"] == device]
+    cols, n, x_time, ignored = _events(trace.reset_index(drop=True))
+    if n == 0:
+        return None
+    live_at_end = cols["address"][cols["end"] == n + 1]
+    old = _still_active(mm, device, live_at_end, n + 1)
+    k = len(old["size"])
+    freed_before = int(cols["base"].sum())
+    model = TraceModel(
+        size=np.r_[old["size"], cols["size"]], start=np.r_[np.zeros(k, np.int64), cols["start"]],
+        end=np.r_[np.full(k, n + 1, np.int64), cols["end"]], address=np.r_[old["address"], cols["address"]],
+        stack=np.r_[old["stack"], cols["stack"]], base=np.r_[np.ones(k, bool), cols["base"]],
+        stack_of_free=np.r_[np.zeros(k, bool), cols["stack_of_free"]], events=n, x_time=x_time,
+        total=np.zeros(0, np.int64), device=device, freed_before=freed_before, ignored=ignored)
+    model.total = live_bytes(model, n)
+    return model
 
 
 def _stack(allocs: list[_Alloc], drawn: set[int]) -> list[Band]:
@@ -258,9 +354,9 @@ def _stack(allocs: list[_Alloc], drawn: set[int]) -> list[Band]:
     return [bands[i] for i in sorted(bands, key=lambda i: (allocs[i].start, i))]
 
 
-def _samples(drawn_total: np.ndarray, total: np.ndarray, buckets: int) -> np.ndarray:
-    """x positions kept for the merged band: both ends, every change of the bands' total, and the
-    first minimum and maximum of the live bytes in each of ``buckets`` equal spans."""
+def _samples(drawn_total: np.ndarray, total: np.ndarray, buckets: int, lo: int = 0) -> np.ndarray:
+    """x positions kept for the merged band (offsets into ``total``, plus ``lo``): both ends, every change of
+    the bands' total, and the first minimum and maximum of the live bytes in each of ``buckets`` equal spans."""
     n = len(total)
     keep = [np.array([0, n - 1])]
     keep.append(np.flatnonzero(np.diff(drawn_total)) + 1)
@@ -268,61 +364,78 @@ def _samples(drawn_total: np.ndarray, total: np.ndarray, buckets: int) -> np.nda
         keep.append(np.arange(n))
     else:
         edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-        idx = np.arange(n)
-        bucket = np.searchsorted(edges, idx, side="right") - 1
-        # argmax/argmin per bucket through sorting by (bucket, value)
-        order_max = np.lexsort((-total, bucket))
-        order_min = np.lexsort((total, bucket))
-        first = np.flatnonzero(np.r_[True, np.diff(bucket[order_max]) != 0])
-        keep.append(order_max[first])
-        keep.append(order_min[np.flatnonzero(np.r_[True, np.diff(bucket[order_min]) != 0])])
-    return np.unique(np.concatenate(keep))
+        bucket = np.repeat(np.arange(buckets), np.diff(edges))
+        # the first maximum and minimum of each bucket: its extreme (reduceat), then the first x holding it
+        for extreme in (np.maximum.reduceat(total, edges[:-1]), np.minimum.reduceat(total, edges[:-1])):
+            hit = np.flatnonzero(total == extreme[bucket])
+            keep.append(hit[np.r_[True, np.diff(bucket[hit]) != 0]])
+    return np.unique(np.concatenate(keep)) + lo
+
+
+def _first(k: int, keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Positions of the first ``k`` rows in ``np.lexsort(keys)`` order (the last key primary), sorting only
+    the rows that can be among them (those at or under the k-th smallest primary key)."""
+    primary = keys[-1]
+    if len(primary) > 4 * k > 0:
+        cut = np.partition(primary, k - 1)[k - 1]
+        rows = np.flatnonzero(primary <= cut)
+    else:
+        rows = np.arange(len(primary))
+    return rows[np.lexsort(tuple(key[rows] for key in keys))][:k]
 
 
 def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int = MAX_POINTS,
-                        buckets: int = BUCKETS, device: int | None = None) -> AllocTimeline | None:
+                        buckets: int = BUCKETS, device: int | None = None, window: tuple[float, float] | None = None,
+                        model: TraceModel | None = None) -> AllocTimeline | None:
     """The timeline of ``mm``'s trace (a :class:`gpudash.store.snapshot.MemoryMap`), None if it has none.
 
-    ``device``: the trace's device to draw (default: the one with the most entries)."""
-    trace: pd.DataFrame | None = getattr(mm, "trace", None)
-    if trace is None or not len(trace) or "action" not in trace:
+    ``device``: the trace's device to draw (default: the one with the most entries). ``window``: the x range
+    to draw (a zoom): bands go to the allocations covering the most of it, the merged band is sampled within
+    it (every event when it holds at most ``2 * buckets``). ``model``: :func:`trace_model` of ``mm``, if made."""
+    model = model if model is not None else trace_model(mm, device)
+    if model is None:
         return None
-    if device is None:
-        device = int(trace["device"].astype("int64").value_counts().index[0]) if "device" in trace else 0
-    if "device" in trace:
-        trace = trace[trace["device"] == device]
-    allocs, n, x_time, ignored = _events(trace.reset_index(drop=True))
-    if n == 0:
-        return None
-    live_at_end = {a.address for a in allocs if a.end == n + 1}
-    allocs = _still_active(mm, device, live_at_end, n + 1) + allocs
-    total = live_bytes(allocs, n)
-    # bands for the allocations covering the most area (size x lifetime), and a quarter of them for the
-    # largest by size (a brief spike); the rest are merged
-    by_size = sorted(range(len(allocs)), key=lambda i: (-allocs[i].size, -(allocs[i].end - allocs[i].start), i))
-    by_area = sorted(range(len(allocs)), key=lambda i: (-allocs[i].size * (allocs[i].end - allocs[i].start), i))
+    n = model.events
+    lo, hi = 0, n
+    if window is not None:
+        lo = int(np.clip(np.floor(min(window)), 0, n))
+        hi = int(np.clip(np.ceil(max(window)), lo, n))
+    total_all = model.total
+    alive = np.flatnonzero((model.start <= hi) & (model.end > lo))
+    start, end, size = model.start[alive], model.end[alive], model.size[alive]
+    life = np.minimum(end, hi + 1) - np.maximum(start, lo)
+    # bands for the allocations covering the most area (size x lifetime, within the window), and a quarter of
+    # them for the largest by size (a brief spike); the rest are merged
+    k0 = min(max_bands, len(alive))
+    by_size = alive[_first(max(1, k0 // 4), (alive, -life, -size))]
+    by_area = alive[_first(k0 + k0 // 4 + 1, (alive, -(size * life)))]
     budget = max(1, max_points - 2 * (2 * buckets + 2))
-    k = min(max_bands, len(allocs))
+    k = min(max_bands, len(alive))
     while True:
-        drawn = set(by_size[:max(1, k // 4)])
-        for i in by_area:
+        drawn = set(by_size[:max(1, k // 4)].tolist())
+        for i in by_area[:k + k // 4 + 1].tolist():  # k distinct ones whatever the largest took
             if len(drawn) >= k:
                 break
             drawn.add(i)
-        bands = _stack(allocs, drawn)
+        allocs = {i: model.alloc(i) for i in drawn}
+        order = sorted(drawn)
+        bands = _stack([allocs[i] for i in order], set(range(len(order))))
         used = sum(b.points for b in bands) + 2 * 2 * k  # the merged band's lower edge changes at most 2k times
         if used <= budget or k <= 1:
             break
         k = max(1, int(k * min(0.8, budget / used)))
+    x_time = model.x_time
     for b in bands:
         b.alloc_us = float(x_time[b.start]) if not b.base else float("nan")
         b.free_us = float(x_time[b.end]) if b.end <= n else float("nan")
-    drawn_total = live_bytes([allocs[i] for i in drawn], n)
-    xs = _samples(drawn_total, total, buckets)
-    peak_x = int(np.argmax(total))
+    idx = np.fromiter(drawn, dtype=np.int64, count=len(drawn))
+    drawn_total = _live(model.start[idx], model.end[idx], model.size[idx], n)
+    xs = _samples(drawn_total[lo:hi + 1], total_all[lo:hi + 1], buckets, lo)
+    peak_x = lo + int(np.argmax(total_all[lo:hi + 1]))
     return AllocTimeline(
-        bands=bands, x=xs, drawn=drawn_total[xs], total=total[xs], time_us=x_time[np.minimum(xs, len(x_time) - 1)],
-        allocations=len(allocs), merged=len(allocs) - len(bands), base=sum(a.base for a in allocs), events=n,
-        device=device, peak_bytes=int(total[peak_x]), peak_x=peak_x,
-        truncated=int(getattr(mm, "truncated_trace", 0) or 0), ignored_actions=ignored,
-        freed_before=sum(a.base and a.end <= n for a in allocs))
+        bands=bands, x=xs, drawn=drawn_total[xs], total=total_all[xs], time_us=x_time[np.minimum(xs, len(x_time) - 1)],
+        allocations=len(model.size), merged=len(model.size) - len(bands), base=int(model.base.sum()), events=n,
+        device=model.device, peak_bytes=int(total_all[peak_x]), peak_x=peak_x,
+        truncated=int(getattr(mm, "truncated_trace", 0) or 0), ignored_actions=model.ignored,
+        freed_before=model.freed_before, window=None if window is None else (lo, hi),
+        in_window=len(alive))

@@ -90,7 +90,8 @@ def test_docs_alloc_timeline_screenshot(driver: Any, imported: str) -> None:
         driver.get(imported + "run/imported")
         wait_for(lambda: rendered(driver, "alloc-timeline") and rendered(driver, "segment-map"), what="rendered")
         # the chart just under the replay bar that stays on screen, the window as tall as both
-        bar = driver.execute_script("return document.querySelector('#replay-bar').getBoundingClientRect().height")
+        bar = driver.execute_script("const b = document.querySelector('#replay-bar');"
+                                    "return b ? b.getBoundingClientRect().height : 0")
         box = driver.execute_script("return document.querySelector('#alloc-timeline').getBoundingClientRect().height")
         inner = driver.execute_script("return window.innerHeight")
         driver.set_window_size(1280, 1000 + int(bar + box + 24) - int(inner))
@@ -104,3 +105,69 @@ def test_docs_alloc_timeline_screenshot(driver: Any, imported: str) -> None:
         driver.save_screenshot(str(DOCS_SHOT))
     finally:
         driver.set_window_size(1400, 1000)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A dashboard over a run holding two imported snapshots (the synthetic one at step 1, the real at 3)."""
+    from gpudash.app import serve_in_thread
+    from gpudash.cli import main as cli
+
+    root = tmp_path_factory.mktemp("snapshot-pair")
+    synth = ROOT / "tests" / "fixtures" / "snapshot_synthetic.pickle"
+    assert cli(["import-snapshot", str(synth), str(root / "pair"), "--step", "1"]) == 0
+    assert cli(["import-snapshot", str(REAL), str(root / "pair"), "--step", "3"]) == 0
+    url, stop = serve_in_thread(root, "127.0.0.1", 0)
+    try:
+        yield url
+    finally:
+        stop()
+
+
+_META = "const gd = document.querySelector('#alloc-timeline .js-plotly-plot'); return gd && gd.layout.meta;"
+
+
+def test_whole_trace_then_a_zoomed_window_at_full_detail(driver: Any, two: str, artifacts: Path) -> None:
+    driver.get(two + "run/pair")
+    wait_for(lambda: rendered(driver, "alloc-timeline"), what="alloc-timeline rendered")
+    meta = driver.execute_script(_META)
+    assert meta["window"] is None and meta["events"] == 2 * 1721  # the whole trace
+    # an imported snapshot's page: its views and none of a training run's
+    page = driver.execute_script("return document.body.innerText")
+    assert "Largest live allocations" in page and "Finished" not in page and "Cost" not in page
+    assert driver.execute_script("return document.querySelector('#step-time-graph, #cursor-slider')") is None
+    driver.execute_script("Plotly.relayout(document.querySelector('#alloc-timeline .js-plotly-plot'),"
+                          "{'xaxis.range[0]': 1000, 'xaxis.range[1]': 1400})")
+    meta = wait_for(lambda: (m := driver.execute_script(_META)) and m.get("window") and m, what="zoomed figure")
+    assert meta["window"] == [1000, 1400] and meta["sampled"] == 401  # every event of the window
+    merged = driver.execute_script(
+        "const gd = document.querySelector('#alloc-timeline .js-plotly-plot');"
+        "return gd.data[gd.data.length - 1].x.length")
+    assert merged == 401
+    title = driver.execute_script("return document.querySelector('#alloc-timeline .gtitle').textContent")
+    assert "events 1,000-1,400 of 3,442" in title
+    driver.save_screenshot(str(artifacts / "alloc-timeline-zoomed.png"))
+    driver.execute_script("Plotly.relayout(document.querySelector('#alloc-timeline .js-plotly-plot'),"
+                          "{'xaxis.autorange': true})")
+    wait_for(lambda: (m := driver.execute_script(_META)) and m.get("window") is None, what="whole trace again")
+    assert severe_logs(driver) == []
+
+
+def test_the_diff_view(driver: Any, two: str, artifacts: Path) -> None:
+    driver.get(two + "run/pair")
+    wait_for(lambda: rendered(driver, "alloc-timeline"), what="alloc-timeline rendered")
+    assert "pick a snapshot to compare with" in driver.execute_script(
+        "return document.querySelector('#snapshot-diff-box').innerText")
+    driver.find_element("css selector", "#snap-diff-pick").click()
+    option = wait_for(lambda: next((o for o in driver.find_elements("css selector", "[role='option']")
+                                    if "step 1" in o.text), None), what="the step 1 option")
+    option.click()
+    table = wait_for(lambda: driver.execute_script(
+        "const t = document.querySelector('#snapshot-diff-table'); return t && t.innerText"), what="diff table")
+    assert "model.py:" in table and "+" in table
+    totals = driver.execute_script("return document.querySelector('#snapshot-diff-totals').innerText")
+    assert "A: step 1" in totals and "B: step 3" in totals and "allocated" in totals
+    wait_for(lambda: rendered(driver, "snapshot-diff-graph"), what="diff chart drawn")
+    driver.execute_script("document.querySelector('#snapshot-diff-box').scrollIntoView()")
+    driver.save_screenshot(str(artifacts / "snapshot-diff.png"))
+    assert severe_logs(driver) == []

@@ -156,3 +156,23 @@ def test_one_oom_is_one_event_when_observer_and_trainer_both_see_it(tmp_path: Pa
     assert ooms.iloc[1]["data"]["source"] == "allocator_observer" and ooms.iloc[1]["step"] == 3
     assert [mm.reason for mm in run.snapshots] == ["oom"]
     assert run.snapshots[0].largest_free_bytes == 329_252_864
+
+
+def test_a_long_history_is_kept_whole_at_record_time(tmp_path: Path) -> None:
+    """A 120,000-entry history (over the old 100,000 cap and the 5,000,000-node budget's share): every entry
+    stored, as torch recorded it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from snapshot_gen import grow_snapshot
+
+    big = grow_snapshot(120_000)
+    col = SnapshotCollector(every=2, take_snapshot=lambda: big)
+    with Monitor(tmp_path / "r", host_hz=0) as m:
+        m.add_collector(col)
+        loop(m, 3)
+    [mm] = gpudash.load_run(tmp_path / "r").snapshots
+    assert mm.trace is not None and len(mm.trace) == 120_000 and mm.truncated_trace == 0
+    raw = big["device_traces"][0]
+    assert mm.trace["address"].tolist()[-5:] == [e["addr"] for e in raw[-5:]]
+    assert mm.trace["action"].astype(str).tolist()[:3] == [e["action"] for e in raw[:3]]

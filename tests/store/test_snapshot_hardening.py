@@ -27,6 +27,7 @@ from gpudash.store import load_run
 from gpudash.store.snapshot import (
     MAX_NODES,
     SUMMARY_FORMAT,
+    SUMMARY_FORMAT_V1,
     decode_summary,
     encode_summary,
     load_snapshot,
@@ -79,7 +80,8 @@ def test_shared_references_hit_the_budget(make: Any, tmp_path: Path) -> None:
     with pytest.raises(RunError) as err:
         load_snapshot(path)
     msg = str(err.value)
-    assert "\n" not in msg and f"{MAX_NODES:,}" in msg
+    budget = MAX_NODES + path.stat().st_size  # node_budget: one node per byte of the file on top
+    assert "\n" not in msg and f"{budget:,}" in msg
     assert "max_nodes" in msg and "--max-nodes" in msg  # the fix is named
 
 
@@ -169,7 +171,7 @@ def _stored_run(tmp_path: Path, summaries: list[Any], step: float | None = 1) ->
     run_dir = tmp_path / "run"
     rec = Recorder(run_dir, flush_interval=60)
     for s in summaries:
-        data = s if isinstance(s, bytes) else zlib.compress(json.dumps(s).encode())
+        data = s if isinstance(s, bytes) else encode_summary(s)
         rec.put("snapshots", {"time": 1e9, "step": step, "reason": "r", "format": SUMMARY_FORMAT, "data": data})
     rec.close()
     return run_dir
@@ -177,8 +179,7 @@ def _stored_run(tmp_path: Path, summaries: list[Any], step: float | None = 1) ->
 
 def test_stored_summary_with_huge_numbers_is_named_not_raised(tmp_path: Path) -> None:
     good = summarize(_with(1, "none"))
-    bad = json.loads(json.dumps(good))
-    bad["segments"]["total_size"] = [2**64]
+    bad = {**good, "segments": {**good["segments"], "total_size": [2**64]}}
     run_dir = _stored_run(tmp_path, [good, bad, b"\x78\x9c" + b"[" * 5])
     run = load_run(run_dir)
     maps = run.snapshots
@@ -237,7 +238,7 @@ def test_any_snapshot_dict_summarises_or_says_why(snap: dict[str, Any]) -> None:
                 assert df[c].dtype == "int64", c
 
 
-_summary = st.fixed_dictionaries({"format": st.just(SUMMARY_FORMAT)}, optional={
+_summary = st.fixed_dictionaries({"format": st.just(SUMMARY_FORMAT_V1)}, optional={
     "segments": st.dictionaries(st.sampled_from(["address", "total_size", "allocated_size", "blocks"]),
                                 st.lists(_scalar, max_size=2), max_size=4) | _value,
     "blocks": st.dictionaries(st.sampled_from(["address", "size", "state", "frame"]),
@@ -257,9 +258,30 @@ def test_any_stored_summary_reads_or_is_named(summary: dict[str, Any], step: Any
         data = zlib.compress(json.dumps(summary).encode())
     except ValueError:  # a >4,300-digit integer cannot even be written as JSON
         return
-    df = pd.DataFrame([{"rank": 0, "time": 1e9, "step": step, "reason": "r", "format": SUMMARY_FORMAT,
+    df = pd.DataFrame([{"rank": 0, "time": 1e9, "step": step, "reason": "r", "format": SUMMARY_FORMAT_V1,
                         "data": data}])
     problems: list[str] = []
     maps = snapshots_from_frame(df, problems)
     assert len(maps) + len(problems) == 1
     assert all("\n" not in p for p in problems)
+
+
+_GOOD_V2 = encode_summary(summarize({"segments": [{"address": 0, "blocks": [{"size": 512, "state": "active_allocated",
+                                                                       "frames": [{"filename": "/a.py", "line": 1,
+                                                                                   "name": "f"}]}]}],
+                                     "device_traces": [[{"action": "alloc", "addr": 0, "size": 512}] * 3]}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, len(_GOOD_V2) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+       cut=st.none() | st.integers(0, len(_GOOD_V2)))
+def test_any_damaged_columnar_summary_reads_or_is_named(edits: list[tuple[int, int]], cut: int | None) -> None:
+    data = bytearray(_GOOD_V2)
+    for at, byte in edits:
+        data[at] = byte
+    df = pd.DataFrame([{"rank": 0, "time": 1e9, "step": 1, "reason": "r", "format": SUMMARY_FORMAT,
+                        "data": bytes(data[:cut])}])
+    problems: list[str] = []
+    maps = snapshots_from_frame(df, problems)
+    assert len(maps) + len(problems) == 1
+    assert all("\n" not in p and "unreadable ()" not in p for p in problems)

@@ -1,4 +1,5 @@
-"""Stored snapshot summaries read back with a bound: a crafted run database cannot inflate one without limit."""
+"""Stored snapshot summaries (v1, JSON) read back with a bound: a crafted run database cannot inflate one
+without limit."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import zlib
 import pandas as pd
 import pytest
 
-from gpudash.store import snapshot
-from gpudash.store.snapshot import SUMMARY_FORMAT, decode_summary, encode_summary, snapshots_from_frame
+from gpudash.store import snapshot_codec
+from gpudash.store.snapshot import SUMMARY_FORMAT_V1 as SUMMARY_FORMAT
+from gpudash.store.snapshot import decode_summary, encode_summary, snapshots_from_frame
 
 
 def _bomb(inflated: int) -> bytes:
@@ -28,7 +30,7 @@ def test_a_zlib_bomb_is_refused_with_one_line(monkeypatch: pytest.MonkeyPatch) -
     assert len(blob) < 100_000  # 24 MiB of JSON in a small row
     with pytest.raises(ValueError, match="inflates to over 8 MiB"):
         decode_summary(blob, max_bytes=8 << 20)
-    monkeypatch.setattr(snapshot, "MAX_SUMMARY_BYTES", 8 << 20)
+    monkeypatch.setattr(snapshot_codec, "MAX_V1_BYTES", 8 << 20)
     problems: list[str] = []
     row = {"time": 1.0, "step": 7, "reason": "crafted", "format": SUMMARY_FORMAT, "data": blob}
     assert snapshots_from_frame(pd.DataFrame([row]), problems) == []
