@@ -23,7 +23,7 @@ import pandas as pd
 from gpudash.errors import RunError
 from gpudash.store.chunks import read_chunks
 from gpudash.store.meta import clean_meta
-from gpudash.store.rankfile import Scratch, open_rank_db, wal_path
+from gpudash.store.rankfile import Scratch, log_heartbeat, open_rank_db, wal_path
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
@@ -110,7 +110,11 @@ class RankReader:
                     out[key] = value
         except sqlite3.DatabaseError as exc:
             self._note(f"{self.path.name}: meta table unreadable ({exc})")
-        return clean_meta(out, f"{self.path.name} meta", self.problems)
+        meta = clean_meta(out, f"{self.path.name} meta", self.problems)
+        beat = log_heartbeat(self.path)  # newer than the stored heartbeat while the writer lives
+        if beat is not None and beat > float(meta.get("heartbeat") or 0):
+            meta["heartbeat"] = min(beat, time.time())  # a log stamped in the future is not a writer seen then
+        return meta
 
     def status(self, meta: dict[str, Any] | None = None, now: float | None = None) -> str:
         meta = self.meta() if meta is None else meta
