@@ -129,6 +129,7 @@ class Recorder:
             "status": "live",
             "heartbeat": time.time(),
             "flush_interval": flush_interval,
+            "dropped_records": 0,  # stored again only when it changes
         }
         if self._publisher is not None:
             start.update(shared_fs=shared, publish_interval=self._publisher.interval,

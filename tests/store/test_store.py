@@ -158,6 +158,19 @@ def test_heartbeat_stops_means_crashed(tmp_path: Path) -> None:
     assert reader.status() == "finished"
 
 
+def test_between_stored_heartbeats_the_log_mtime_is_the_heartbeat(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=0.05)
+    assert rec.flush()  # stores the heartbeat key; the next store is ROLLUP_INTERVAL_S away
+    with sqlite3.connect(f"file:{tmp_path / 'rank0.db'}?mode=ro", uri=True) as c:
+        stored = float(c.execute("select value from meta where key = 'heartbeat'").fetchone()[0])
+    time.sleep(0.6)  # idle flushes write no page, they touch the log
+    reader = RunReader(tmp_path)
+    meta = reader.ranks[0].meta()
+    assert meta["heartbeat"] > stored + 0.4 and reader.status() == "live"
+    rec.close()
+    assert reader.status() == "finished"
+
+
 def test_bad_paths_give_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="no such run directory"):
         load_run(tmp_path / "nope")
