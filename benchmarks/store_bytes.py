@@ -195,9 +195,9 @@ def measure(tool: str, python: str, seconds: float, rate: float) -> dict[str, An
         while not lines.empty():
             word, *rest = lines.get().split() or [""]
             if word == "READY":
-                marks["ready"] = now
+                marks["ready"], marks["ready_self"] = now, int(rest[0])
             elif word == "FIRST":
-                marks["first"] = now
+                marks["first"], marks["first_self"] = total(), int(rest[0])
             elif word == "STEP" and steady_at is None and float(rest[1]) >= 15:
                 steady_at = (int(rest[0]), now)
             elif word == "LAST":
@@ -212,7 +212,9 @@ def measure(tool: str, python: str, seconds: float, rate: float) -> dict[str, An
     end = max(total(), reaped)
     ready = marks.get("ready", 0)
     steps, last = marks["last"]
-    res = {"tool": tool, "steps": steps, "first": marks["first"] - ready, "wal": wal,
+    # the process's own count at its marks is exact; the tree's (polled) adds its children's
+    first = max(marks["first"] - ready, marks["first_self"] - marks["ready_self"])
+    res = {"tool": tool, "steps": steps, "first": first, "wal": wal,
            "per_step": (end - marks["first"]) / max(1, steps - 1), "total": end - ready,
            "steady": (last - steady_at[1]) / max(1, steps - steady_at[0]) if steady_at else float("nan"),
            "rate": steps / seconds}
