@@ -2,13 +2,21 @@
 
 SQLite hands rows back one Python object per value (~0.2 µs each): a
 million steps with 17 columns would take seconds. So, beside the plain rows
-(which stay the readable source of truth), the writer stores every flushed
-batch of a numeric table as one *chunk*: a float64 array per column covering
-a contiguous rowid range. Chunks are merged 64 at a time into bigger ones
-(levels), so even a week of 0.5 s flushes stays a few hundred chunks. The
-reader concatenates chunks with ``np.frombuffer`` and reads only the rows
-after the last chunk through SQL. A damaged chunk is ignored: the reader
-falls back to the rows.
+(which stay the readable source of truth), the writer stores the numeric
+columns of each table as *chunks*: a float64 array per column covering a
+contiguous rowid range. The reader concatenates chunks with ``np.frombuffer``
+and reads only the rows after the last chunk through SQL. A damaged chunk is
+ignored: the reader falls back to the rows.
+
+A chunk is written once, whole, when :data:`CHUNK_ROWS` rows (or
+:data:`CHUNK_VALUES` values) have been inserted since the last one, and at
+close; never rewritten. Every page a transaction touches is written whole into
+the write-ahead log, so a chunk per flush (the old way: one small chunk every
+0.5 s, merged 64 at a time into bigger ones) cost a chunk page, an index page
+and, on every merge, the whole merged blob again. The rows since the last
+chunk (at most a few thousand) are what a reader reads through SQL; a run
+killed before its next chunk, or resumed by a new writer, keeps them as rows,
+and the next writer chunks them with its own.
 """
 
 from __future__ import annotations
@@ -21,12 +29,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpudash.store.schema import quote_ident
+from gpudash.store.values import num
 
-__all__ = ["Chunk", "ChunkWriter", "decode", "encode", "read_chunks"]
+__all__ = ["CHUNK_ROWS", "CHUNK_VALUES", "Chunk", "ChunkWriter", "encode", "read_chunks"]
 
 CHUNK_TABLE = "colchunks"
 _CT = quote_ident(CHUNK_TABLE)
-MERGE_FANOUT = 64
+#: Rows per chunk (a table's chunk is written when this many rows wait) ...
+CHUNK_ROWS = 4096
+#: ... or when this many values wait (a table of many columns: the rows left to SQL stay few).
+CHUNK_VALUES = 1 << 16
 
 
 @dataclass(slots=True)
@@ -36,67 +48,126 @@ class Chunk:
     columns: dict[str, np.ndarray]
 
 
-def encode(columns: list[str], arr: np.ndarray) -> bytes:
-    """``arr`` is (rows, len(columns)) float64; stored column-major."""
+def encode(arr: np.ndarray) -> bytes:
+    """``arr`` is (rows, columns) float64; stored column-major."""
     return np.ascontiguousarray(arr.T, dtype="<f8").tobytes()
 
 
-def decode(columns: list[str], n: int, data: bytes) -> dict[str, np.ndarray]:
-    flat = np.frombuffer(data, dtype="<f8")
-    if flat.size != n * len(columns):
-        raise ValueError(f"chunk holds {flat.size} values, expected {n * len(columns)}")
-    mat = flat.reshape(len(columns), n)
-    return {c: mat[i] for i, c in enumerate(columns)}
-
-
-def _merge(chunks: list[Chunk]) -> tuple[list[str], np.ndarray]:
+def _merge(parts: list[tuple[list[str], np.ndarray]]) -> tuple[list[str], np.ndarray]:
+    """Blocks of rows with possibly different columns as one (rows, union of columns) matrix."""
     cols: list[str] = []
-    for ch in chunks:
-        cols += [c for c in ch.columns if c not in cols]
-    parts = []
-    for ch in chunks:
-        n = ch.last_rowid - ch.first_rowid + 1
-        parts.append(np.column_stack([ch.columns.get(c, np.full(n, np.nan)) for c in cols]))
-    return cols, np.concatenate(parts)
+    for names, _ in parts:
+        cols += [c for c in names if c not in cols]
+    if all(names == cols for names, _ in parts):
+        return cols, np.concatenate([a for _, a in parts]) if len(parts) > 1 else parts[0][1]
+    blocks = []
+    for names, arr in parts:
+        full = np.full((len(arr), len(cols)), np.nan)
+        for j, c in enumerate(names):
+            full[:, cols.index(c)] = arr[:, j]
+        blocks.append(full)
+    return cols, np.concatenate(blocks)
+
+
+class _Pending:
+    """One table's rows inserted since its last chunk."""
+
+    __slots__ = ("first", "rows", "values", "parts")
+
+    def __init__(self, first: int) -> None:
+        self.first = first  # rowid of the first row not in a chunk
+        self.rows = 0
+        self.values = 0
+        self.parts: list[tuple[list[str], np.ndarray]] = []
+
+    def copy(self) -> _Pending:
+        out = _Pending(self.first)
+        out.rows, out.values, out.parts = self.rows, self.values, list(self.parts)
+        return out
 
 
 class ChunkWriter:
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    """Keeps each numeric table's unchunked rows in memory and writes them as one chunk when enough wait.
+
+    Runs inside the caller's transactions: :meth:`begin` / :meth:`rollback` keep what it holds
+    in step with what the database holds."""
+
+    def __init__(self, conn: sqlite3.Connection, rows: int | None = None, values: int | None = None) -> None:
         self._conn = conn
+        self._rows = CHUNK_ROWS if rows is None else rows
+        self._values = CHUNK_VALUES if values is None else values
+        self._pending: dict[str, _Pending] = {}
+        self._saved: dict[str, _Pending] = {}
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {_CT} (id INTEGER PRIMARY KEY, tbl TEXT, level INTEGER,"
             " first_rowid INTEGER, last_rowid INTEGER, columns TEXT, data BLOB, crc INTEGER)"
         )
         conn.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(CHUNK_TABLE + '_tbl')} ON {_CT}(tbl, level, first_rowid)")
 
-    def append(self, table: str, first_rowid: int, columns: list[str], arr: np.ndarray) -> None:
-        last = first_rowid + len(arr) - 1
-        self._put(table, 0, first_rowid, last, columns, arr)
-        level = 0
-        while self._compact(table, level):
-            level += 1
+    def begin(self) -> None:
+        self._saved = {t: p.copy() for t, p in self._pending.items()}
 
-    def _put(self, table: str, level: int, first: int, last: int, columns: list[str], arr: np.ndarray) -> None:
-        data = encode(columns, arr)
+    def rollback(self) -> None:
+        self._pending = self._saved
+        self._saved = {}
+
+    def append(self, table: str, first_rowid: int, columns: list[str], arr: np.ndarray) -> None:
+        """Rows ``first_rowid ..`` of ``table`` were inserted (``arr``: rows x ``columns``, float64)."""
+        if not len(arr):
+            return
+        pend = self._pending.get(table)
+        if pend is None:
+            pend = self._pending[table] = self._resume(table, first_rowid)
+        if pend.first + pend.rows != first_rowid:  # rows written by someone else since: start afresh
+            pend = self._pending[table] = _Pending(first_rowid)
+        pend.parts.append((columns, arr))
+        pend.rows += len(arr)
+        pend.values += arr.size
+        if pend.rows >= self._rows or pend.values >= self._values:
+            self._write(table, pend)
+
+    def write_all(self) -> None:
+        """Write every table's waiting rows as a chunk (at close: a finished run reads no rows through SQL)."""
+        for table, pend in self._pending.items():
+            if pend.rows:
+                self._write(table, pend)
+
+    def _write(self, table: str, pend: _Pending) -> None:
+        cols, arr = _merge(pend.parts)
+        last = pend.first + pend.rows - 1
+        data = encode(arr)
         self._conn.execute(
             f"INSERT INTO {_CT} (tbl, level, first_rowid, last_rowid, columns, data, crc)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (table, level, first, last, json.dumps(columns), data, zlib.crc32(data)),
+            " VALUES (?, 0, ?, ?, ?, ?, ?)",
+            (table, pend.first, last, json.dumps(cols), data, zlib.crc32(data)),
         )
+        self._pending[table] = _Pending(last + 1)
 
-    def _compact(self, table: str, level: int) -> bool:
-        rows = self._conn.execute(
-            f"SELECT id, first_rowid, last_rowid, columns, data FROM {_CT}"
-            " WHERE tbl = ? AND level = ? ORDER BY first_rowid",
-            (table, level),
-        ).fetchall()
-        if len(rows) < MERGE_FANOUT:
-            return False
-        chunks = [Chunk(f, la, decode(json.loads(c), la - f + 1, d)) for _, f, la, c, d in rows]
-        cols, arr = _merge(chunks)
-        self._conn.executemany(f"DELETE FROM {_CT} WHERE id = ?", [(r[0],) for r in rows])
-        self._put(table, level + 1, chunks[0].first_rowid, chunks[-1].last_rowid, cols, arr)
-        return True
+    def _resume(self, table: str, first_rowid: int) -> _Pending:
+        """The first rows this writer inserts into ``table``: pick up the rows an earlier writer of
+        this file left unchunked (a killed or resumed run), so the chunks stay contiguous."""
+        try:
+            covered = self._conn.execute(f"SELECT max(last_rowid) FROM {_CT} WHERE tbl = ?", (table,)).fetchone()[0]
+        except sqlite3.Error:
+            covered = None
+        start = int(covered or 0) + 1
+        if start >= first_rowid or first_rowid - start > 4 * self._rows:
+            return _Pending(first_rowid)
+        try:
+            info = list(self._conn.execute(f"PRAGMA table_info({quote_ident(table)})"))
+            cols = [name for _, name, ctype, *_ in info if ctype in ("REAL", "INTEGER")]
+            quoted = ", ".join(["rowid", *map(quote_ident, cols)])
+            rows = self._conn.execute(f"SELECT {quoted} FROM {quote_ident(table)} WHERE rowid >= ? AND rowid < ?"
+                                      " ORDER BY rowid", (start, first_rowid)).fetchall()
+        except sqlite3.Error:
+            return _Pending(first_rowid)
+        if not cols or len(rows) != first_rowid - start or rows[0][0] != start:
+            return _Pending(first_rowid)  # rowids with holes: no contiguous chunk can cover them
+        pend = _Pending(start)
+        arr = np.array([[num(v) for v in r[1:]] for r in rows], dtype=float).reshape(len(rows), len(cols))
+        pend.parts.append((cols, arr))
+        pend.rows, pend.values = len(rows), arr.size
+        return pend
 
 
 def read_chunks(conn: sqlite3.Connection, table: str) -> tuple[list[str], np.ndarray | None, int]:

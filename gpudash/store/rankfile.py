@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from gpudash.store.bounded import UnsafeFile, check_regular, connect
 
-__all__ = ["Scratch", "open_rank_db", "wal_path"]
+__all__ = ["Scratch", "log_heartbeat", "open_rank_db", "wal_path"]
 
 _MMAP_BYTES = 1 << 32
 
@@ -44,6 +44,15 @@ class Scratch:
 def wal_path(db: Path) -> Path:
     """``rankN.db-wal``, SQLite's write-ahead log beside ``rankN.db``."""
     return db.with_name(db.name + "-wal")
+
+
+def log_heartbeat(db: Path) -> float | None:
+    """When the writer of ``db`` was last seen: its write-ahead log's modification time (the writer
+    renews it at every flush, see :mod:`gpudash.store.writer`); None when there is no log."""
+    try:
+        return wal_path(db).stat().st_mtime
+    except (OSError, ValueError):
+        return None
 
 
 def open_rank_db(path: Path, scratch: Scratch, note: Callable[[str], None]) -> sqlite3.Connection:

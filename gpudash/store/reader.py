@@ -25,7 +25,7 @@ from gpudash.store import bounded
 from gpudash.store.bounded import count_trimmed, damage, is_interrupt, real_tables, trimmed_column
 from gpudash.store.chunks import CHUNK_TABLE, read_chunks
 from gpudash.store.meta import clean_meta, read_run_json
-from gpudash.store.rankfile import Scratch, open_rank_db, wal_path
+from gpudash.store.rankfile import Scratch, log_heartbeat, open_rank_db, wal_path
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
@@ -134,7 +134,11 @@ class RankReader:
                 out[key] = json.loads(value)
             except (TypeError, ValueError, RecursionError, MemoryError):
                 out[key] = value
-        return clean_meta(out, f"{self.path.name} meta", self.problems)
+        meta = clean_meta(out, f"{self.path.name} meta", self.problems)
+        beat = log_heartbeat(self.path)  # newer than the stored heartbeat while the writer lives
+        if beat is not None and beat > float(meta.get("heartbeat") or 0):
+            meta["heartbeat"] = min(beat, time.time())  # a log stamped in the future is not a writer seen then
+        return meta
 
     def _meta_by_row(self, sql: str) -> list[tuple[Any, ...]]:
         rows: list[tuple[Any, ...]] = []

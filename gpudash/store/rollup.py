@@ -6,9 +6,13 @@ For each numeric table ``T`` and bucket width ``L`` (seconds) the table
 mean ``c``, minimum ``c__min`` and maximum ``c__max``. Min and max survive so a
 short memory peak is still visible at the coarsest level.
 
-The writer feeds each flushed batch through :meth:`Rollups.update`; running
-sums for recent buckets live in memory (bounded), older buckets are
-re-aggregated from the raw table when a late record touches them.
+The writer feeds each flushed batch through :meth:`Rollups.update`, which only
+adds it to running sums in memory; :meth:`Rollups.write` stores the buckets
+that changed since the last write, every few seconds and at close (a roll-up
+row rewritten at every 0.5 s flush cost two pages per table and level in the
+write-ahead log). Running sums for recent buckets live in memory (bounded);
+older buckets are re-aggregated from the raw table when a late record touches
+them.
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ class Rollups:
         self._latest: dict[tuple[str, int], float] = {}
         # columns a roll-up table has no room for (SQLite's column limit: 3 roll-up columns per column)
         self._skip: dict[str, set[str]] = {}
+        # buckets changed since the last write, and each table's numeric columns seen since then
+        self._dirty: set[tuple[Any, ...]] = set()
+        self._seen: dict[str, list[str]] = {}
         # running sums as they were before the open transaction, for rollback(): only the touched ones
         self._undo: dict[tuple[Any, ...], _Acc | None] = {}
-        self._undo_latest: dict[tuple[str, int], float] = {}
+        self._undo_state: tuple[dict[tuple[str, int], float], set[tuple[Any, ...]], dict[str, list[str]]] = (
+            {}, set(), {})
 
     def begin(self) -> None:
         """Start a transaction: forget the undo log of the last one."""
         self._undo.clear()
-        self._undo_latest = dict(self._latest)
+        self._undo_state = (dict(self._latest), set(self._dirty), {t: list(c) for t, c in self._seen.items()})
 
     def rollback(self) -> None:
         """The transaction was rolled back: restore the running sums and re-read the tables' columns."""
@@ -54,8 +62,14 @@ class Rollups:
             else:
                 self._acc[akey] = saved
         self._undo.clear()
-        self._latest = dict(self._undo_latest)
+        latest, dirty, seen = self._undo_state
+        self._latest, self._dirty, self._seen = dict(latest), set(dirty), {t: list(c) for t, c in seen.items()}
         self._cols.clear()
+
+    @property
+    def pending(self) -> bool:
+        """Whether some bucket changed since the last :meth:`write`."""
+        return bool(self._dirty)
 
     def _touch(self, akey: tuple[Any, ...]) -> None:
         if akey not in self._undo:
@@ -99,17 +113,18 @@ class Rollups:
         return name
 
     def update(self, table: str, numeric: list[str], arr: np.ndarray) -> None:
-        """Fold a batch (rows x ``numeric`` columns, float64) into the roll-up tables."""
+        """Fold a batch (rows x ``numeric`` columns, float64) into the running sums (see :meth:`write`)."""
         if "time" not in numeric or not len(arr):
             return
         keys = ROLLUP_KEYS.get(table, ())
+        seen = self._seen.setdefault(table, [])
+        seen += [c for c in numeric if c not in seen]
         t = arr[:, numeric.index("time")]
         key_arr = [arr[:, numeric.index(k)] if k in numeric else np.zeros(len(arr)) for k in keys]
         value_cols = [c for c in numeric if c != "time" and c not in keys]
         values = arr[:, [numeric.index(c) for c in value_cols]] if value_cols else np.empty((len(arr), 0))
         ok = ~np.isnan(t)
         for level in ROLLUP_LEVELS:
-            name = self._ensure_table(table, level, numeric)
             bucket = np.floor(t / level) * level
             group = np.column_stack([bucket, *key_arr])[ok]
             if not len(group):
@@ -128,17 +143,28 @@ class Rollups:
                 maxs = np.fmax.reduceat(vals, starts, axis=0)
             else:
                 sums = cnts = mins = maxs = np.zeros((len(uniq), 0))
+            for g, key in enumerate(map(tuple, uniq)):
+                self._merge(table, level, key, int(n[g]), value_cols, sums[g], cnts[g], mins[g], maxs[g])
+
+    def write(self) -> None:
+        """Store every bucket changed since the last write (inside the caller's transaction), then
+        let go of the running sums of buckets too old to change."""
+        if not self._dirty:
+            return
+        by_name: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        for akey in self._dirty:
+            by_name.setdefault((akey[0], akey[1]), []).append(akey)
+        for (table, level), akeys in sorted(by_name.items()):
+            keys = ROLLUP_KEYS.get(table, ())
+            name = self._ensure_table(table, level, self._seen.get(table, []))
             skip = self._skip.get(name, ())
             all_cols = sorted(c for c in self._cols[name] if c not in ("bucket", "n", *keys)
                               and not c.endswith(("__min", "__max")) and c not in skip)
-            rows = []
-            for g, key in enumerate(map(tuple, uniq)):
-                acc = self._merge(table, level, key, int(n[g]), value_cols, sums[g], cnts[g], mins[g], maxs[g])
-                if acc is None:
-                    continue
-                rows.append(_row(key, acc, all_cols))
+            rows = [_row(akey[2:], self._acc[akey], all_cols) for akey in sorted(akeys) if akey in self._acc]
             self._upsert(name, keys, all_cols, rows)
-            self._evict(table, level, float(uniq[:, 0].max()))
+            self._evict(table, level, max(akey[2] for akey in akeys))
+        self._dirty.clear()
+        self._seen.clear()
 
     def _merge(self, table: str, level: int, key: tuple[float, ...], n: int, cols: list[str],
                sums: np.ndarray, cnts: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> _Acc | None:
@@ -149,10 +175,12 @@ class Rollups:
             acc = {"__n__": [0.0, 0.0, 0.0, 0.0]}
             latest = self._latest.get((table, level))
             if latest is not None and key[0] < latest - self._keep * level:
-                # a late record for a bucket already evicted: re-aggregate it from raw rows
+                # a late record for a bucket already written and let go: re-aggregate it from raw rows
+                self._ensure_table(table, level, self._seen.get(table, []))
                 self._reaggregate(table, level, key)
                 return None
             self._acc[akey] = acc
+        self._dirty.add(akey)
         acc["__n__"][0] += n
         for j, c in enumerate(cols):
             cur = acc.get(c)

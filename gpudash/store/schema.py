@@ -25,7 +25,6 @@ __all__ = [
     "ROLLUP_LEVELS",
     "RUN_META_FILE",
     "SNAPSHOT_REQUEST_FILE",
-    "STATIC_TABLES",
     "TABLE_BASE_COLUMNS",
     "RESERVED_COLUMNS",
     "column_name",
@@ -84,7 +83,6 @@ TABLE_BASE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 DYNAMIC_TABLES = frozenset({"steps", "memory", "host", "device"})
 #: Tables with only numeric columns, rolled up to coarser time buckets.
 NUMERIC_TABLES = ("steps", "memory", "host", "device")
-STATIC_TABLES = tuple(t for t in TABLE_BASE_COLUMNS if t not in DYNAMIC_TABLES)
 #: Roll-up bucket widths in seconds; table ``<name>_r<width>`` per level.
 ROLLUP_LEVELS = (1, 60)
 #: Extra group-by keys per rolled-up table (besides the time bucket).

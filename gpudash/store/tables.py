@@ -3,9 +3,23 @@
 :class:`TableWriter` creates the tables of :mod:`gpudash.store.schema`, adds a
 dynamic table's new columns the first time a record carries them (all of a
 batch's new columns in one schema change, see :mod:`gpudash.store.columns`),
-inserts rows, and keeps the columnar copies and time roll-ups current. It
+inserts rows, and keeps the columnar copies and time roll-ups (written in
+batches: :meth:`TableWriter.write_rollups`, :mod:`gpudash.store.chunks`). It
 runs inside the transaction the :class:`~gpudash.store.writer.Recorder`
 opens, and forgets what it learnt there when that is rolled back.
+
+What a flush costs on disk: SQLite in WAL mode writes every page a
+transaction touches, whole, into the log, and each page once more into the
+database when the log is checkpointed. So :func:`connect` picks small pages
+(:data:`PAGE_SIZE`), and a log of at most :data:`CHECKPOINT_BYTES` that is
+checkpointed and reused from its start without ``fsync``
+(:data:`SYNCHRONOUS`): the log's pages and the database's last pages, which
+every flush rewrites, are rewritten in the page cache and reach the disk once
+per kernel writeback (``vm.dirty_expire_centisecs``, 30 s by default), not
+once per flush. A killed process loses nothing that was committed (the page
+cache survives it); an OS crash or power cut may lose or damage what the
+last ~30 s wrote, which the reader salvages around (tensorboardX and wandb
+do not ``fsync`` either). Measured in ``benchmarks/store_bytes.py``.
 """
 
 from __future__ import annotations
@@ -70,18 +84,33 @@ def _plain_numbers(rows: list[tuple[Any, ...]]) -> np.ndarray | None:
     return full
 
 
+#: Page size of a new database (an existing one keeps its own): pages touched per flush x this is
+#: what a flush writes into the log; bigger pages read long chunk blobs with fewer hops.
+PAGE_SIZE = 2048
+#: Log size at which SQLite copies the log into the database (``wal_autocheckpoint``, set in pages):
+#: small, so the log's pages are reused while they are still in the page cache.
+CHECKPOINT_BYTES = 64 << 10
+#: A log grown past this (a long reader held a checkpoint back) is cut back to it once checkpointed.
+WAL_LIMIT_BYTES = 4 << 20
+#: No ``fsync`` at checkpoints (see the module doc); commits in WAL mode never wait for one anyway.
+SYNCHRONOUS = "OFF"
+
+
 def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-    conn.execute("PRAGMA page_size=65536")  # big pages: short overflow chains for chunk blobs
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before WAL mode: a WAL database keeps its page size
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0] or PAGE_SIZE)
+    conn.execute(f"PRAGMA wal_autocheckpoint={max(16, CHECKPOINT_BYTES // page)}")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     return conn
 
 
 class TableWriter:
     """Writes batches of records into one rank's database (inside the caller's transaction)."""
 
-    def __init__(self, conn: sqlite3.Connection, report: Report) -> None:
+    def __init__(self, conn: sqlite3.Connection, report: Report, meta: dict[str, Any] | None = None) -> None:
         self._conn = conn
         self._report = report
         #: values left empty in the open transaction (the caller adds them up once it commits)
@@ -89,17 +118,28 @@ class TableWriter:
         self._columns: dict[str, dict[str, str]] = {}
         self._colnames: dict[str, dict[Any, str]] = {t: {} for t in TABLE_BASE_COLUMNS}
         self._ignored: dict[str, set[str]] = {}  # columns SQLite refused to add (e.g. too many columns)
-        self._create_tables()
+        conn.execute("BEGIN")  # the whole schema in one transaction: one write of each page, not one per table
+        try:
+            self._create_tables()
+            self.chunks = ChunkWriter(conn)
+            self.write_meta(meta or {})
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         self.rollups = Rollups(conn)
-        self.chunks = ChunkWriter(conn)
 
     def begin(self) -> None:
         self.rollups.begin()
+        self.chunks.begin()
         self.txn_dropped_values = 0
 
     def rollback(self) -> None:
-        """The transaction was rolled back: undo what the caches learnt in it (added columns, roll-up sums)."""
+        """The transaction was rolled back: undo what the caches learnt in it (added columns, roll-up
+        sums, rows waiting for a chunk)."""
         self.rollups.rollback()
+        self.chunks.rollback()
         try:
             for table in DYNAMIC_TABLES:
                 cols = table_columns(self._conn, table)
@@ -115,7 +155,7 @@ class TableWriter:
             body = ", ".join(f"{quote_ident(n)} {t}" for n, t in cols)
             c.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table)} ({body})")
             self._columns[table] = {n: t for n, t in cols}
-            if "time" in dict(cols):
+            if table in NUMERIC_TABLES:  # queried by time range; the others are read whole (by rowid)
                 c.execute(f"CREATE INDEX IF NOT EXISTS {quote_ident(table + '_time')} ON {quote_ident(table)}(time)")
         c.execute('CREATE INDEX IF NOT EXISTS "steps_step" ON steps(step)')
         for table in DYNAMIC_TABLES:
@@ -230,7 +270,17 @@ class TableWriter:
                              key=f"value {table}.{c}")
         return tuple(out)
 
+    def write_rollups(self) -> None:
+        """Store the roll-up buckets changed since the last call (the caller decides how often)."""
+        self.rollups.write()
+
+    def write_chunks(self) -> None:
+        """Write every table's rows that wait for a chunk (at close)."""
+        self.chunks.write_all()
+
     def write_meta(self, meta: dict[str, Any]) -> None:
+        if not meta:
+            return
         rows = []
         for k, v in meta.items():
             try:

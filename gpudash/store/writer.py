@@ -2,8 +2,13 @@
 
 The training thread only calls :meth:`Recorder.put` (a deque append). A daemon
 thread drains the deque every ``flush_interval`` seconds into ``rankN.db``
-(SQLite, WAL mode), keeps the time roll-ups current and writes a heartbeat, so
-a reader can tell a live run from a killed one. When the buffer is full the
+(SQLite, WAL mode), one transaction per flush. The time roll-ups and the
+``heartbeat`` meta key are stored every :data:`ROLLUP_INTERVAL_S` seconds (and
+on :meth:`Recorder.flush` and at close); between them the heartbeat is the
+write-ahead log's modification time, which every flush renews (a commit
+writes the log; a flush with nothing to write touches it), so a reader can
+tell a live run from a killed one without a page written for it
+(:meth:`gpudash.store.reader.RankReader.meta`). When the buffer is full the
 oldest record is dropped and counted; the count is recorded in the meta table.
 
 Nothing a training loop logs stops the writer: a value SQLite cannot store is
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.failures import is_transient
+from gpudash.store.rankfile import wal_path
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.sharedfs import Publisher, shared_mode
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
@@ -40,8 +46,11 @@ from gpudash.store.values import to_plain
 
 __all__ = ["Recorder", "to_plain", "write_run_meta"]
 
-#: Records per transaction.
-_BATCH = 50_000
+#: Records per transaction: a backlog (a stall, a burst) is committed piece by piece, so one
+#: transaction never grows the write-ahead log past a few MB.
+_BATCH = 8192
+#: Seconds between stores of the roll-ups and the ``heartbeat`` meta key (see the module doc).
+ROLLUP_INTERVAL_S = 10.0
 _TABLE = TABLE_TAG
 _Record = dict[Any, Any]
 #: Failed transactions per flush spent on isolating the records that cannot be written.
@@ -109,8 +118,9 @@ class Recorder:
         # a run folder other hosts share: the live database on local storage, copies published here
         shared = shared_mode(self.run_dir)
         self._publisher = Publisher(self.path) if shared else None
-        self._conn = connect(self._publisher.live_path if self._publisher else self.path)
-        self._tables = TableWriter(self._conn, self._report)
+        live = self._publisher.live_path if self._publisher else self.path
+        self._conn = connect(live)
+        self._wal = wal_path(live)
         start = {
             "rank": rank,
             "pid": os.getpid(),
@@ -119,12 +129,15 @@ class Recorder:
             "status": "live",
             "heartbeat": time.time(),
             "flush_interval": flush_interval,
+            "dropped_records": 0,  # stored again only when it changes
         }
         if self._publisher is not None:
             start.update(shared_fs=shared, publish_interval=self._publisher.interval,
                          live_db=str(self._publisher.live_path))
         start.update(meta or {})
-        self._tables.write_meta(start)
+        self._tables = TableWriter(self._conn, self._report, meta=start)
+        self._dropped_stored = 0
+        self._rollups_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
         self._thread.start()
 
@@ -197,17 +210,27 @@ class Recorder:
             stopping = self._stop.is_set()
             with self._flushed:
                 serving = self._req_seq
+                asked = serving > self._done_seq  # flush() waits: store the roll-ups too
+            publishing = self._publisher is not None and (stopping or self._publisher.due())
             try:
-                self._flush_once()
+                self._flush_once(final=stopping, everything=stopping or asked or publishing)
             except BaseException as exc:  # noqa: BLE001 - the writer outlives anything a record does
                 self._report(f"writer: unexpected {type(exc).__name__}: {exc}")
-            if self._publisher is not None and (stopping or self._publisher.due()):
+            self._touch_wal()
+            if publishing:
                 self._publish()
             with self._flushed:
                 self._done_seq = serving
                 self._flushed.notify_all()
             if stopping:
                 return
+
+    def _touch_wal(self) -> None:
+        """Renew the heartbeat a reader sees: the log's modification time (a commit renewed it already)."""
+        try:
+            os.utime(self._wal)
+        except OSError:
+            pass  # no log yet, or none any more (closed): the heartbeat in meta says when the writer was last seen
 
     def _publish(self) -> None:
         """Shared-filesystem mode: a consistent copy of the live database into the run folder."""
@@ -222,12 +245,14 @@ class Recorder:
             return
         self._publish_failed = False
 
-    def _flush_once(self) -> None:
-        """Drain the buffer in transactions of at most _BATCH records, so a long
-        backlog is committed piece by piece; write meta and the heartbeat. Records
-        of a write that failed for now go first; after such a failure the rest waits."""
+    def _flush_once(self, *, final: bool = False, everything: bool = False) -> None:
+        """Drain the buffer in transactions of at most _BATCH records, so a long backlog is
+        committed piece by piece; the last one also stores meta, and the roll-ups and heartbeat
+        when they are due (``everything``: now). Records of a write that failed for now go
+        first; after such a failure the rest waits. ``final``: the last flush (close)."""
         self._budget = _FAIL_BUDGET
         self._stalled = False
+        due = everything or time.monotonic() - self._rollups_at >= ROLLUP_INTERVAL_S
         retry, self._retry = self._retry, []
         pop = self._buf.popleft
         while True:
@@ -237,15 +262,17 @@ class Recorder:
                     items.append(pop())
             except IndexError:
                 pass
-            self._commit(items)
+            last = len(items) < _BATCH and not retry
+            self._commit(items, rollups=last and due, final=last and final)
             if self._stalled:
                 self._retry += retry
                 return
-            if len(items) < _BATCH and not retry:
+            if last:
                 return
 
-    def _commit(self, items: list[_Record]) -> None:
-        """Write ``items`` in one transaction. A failure "for now" (disk full, ...) keeps them
+    def _commit(self, items: list[_Record], *, rollups: bool = False, final: bool = False) -> None:
+        """Write ``items`` in one transaction (with the roll-ups and the heartbeat if ``rollups``; with
+        the rows that wait for a chunk if ``final``). A failure "for now" (disk full, ...) keeps them
         for the next flush; any other failure is narrowed down to the records that cause it."""
         if self._stalled:
             self._retry += items
@@ -255,24 +282,36 @@ class Recorder:
             meta, self._meta_pending = self._meta_pending, {}
         for row in items:
             by_table.setdefault(row.get(_TABLE, "?"), []).append(row)
-        meta["heartbeat"] = time.time()
-        meta["dropped_records"] = self.dropped
+        if rollups or final:
+            meta["heartbeat"] = time.time()
+        if self.dropped != self._dropped_stored:
+            meta["dropped_records"] = self.dropped
         steps = by_table.get("steps")
         if steps:
             self._last_step = steps[-1].get("step", self._last_step)
+        tables = self._tables
+        if not items and not meta and not tables.rollups.pending:
+            return  # nothing to write: no transaction (the log's mtime is the heartbeat)
         try:
-            tables = self._tables
             tables.begin()
             self._conn.execute("BEGIN")
             for table, rows in by_table.items():
                 tables.insert(table, rows)
             if self.dropped_values or tables.txn_dropped_values:
                 meta["dropped_values"] = self.dropped_values + tables.txn_dropped_values
+            if rollups or final:
+                tables.write_rollups()
+            if final:
+                tables.write_chunks()
             tables.write_meta(meta)
             self._conn.execute("COMMIT")
             self.dropped_values += tables.txn_dropped_values
+            self._dropped_stored = int(meta.get("dropped_records", self._dropped_stored))
+            if rollups:
+                self._rollups_at = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - whatever failed, the transaction is undone
             self._rollback()
+            meta.pop("heartbeat", None)
             with self._meta_lock:
                 self._meta_pending = {**meta, **self._meta_pending}
             if is_transient(exc):
@@ -287,7 +326,7 @@ class Recorder:
                 self._budget -= 1
                 mid = len(items) // 2
                 self._commit(items[:mid])
-                self._commit(items[mid:])
+                self._commit(items[mid:], rollups=rollups, final=final)
             return
         if self._failing is not None:
             self._write_resumed()

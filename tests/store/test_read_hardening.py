@@ -203,6 +203,7 @@ def test_rollup_of_a_quoted_column(tmp_path: Path) -> None:
     roll = Rollups(conn)
     arr = np.array([[1.0, 2.0], [1.5, 4.0]])
     roll.update("steps", ["time", 'a"b'], arr)
+    roll.write()
     row = conn.execute('SELECT n, "a""b", "a""b__max" FROM steps_r1').fetchone()
     assert row == (2, 3.0, 4.0)
 

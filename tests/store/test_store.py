@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,8 +13,7 @@ import pandas as pd
 import pytest
 
 from gpudash.errors import RunError
-from gpudash.store import RunReader, load_run
-from gpudash.store.chunks import MERGE_FANOUT
+from gpudash.store import RunReader, chunks, load_run
 from gpudash.store.writer import Recorder
 
 
@@ -39,23 +40,50 @@ def test_round_trip_with_dynamic_columns(tmp_path: Path) -> None:
         assert c.execute("select count(*) from steps").fetchone()[0] == 2
 
 
-def test_chunks_with_merges_equal_plain_sql(tmp_path: Path) -> None:
+def test_chunks_equal_plain_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_ROWS", 50)  # read when the writer is made
     rec = Recorder(tmp_path, flush_interval=60)
     t0 = time.time()
-    n_flushes = MERGE_FANOUT + 10  # forces one merge to level 1
+    n_flushes = 20
     for f in range(n_flushes):
         _write_steps(rec, f * 7, 7, t0)
-        if f == 20:
+        if f == 10:
             rec.put("steps", {"step": -1, "time": t0, "duration_s": 0.0, "late_col": 5.0})
         assert rec.flush()
+    with sqlite3.connect(tmp_path / "rank0.db") as c:  # while it runs: whole chunks only, the rest rows
+        live = c.execute("select first_rowid, last_rowid from colchunks where tbl = 'steps' order by 1").fetchall()
+    assert live and all(b - a + 1 >= 50 for a, b in live) and live[0][0] == 1
     rec.close()
     fast = load_run(tmp_path).steps.drop(columns="rank")
     with sqlite3.connect(tmp_path / "rank0.db") as c:
         plain = pd.read_sql_query("select * from steps order by rowid", c)
-        levels = [r[0] for r in c.execute("select level from colchunks")]
-    assert max(levels) == 1 and len(levels) < n_flushes
+        spans = c.execute("select first_rowid, last_rowid from colchunks where tbl = 'steps' order by 1").fetchall()
+    assert spans[-1][1] == len(plain)  # at close the rest became a chunk: contiguous from the first row
+    assert all(a == b + 1 for (a, _), (_, b) in zip(spans[1:], spans[:-1], strict=True))
     assert len(fast) == len(plain) == n_flushes * 7 + 1
     pd.testing.assert_frame_equal(fast[plain.columns].astype(float), plain.astype(float))
+
+
+def test_a_resumed_writer_chunks_the_rows_a_killed_one_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_ROWS", 40)
+    killed = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r})\n"
+              "from gpudash.store import chunks; chunks.CHUNK_ROWS = 40\n"
+              "from gpudash.store.writer import Recorder\n"
+              f"rec = Recorder({str(tmp_path)!r}, flush_interval=60)\n"
+              "for i in range(120):\n"
+              "    rec.put('steps', {'step': i, 'time': 1000.0 + i, 'duration_s': 0.01})\n"
+              "    if i % 25 == 24 or i == 119: assert rec.flush()\n"
+              "os.kill(os.getpid(), 9)\n")  # chunks of rows 1-50 and 51-100 written, 20 rows left unchunked
+    subprocess.run([sys.executable, "-c", killed], timeout=120)
+    with sqlite3.connect(tmp_path / "rank0.db") as c:
+        assert c.execute("select max(last_rowid) from colchunks where tbl = 'steps'").fetchone()[0] == 100
+    rec = Recorder(tmp_path, flush_interval=60)  # the same rank again
+    _write_steps(rec, 120, 30, 1000.0)
+    rec.close()
+    with sqlite3.connect(tmp_path / "rank0.db") as c:
+        spans = c.execute("select first_rowid, last_rowid from colchunks where tbl = 'steps' order by 1").fetchall()
+    assert spans == [(1, 50), (51, 100), (101, 150)]  # the killed writer's 20 rows in the new writer's chunk
+    assert load_run(tmp_path).steps["step"].tolist() == list(range(150))
 
 
 def test_rollups_keep_mean_min_max(tmp_path: Path) -> None:
@@ -126,6 +154,19 @@ def test_heartbeat_stops_means_crashed(tmp_path: Path) -> None:
     assert reader.status() == "live"
     meta = reader.ranks[0].meta()
     assert reader.ranks[0].status(meta, now=meta["heartbeat"] + 60) == "crashed"
+    rec.close()
+    assert reader.status() == "finished"
+
+
+def test_between_stored_heartbeats_the_log_mtime_is_the_heartbeat(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=0.05)
+    assert rec.flush()  # stores the heartbeat key; the next store is ROLLUP_INTERVAL_S away
+    with sqlite3.connect(f"file:{tmp_path / 'rank0.db'}?mode=ro", uri=True) as c:
+        stored = float(c.execute("select value from meta where key = 'heartbeat'").fetchone()[0])
+    time.sleep(0.6)  # idle flushes write no page, they touch the log
+    reader = RunReader(tmp_path)
+    meta = reader.ranks[0].meta()
+    assert meta["heartbeat"] > stored + 0.4 and reader.status() == "live"
     rec.close()
     assert reader.status() == "finished"
 
