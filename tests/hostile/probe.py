@@ -29,7 +29,8 @@ def _answer(fn: Any) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - what a surface raises is the finding
         text, raised = "", f"{type(exc).__name__}: {str(exc)[:300]}"
     text = f"{text or ''}{out.getvalue()}{err.getvalue()}"
-    return {"text": text[:4000] + (text[-2000:] if len(text) > 6000 else ""), "size": len(text),
+    # whole up to 20,000 characters (a listing must parse), else its head and tail
+    return {"text": text if len(text) <= 20_000 else text[:4000] + text[-2000:], "size": len(text),
             "raised": raised, "s": round(time.monotonic() - t0, 2)}
 
 
