@@ -39,8 +39,9 @@ _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 MIN_TOKEN_CHARS = 16
 #: Pages that may frame the dashboard: its own origin (a notebook through Jupyter's proxy), a notebook
 #: served from this machine (the IFrame of ``gpudash.notebook.show`` at 127.0.0.1), VS Code's notebooks;
-#: ``$GPUDASH_FRAME_ANCESTORS`` adds sources (e.g. ``https://hub.example.org``).
-FRAME_ANCESTORS = ("'self'", "http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
+#: ``$GPUDASH_FRAME_ANCESTORS`` adds sources (e.g. ``https://hub.example.org``). No ``[::1]``: CSP source
+#: expressions take no IPv6 literal, and Chromium reports one as an error on every page.
+FRAME_ANCESTORS = ("'self'", "http://127.0.0.1:*", "http://localhost:*",
                    "https://127.0.0.1:*", "https://localhost:*", "vscode-webview:")
 FRAME_ANCESTORS_ENV = "GPUDASH_FRAME_ANCESTORS"
 

@@ -99,6 +99,7 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         if model is not None:
             config["model"] = type(model).__name__
             config["parameters"] = sum(p.numel() for p in model.parameters())
+            config["model_config"] = _model_config(model)  # the architecture, for the fine-tune estimator
         self._reopen = (Path(args.output_dir or ".") / "gpudash", args.process_index, args.world_size, config)
         m = self._driver.open(*self._reopen)
         if not self._driver.owned:
@@ -220,3 +221,15 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def _model_config(model: Any) -> dict[str, Any] | None:
+    """The model's Hugging Face config as plain JSON (a PEFT model answers with its base model's), so that the
+    report's OOM advice can estimate LoRA/QLoRA mixes for this architecture; None when there is none."""
+    try:
+        cfg = getattr(model, "config", None)
+        d = cfg.to_dict() if cfg is not None and hasattr(cfg, "to_dict") else None
+    except Exception:  # noqa: BLE001 - a config that cannot describe itself costs the estimate, never the run
+        return None
+    return jsonable(d) if isinstance(d, dict) and isinstance(d.get("model_type"), str) else None
+

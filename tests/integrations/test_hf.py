@@ -80,6 +80,9 @@ def test_trainer_steps_loss_lr_memory(tmp_path: Path) -> None:
     assert (mem["optimizer_bytes"].iloc[1:] >= 8 * n_params).all()  # AdamW moments once it stepped
     assert run.meta["config"]["framework"] == "transformers"
     assert run.meta["config"]["gradient_accumulation_steps"] == 2
+    # the architecture, so the OOM advice can estimate LoRA/QLoRA mixes for this model and not a GPT stand-in
+    arch = run.meta["config"]["model_config"]
+    assert arch["model_type"] == "llama" and arch["hidden_size"] == _tiny_llama().config.hidden_size
     assert run.meta["total_steps"] == STEPS  # state.max_steps: progress and ETA on every surface
     run.close()
 

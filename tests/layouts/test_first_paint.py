@@ -243,7 +243,8 @@ def test_finished_run_read_once(runs_dir: Path, tmp_path: Path) -> None:
 
     assert facts_for(runs_dir / "rich") is not None
     known = known_tables(runs_dir / "rich")
-    assert known is not None and set(known) == {"steps", "memory"}
+    assert known is not None and set(known) == {"steps", "memory", "problems"}
+    assert known["problems"] == []  # what the cache's read found damaged (nothing here), for the page to say
     reader = RunReader(runs_dir / "rich")
     try:
         read, shared = load_view(reader), load_view(reader, known=known)
