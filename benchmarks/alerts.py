@@ -132,7 +132,7 @@ def main() -> None:
 
 
 def look_cost(looks: int = 60, per_look: int = 25) -> None:
-    from gpudash.alert_watch import RunWatch
+    from gpudash.alerts.watch import RunWatch
     from gpudash.analysis.alerts import FULL_EVERY_S
 
     root = Path(tempfile.mkdtemp(prefix="gpudash-alerts-look-"))

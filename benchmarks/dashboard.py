@@ -209,8 +209,8 @@ def write_big_run(run_dir: Path, steps: int, device_samples: int) -> float:
 
 
 def first_render(driver: Any, work: Path, steps: int, device_samples: int) -> dict[str, Any]:
-    from gpudash.layouts.pages import build_run_page
-    from gpudash.layouts.run_page import LIVE_GRAPHS
+    from gpudash.server.layouts.pages import build_run_page
+    from gpudash.server.layouts.run_page import LIVE_GRAPHS
     from gpudash.store.reader import RunReader
 
     runs_dir = work / "big"

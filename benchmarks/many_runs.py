@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import results  # noqa: E402  benchmarks/results.py, next to this script
 
-from gpudash.layouts.runs import PER_PAGE  # noqa: E402
+from gpudash.server.layouts.runs import PER_PAGE  # noqa: E402
 
 SECTION = "## Many runs (issue 15)"
 
@@ -52,8 +52,8 @@ def make_runs(root: Path, n: int, steps: int = 100) -> Path:
 
 def _restart() -> None:
     """Forget what this process holds in memory (the on-disk summary store stays)."""
-    from gpudash.analysis.runcache import shared_cache
-    from gpudash.layouts import runs as page
+    from gpudash.server.layouts import runs as page
+    from gpudash.server.runcache import shared_cache
 
     page._CACHE.clear()
     page._ENTRIES.clear()
@@ -61,8 +61,8 @@ def _restart() -> None:
 
 
 def measure(runs: Path) -> dict[str, float]:
-    from gpudash.layouts import runs as page
-    from gpudash.layouts.callbacks import ReaderCache, page_for
+    from gpudash.server.layouts import runs as page
+    from gpudash.server.layouts.callbacks import ReaderCache, page_for
 
     readers = ReaderCache(runs)
     out: dict[str, float] = {}

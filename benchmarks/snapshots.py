@@ -46,9 +46,9 @@ _DRAW = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import plotly
-from gpudash.layouts.snapshot_views import alloc_timeline_figure, load_snapshots, timeline_of
+from gpudash.server.layouts.snapshot_views import alloc_timeline_figure, load_snapshots, timeline_of
 from gpudash.store.reader import RunReader
-from gpudash.layouts.fig import wire
+from gpudash.server.layouts.fig import wire
 t1 = time.perf_counter()
 maps = load_snapshots(RunReader(sys.argv[1]))
 t2 = time.perf_counter()
@@ -124,7 +124,7 @@ def _browser_draw(work: Path, run: Path) -> float | None:
         return None
     if not Path("/usr/bin/chromium").exists():
         return None
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     url, stop = serve_in_thread(run.parent, "127.0.0.1", 0)
     opts = Options()

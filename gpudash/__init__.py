@@ -40,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(snapshot, name)
     if name == "show":
-        from gpudash.notebook import show
+        from gpudash.server.notebook import show
 
         return show
     raise AttributeError(f"module 'gpudash' has no attribute {name!r}")

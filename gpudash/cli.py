@@ -22,17 +22,17 @@ __all__ = ["COMMANDS", "main"]
 
 #: command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("gpudash.demo", "train the tiny preset with the live dashboard beside it"),
-    "run": ("gpudash.zerocode.command", "run a training script unchanged, recorded (gpudash run -- python train.py)"),
-    "train": ("gpudash.trainer.cli", "run the memory-optimized GPT trainer under the Monitor"),
-    "estimate": ("gpudash.trainer.estimate_cli", "predict memory by category and what fits a card"),
-    "serve": ("gpudash.app", "serve the dashboard for a directory of runs"),
-    "check": ("gpudash.check", "gate a run in CI: exit 1 when it breaks a rule (peak, step time, NaN, OOM, spikes)"),
-    "info": ("gpudash.info", "print a run's status and summary in the terminal"),
-    "report": ("gpudash.analysis.report_cli", "write a post-mortem report (html or md)"),
-    "export": ("gpudash.export", "export a run's tables to parquet or csv"),
-    "import-snapshot": ("gpudash.collectors.snapshot_cli", "store a torch memory snapshot pickle in a run"),
-    "diff-snapshots": ("gpudash.analysis.snapshot_diff_cli", "what grew between two snapshots, by frame"),
+    "demo": ("gpudash.commands.demo", "train the tiny preset with the live dashboard beside it"),
+    "run": ("gpudash.commands.run", "run a training script unchanged, recorded (gpudash run -- python train.py)"),
+    "train": ("gpudash.commands.train", "run the memory-optimized GPT trainer under the Monitor"),
+    "estimate": ("gpudash.commands.estimate", "predict memory by category and what fits a card"),
+    "serve": ("gpudash.commands.serve", "serve the dashboard for a directory of runs"),
+    "check": ("gpudash.commands.check", "gate a run in CI: exit 1 when it breaks a rule (peak, step time, NaN, OOM, spikes)"),
+    "info": ("gpudash.commands.info", "print a run's status and summary in the terminal"),
+    "report": ("gpudash.commands.report", "write a post-mortem report (html or md)"),
+    "export": ("gpudash.commands.export", "export a run's tables to parquet or csv"),
+    "import-snapshot": ("gpudash.commands.import_snapshot", "store a torch memory snapshot pickle in a run"),
+    "diff-snapshots": ("gpudash.commands.diff_snapshots", "what grew between two snapshots, by frame"),
 }
 
 

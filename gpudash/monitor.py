@@ -24,7 +24,6 @@ import atexit
 import numbers
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -40,7 +39,7 @@ from gpudash.collectors.env import cuda_device_meta, describe_environment
 from gpudash.errors import RunError
 from gpudash.options import MonitorOptions
 from gpudash.store.schema import TABLE_BASE_COLUMNS, column_name, is_reserved_column, namespaced_column
-from gpudash.store.writer import Recorder, write_run_meta
+from gpudash.store.writer import OPEN_ERRORS, Recorder, write_run_meta
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Collector, PhaseEndHook, StepEndHook, StepStartHook, StepTimer
@@ -247,7 +246,7 @@ class Monitor:
                 meta["config"] = config
             self.recorder = Recorder(self.run_dir, rank=self.rank, flush_interval=options.flush_interval,
                                      capacity=options.buffer_records, meta=meta)
-        except (OSError, sqlite3.Error) as exc:
+        except OPEN_ERRORS as exc:
             raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
                            f"to gpudash.Monitor") from exc
         if total_steps is not None:
@@ -259,7 +258,7 @@ class Monitor:
             self.add_collector(collector)
         self._alerts: Any = None
         if options.alerts is not None and self.rank == 0:  # rank 0 watches every rank's files
-            from gpudash.alert_watch import start_alerts
+            from gpudash.alerts.watch import start_alerts
 
             self._alerts = start_alerts(self)
         self._install_exit_handlers()
@@ -415,12 +414,6 @@ class Monitor:
         _check_total(total)
         self.total_steps = int(total)
         self.recorder.put_meta(total_steps=self.total_steps)
-
-    def show(self, **kwargs: Any) -> Any:
-        """Render the live dashboard inline in a Jupyter notebook."""
-        from gpudash.notebook import show
-
-        return show(self.run_dir, **kwargs)
 
     # ---- ending ---------------------------------------------------------------------------
     def flush(self, timeout: float = 10.0) -> bool:

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ALERT_KINDS", "AlertOptions", "MonitorOptions", "alert_options", "check_webhook_url"]
+__all__ = ["ALERT_KINDS", "DEFAULT_PORT", "AlertOptions", "MonitorOptions", "alert_options", "check_webhook_url"]
+
+#: The dashboard's port when none is asked for (serve, demo, run --serve).
+DEFAULT_PORT = 8050
 
 #: Every kind of alert gpudash raises (the rules live in gpudash.analysis.alerts).
 ALERT_KINDS = ("nonfinite", "loss_spike", "oom", "stall", "headroom", "alloc_retries", "straggler",
@@ -53,7 +56,7 @@ class AlertOptions:
     """Memory creep: the step's memory within this share (%) of the card's capacity."""
     poll_s: float = 0.5
     """Seconds between looks at the run's newest rows."""
-    dashboard_url: str = "http://127.0.0.1:8050"
+    dashboard_url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     """Where the dashboard serves the runs: an alert links to ``<dashboard_url>/run/<run>``."""
     timeout_s: float = 5.0
     """Seconds one webhook request may take before it counts as failed."""

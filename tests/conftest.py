@@ -13,7 +13,7 @@ import pytest
 # Two CI cores: torch's intra-op threads fighting each other (and pytest's
 # child processes) make tiny models 10-30x slower. Children inherit this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# run summaries cached on disk (gpudash.analysis.summarystore) go to a folder of this session, not ~/.cache
+# run summaries cached on disk (gpudash.store.summarystore) go to a folder of this session, not ~/.cache
 os.environ.setdefault("GPUDASH_CACHE_DIR", tempfile.mkdtemp(prefix="gpudash-test-cache-"))
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.check import _tiny_toml
 from gpudash.cli import main
+from gpudash.commands.check import _tiny_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpudash.app import serve_in_thread
+from gpudash.server.app import serve_in_thread
 
 
 @pytest.mark.parametrize("argv", [["train", "--bogus"], ["info"], ["serve", "--port", "x"], ["nosuchcommand"]])
@@ -113,8 +113,8 @@ def test_head_of_estimate_json(tmp_path: Path) -> None:
 def test_a_busy_metrics_port_does_not_end_the_training_process(tmp_path: Path, busy_port: int) -> None:
     # werkzeug used to print its own lines and sys.exit(1) from inside the training process
     import gpudash
-    from gpudash.metrics import MetricsServer
     from gpudash.monitor import Monitor
+    from gpudash.server.metrics import MetricsServer
     from gpudash.testing import ToyLoop
 
     with Monitor(tmp_path / "m", host_hz=0) as mon:

@@ -1,4 +1,4 @@
-"""gpudash.deferred: a module imported when first read from, and a module made unimportable."""
+"""gpudash.server.deferred: a module imported when first read from, and a module made unimportable."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.deferred import Deferred, defer, finish, without
+from gpudash.server.deferred import Deferred, defer, finish, without
 
 
 @pytest.fixture()

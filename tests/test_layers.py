@@ -8,7 +8,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "gpudash"
 RULES = {
-    "layouts": {"torch", "pynvml"},
+    "server": {"torch", "pynvml"},
     "analysis": {"torch", "pynvml", "dash"},
     "store": {"torch", "pynvml", "dash", "plotly"},
     "collectors": {"dash", "plotly"},
@@ -18,15 +18,15 @@ RULES = {
     "monitor.py": {"dash", "plotly"},
     "options.py": {"torch", "pynvml", "dash", "plotly"},
     "errors.py": {"torch", "pynvml", "dash", "plotly"},
+    "units.py": {"torch", "pynvml", "dash", "plotly"},
     "testing.py": {"dash", "plotly"},
     # alerts: the Monitor (a training process) and `gpudash serve` both run them
-    "alerting.py": {"torch", "pynvml", "dash", "plotly", "pandas", "numpy"},
-    "alert_watch.py": {"torch", "pynvml", "dash", "plotly"},
-    "check.py": {"torch", "pynvml", "dash", "plotly"},
+    "alerts": {"torch", "pynvml", "dash", "plotly"},
 }
 
 
 def _imports(path: Path) -> set[str]:
+    """Top-level names of the packages ``path`` imports, anywhere in it."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -163,15 +163,106 @@ def test_the_steps_table_has_one_writer() -> None:
 
 
 def test_the_server_opens_runs_in_one_place() -> None:
-    """Dashboard pages, the API, /metrics and the notebook read runs through analysis.runcache only
+    """Dashboard pages, the API, /metrics and the notebook read runs through server.runcache only
     (issue 11: a run opened four ways told four stories)."""
-    root = Path(__file__).resolve().parents[1] / "gpudash"
-    server_side = [root / "app.py", root / "metrics.py", root / "notebook.py", *sorted((root / "layouts").glob("*.py"))]
+    root = PKG / "server"
     offenders = []
-    for path in server_side:
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "runcache.py":
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
                 if name in ("RunReader", "load_run", "RankReader"):
-                    offenders.append(f"{path.relative_to(root)}:{node.lineno} {name}(...)")
-    assert offenders == [], "open runs through gpudash.analysis.runcache.shared_cache(): " + ", ".join(offenders)
+                    offenders.append(f"{path.relative_to(PKG)}:{node.lineno} {name}(...)")
+    assert offenders == [], "open runs through gpudash.server.runcache.shared_cache(): " + ", ".join(offenders)
+
+
+# ---- what each side may reach, following imports through every module on the way -------------
+#: The training side runs inside the user's training process: it never reaches the server, the
+#: commands or the dashboard's libraries, however many modules lie between.
+TRAINING_SIDE = ("gpudash.monitor", "gpudash.collectors", "gpudash.trainer", "gpudash.integrations",
+                 "gpudash.zerocode", "gpudash.testing", "gpudash.options", "gpudash.errors", "gpudash.units")
+#: Read side shared by both: the store, analysis and alerts reach neither side's top.
+SHARED = ("gpudash.store", "gpudash.analysis", "gpudash.alerts")
+BANNED_REACH = {
+    TRAINING_SIDE: ("gpudash.server", "gpudash.commands", "gpudash.cli", "dash", "plotly", "flask"),
+    SHARED: ("gpudash.server", "gpudash.commands", "gpudash.cli", "gpudash.monitor", "gpudash.collectors",
+             "gpudash.trainer", "gpudash.integrations", "gpudash.zerocode", "torch", "dash", "plotly", "flask"),
+}
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _reach(start: str, graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Every module ``start`` reaches, each with one import chain that gets there (breadth first)."""
+    chains = {start: [start]}
+    todo = [start]
+    while todo:
+        here = todo.pop(0)
+        for nxt in sorted(graph.get(here, ())):
+            if nxt not in chains:
+                chains[nxt] = [*chains[here], nxt]
+                todo.append(nxt)
+    return chains
+
+
+def _reach_violations(graph: dict[str, set[str]], external: dict[str, set[str]],
+                      rules: dict[tuple[str, ...], tuple[str, ...]]) -> list[str]:
+    bad = []
+    for side, banned in rules.items():
+        for start in sorted(m for m in graph if _under(m, side)):
+            for mod, chain in _reach(start, graph).items():
+                hits = [b for b in banned if _under(mod, (b,)) or b in external.get(mod, set())]
+                if hits:
+                    bad.append(f"{' -> '.join(chain)} reaches {hits[0]}")
+                    break
+    return bad
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    return ({n: _gpudash_imports(n, p) for n, p in MODULES.items()},
+            {n: _imports(p) for n, p in MODULES.items()})
+
+
+def test_each_side_reaches_only_what_it_may() -> None:
+    graph, external = _graph()
+    bad = _reach_violations(graph, external, BANNED_REACH)
+    assert not bad, "\n".join(bad)
+
+
+def test_reach_follows_imports_through_modules_on_the_way() -> None:
+    """A training-side module that imports the server through two harmless modules is caught."""
+    graph = {"gpudash.monitor": {"gpudash.store.a"}, "gpudash.store.a": {"gpudash.units"},
+             "gpudash.units": {"gpudash.server.app"}, "gpudash.server.app": set()}
+    external = {"gpudash.server.app": {"dash"}}
+    bad = _reach_violations(graph, external, {("gpudash.monitor",): ("gpudash.server", "dash")})
+    assert bad == ["gpudash.monitor -> gpudash.store.a -> gpudash.units -> gpudash.server.app reaches gpudash.server"]
+    graph["gpudash.units"] = set()
+    assert _reach_violations(graph, external, {("gpudash.monitor",): ("gpudash.server", "dash")}) == []
+
+
+def test_only_the_cli_imports_commands() -> None:
+    graph, _ = _graph()
+    bad = [f"{n} imports {sorted(m for m in deps if _under(m, ('gpudash.commands',)))}" for n, deps in graph.items()
+           if not _under(n, ("gpudash.commands", "gpudash.cli")) and any(_under(m, ("gpudash.commands",)) for m in deps)]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_sql_outside_the_store() -> None:
+    """The store answers every query: no module elsewhere imports sqlite3 or holds an SQL statement."""
+    sql = ("SELECT ", "INSERT ", "CREATE ", "UPDATE ", "DELETE ", "PRAGMA ")
+    bad = []
+    for name, path in MODULES.items():
+        if _under(name, ("gpudash.store",)):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        if "sqlite3" in _imports(path):
+            bad.append(f"{name} imports sqlite3")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.lstrip().upper().startswith(sql):
+                bad.append(f"{name}:{node.lineno} {node.value[:40]!r}")
+    assert not bad, "\n".join(bad)

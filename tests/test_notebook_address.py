@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpudash import notebook
 from gpudash.errors import UserError
+from gpudash.server import notebook
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ uses: :func:`~gpudash.analysis.stability.nonfinite_steps`, the one spike rule, t
 :func:`~gpudash.analysis.ranks.node_stragglers`, the run's capacity and its recent step period.
 :class:`AlertGate` turns those findings into alerts, each once per episode, with a cooldown per kind.
 :func:`recorded_alerts` reads back the ``alert`` events a run holds (the dashboard and the report show them).
-Delivery (webhook, desktop, terminal, the run's events) lives with whoever raises them (gpudash.alerting).
+Delivery (webhook, desktop, terminal, the run's events) lives with whoever raises them (gpudash.alerts.delivery).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ store it (:mod:`gpudash.store.snapshot_codec`: zlib'd numpy columns, every trace
 ``snapshots`` table with format :data:`SUMMARY_FORMAT`. :func:`snapshots_from_frame` turns those rows
 back into :class:`MemoryMap` objects, inflating each only to the rows it declares (a crafted run
 database cannot make a zlib bomb of it); the trace's strings come back as categoricals.
-The allocation timeline drawn from a map's trace is :mod:`gpudash.store.snapshot_trace`.
+The allocation timeline drawn from a map's trace is :mod:`gpudash.analysis.snapshot_trace`.
 No torch here: a laptop reads them.
 """
 

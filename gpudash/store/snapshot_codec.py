@@ -17,15 +17,19 @@ smaller) and the same container count.
 from __future__ import annotations
 
 import json
+import sqlite3
 import struct
 import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpudash.errors import RunError
+from gpudash.store.schema import TABLE_BASE_COLUMNS, quote_ident
 from gpudash.store.snapshot_read import MAX_BLOCKS, MAX_TRACE, SUMMARY_FORMAT, SUMMARY_FORMAT_V1
 
-__all__ = ["MAGIC", "MAX_CONTAINERS", "MAX_HEADER_BYTES", "MAX_V1_BYTES", "decode_summary", "encode_summary", "snapshot_row"]
+__all__ = ["MAGIC", "append_snapshot_row", "MAX_CONTAINERS", "MAX_HEADER_BYTES", "MAX_V1_BYTES", "decode_summary", "encode_summary", "snapshot_row"]
 
 MAGIC = b"GDMM2"
 #: Largest inflated header (segments, frame and stack tables, settings).
@@ -139,3 +143,21 @@ def decode_summary(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
         at += size
         out[table][name] = np.frombuffer(raw, dtype=dtype)
     return out
+
+
+def append_snapshot_row(db: Path, row: dict[str, object]) -> None:
+    """Add one snapshot row to a rank database (an existing, maybe live, run: its meta is left alone)."""
+    cols = [c for c, _ in TABLE_BASE_COLUMNS["snapshots"]]
+    body = ", ".join(f"{quote_ident(c)} {t}" for c, t in TABLE_BASE_COLUMNS["snapshots"])
+    try:
+        conn = sqlite3.connect(db, timeout=30)
+        try:
+            with conn:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS snapshots ({body})")
+                conn.execute(f"INSERT INTO snapshots ({', '.join(map(quote_ident, cols))}) "
+                             f"VALUES ({', '.join('?' * len(cols))})",
+                             [row[c] for c in cols])
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        raise RunError(f"{db}: cannot add the snapshot ({exc}); is it a gpudash run database?") from None

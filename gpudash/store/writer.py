@@ -44,7 +44,10 @@ from gpudash.store.sharedfs import Publisher, shared_mode
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
-__all__ = ["Recorder", "to_plain", "write_run_meta"]
+__all__ = ["OPEN_ERRORS", "Recorder", "to_plain", "write_run_meta"]
+
+#: What opening a run for writing can raise (a bad folder, a file that is not a database).
+OPEN_ERRORS = (OSError, sqlite3.Error)
 
 #: Records per transaction: a backlog (a stall, a burst) is committed piece by piece, so one
 #: transaction never grows the write-ahead log past a few MB.

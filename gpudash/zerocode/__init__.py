@@ -1,6 +1,6 @@
 """``gpudash run -- COMMAND``: record an unchanged training script.
 
-``command`` is the subcommand (it starts the script), ``agent`` what runs
+``gpudash.commands.run`` is the subcommand (it starts the script), ``agent`` what runs
 inside the script's process, ``_boot/sitecustomize.py`` what loads the agent.
 """
 

@@ -200,8 +200,8 @@ def test_recorded_alerts_on_the_run_page_and_in_the_report(tmp_path: Path) -> No
     import time
 
     from gpudash.analysis.report import render_html, render_markdown
-    from gpudash.layouts.events import event_rows, events_figure
     from gpudash.monitor import Monitor
+    from gpudash.server.layouts.events import event_rows, events_figure
     from gpudash.store import load_run
 
     with Monitor(tmp_path / "r", host_hz=0, handle_signals=False,
@@ -250,7 +250,7 @@ def test_triggers_fire_on_what_the_rules_could_find_and_not_on_a_flat_loss() -> 
 
 
 def test_a_quiet_look_runs_no_rule_and_a_nan_runs_them_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpudash.alert_watch as watch_mod
+    import gpudash.alerts.watch as watch_mod
     from gpudash.monitor import Monitor
 
     calls: list[tuple[str, ...]] = []

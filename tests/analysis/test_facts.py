@@ -12,7 +12,7 @@ import pytest
 
 from gpudash.analysis.facts import oom_count, run_facts
 from gpudash.analysis.phases import KNOWN_PHASES, run_phases
-from gpudash.analysis.runcache import RunCache
+from gpudash.server.runcache import RunCache
 from gpudash.store.run import Run
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpudash.analysis.facts import run_facts
-from gpudash.analysis.runcache import shared_cache
+from gpudash.server.runcache import shared_cache
 from gpudash.store import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(runs_dir: Path) -> Any:
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     return create_app(runs_dir, metrics=True).server.test_client()
 
@@ -183,7 +183,7 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
             assert _metric(metrics_text, "gpudash_memory_category_bytes", name, category=key) is not None, key
 
     # the dashboard's run page: lights and the loss chart's spike markers
-    from gpudash.layouts.pages import build_run_page
+    from gpudash.server.layouts.pages import build_run_page
     from gpudash.store.reader import RunReader
 
     reader = RunReader(path)
@@ -203,7 +203,7 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
 
     # trainable and frozen parameter bytes: the facts, info's lines, the report and the memory chart
     if facts.trainable_params_bytes is not None:
-        from gpudash.info import summarize as info_lines
+        from gpudash.commands.info import summarize as info_lines
 
         run = load_run(path)
         try:
@@ -223,7 +223,7 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
         assert fmt_bytes(facts.trainable_params_bytes) in info
 
     # the trainer's end-of-run lines
-    from gpudash.trainer.cli import summary_lines
+    from gpudash.commands.train import summary_lines
 
     lines = "\n".join(summary_lines(path))
     assert re.search(rf"loss spikes\s+{len(facts.loss_spike_steps)}\b", lines)
@@ -272,7 +272,7 @@ def test_finished_runs_stay_in_metrics(metrics_text: str) -> None:
 def test_metrics_max_age_drops_runs_that_ended_long_ago(runs_dir: Path) -> None:
     from prometheus_client import generate_latest
 
-    from gpudash.metrics import main, metrics_registry
+    from gpudash.server.metrics import main, metrics_registry
 
     text = generate_latest(metrics_registry(runs_dir / "healthy", max_age_s=60.0)).decode()
     assert "gpudash_step{" not in text  # the sample run ended long before this test
@@ -285,8 +285,8 @@ def test_spike_markers_of_a_downsampled_view_are_the_facts() -> None:
     import numpy as np
     import pandas as pd
 
-    from gpudash.layouts.data import RunView, downsample_frame
-    from gpudash.layouts.run_page import build_graph
+    from gpudash.server.layouts.data import RunView, downsample_frame
+    from gpudash.server.layouts.run_page import build_graph
     from gpudash.store.run import Run
 
     n = 3000

@@ -137,7 +137,7 @@ def test_oom_without_capacity_or_request_is_undetermined(tmp_path: Path) -> None
 def test_oom_evidence_the_chart_and_the_event_tell_one_story(recorded: Any) -> None:
     import re
 
-    from gpudash.layouts.memory import capacity_lines
+    from gpudash.server.layouts.memory import capacity_lines
     from gpudash.units import human_bytes
 
     for name in ("oom-crash", "oom-recovered"):

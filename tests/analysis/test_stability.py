@@ -62,7 +62,7 @@ def test_one_spike_rule_for_markers_summary_and_the_live_trainer() -> None:
     import numpy as np
     import pandas as pd
 
-    from gpudash.layouts.series import Series, series_xy
+    from gpudash.server.layouts.series import Series, series_xy
     from gpudash.store.run import Run
     from gpudash.trainer.loop import _SpikeDetector
 

@@ -43,7 +43,7 @@ def test_a_cpu_run_shows_its_time_not_a_gpu_price(recorded: Any) -> None:
 
 
 def test_analysis_imports_without_torch_or_dash() -> None:
-    code = ("import sys, gpudash.analysis, gpudash.analysis.report, gpudash.analysis.report_cli;"
+    code = ("import sys, gpudash.analysis, gpudash.analysis.report, gpudash.commands.report;"
             "bad=[m for m in ('torch','dash','plotly') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

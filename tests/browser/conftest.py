@@ -53,7 +53,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """A dashboard on a free loopback port over two finished runs (``rich`` and ``plain``)."""
     from runmaker import HOSTILE, train
 
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     root = tmp_path_factory.mktemp("browser-runs")
     train(root / "rich", 40, rich=True, name=f"rich {HOSTILE}")

@@ -67,7 +67,7 @@ def test_runs_page(driver: Any, served: tuple[str, Path], artifacts: Path) -> No
 
 def test_runs_pager(driver: Any, served: tuple[str, Path], artifacts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One run a page: "older →" shows the older run, "← newer" the newer again; a search starts at page 1."""
-    from gpudash.layouts import runs
+    from gpudash.server.layouts import runs
 
     monkeypatch.setattr(runs, "PER_PAGE", 1)
     url, _ = served
@@ -127,7 +127,7 @@ def test_run_page_ranks_section(driver: Any, tmp_path: Path, artifacts: Path) ->
     """A two-rank run (rank 1 straggles in its data phase) shows its ranks side by side and names the straggler."""
     from test_ranks_view import STEPS, record_two_ranks
 
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     record_two_ranks(tmp_path / "ddp")
     url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
@@ -159,7 +159,7 @@ def test_ranks_section_refreshes_live(driver: Any, tmp_path: Path) -> None:
 
     from test_ranks_view import record_two_ranks
 
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     steps = 300
     writer = threading.Thread(target=record_two_ranks, args=(tmp_path / "ddp-live", steps), daemon=True)
@@ -281,7 +281,7 @@ def test_docs_screenshot(driver: Any, tmp_path: Path, artifacts: Path) -> None:
     """The README's picture of the run page: GPUDASH_UPDATE_SCREENSHOT=1 pytest tests/browser -k docs."""
     from runmaker import train
 
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     train(tmp_path / "tiny-mlp", 60, rich=True, name="tiny-mlp (CPU, budget 1 MiB)", hostile=False)
     url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
@@ -300,8 +300,8 @@ def test_docs_screenshot(driver: Any, tmp_path: Path, artifacts: Path) -> None:
 
 def test_zoom_requeries_long_run(driver: Any, tmp_path: Path, artifacts: Path) -> None:
     """A run longer than the point budget is sent downsampled; zooming re-reads the range at full detail."""
-    from gpudash.app import serve_in_thread
-    from gpudash.layouts.downsample import MAX_POINTS
+    from gpudash.server.app import serve_in_thread
+    from gpudash.server.layouts.downsample import MAX_POINTS
     from gpudash.store.writer import Recorder
 
     n = 20_000
@@ -338,7 +338,7 @@ def test_zoom_requeries_long_run(driver: Any, tmp_path: Path, artifacts: Path) -
 
 def test_token_in_browser(driver: Any, served: tuple[str, Path]) -> None:
     """With --token the URL printed by serve works (token moves into a cookie); without it, nothing is served."""
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     _, root = served
     url, stop = serve_in_thread(root, "127.0.0.1", 0, token="t0ken")

@@ -30,7 +30,7 @@ def _record(run_dir: Path, ranks: int = 64, steps: int = 30) -> None:
 
 
 def test_many_ranks_heatmap_and_slow_node(driver: Any, tmp_path: Path, artifacts: Path) -> None:
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     _record(tmp_path / "fleet")
     url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)

@@ -39,8 +39,8 @@ return best;
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A dashboard over one run that holds only the imported real snapshot."""
-    from gpudash.app import serve_in_thread
     from gpudash.cli import main as cli
+    from gpudash.server.app import serve_in_thread
 
     root = tmp_path_factory.mktemp("snapshot-runs")
     assert cli(["import-snapshot", str(REAL), str(root / "imported"), "--step", "3"]) == 0
@@ -110,8 +110,8 @@ def test_docs_alloc_timeline_screenshot(driver: Any, imported: str) -> None:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A dashboard over a run holding two imported snapshots (the synthetic one at step 1, the real at 3)."""
-    from gpudash.app import serve_in_thread
     from gpudash.cli import main as cli
+    from gpudash.server.app import serve_in_thread
 
     root = tmp_path_factory.mktemp("snapshot-pair")
     synth = ROOT / "tests" / "fixtures" / "snapshot_synthetic.pickle"

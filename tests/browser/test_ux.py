@@ -111,7 +111,7 @@ def test_long_run_drawn_whole_with_spike(driver: Any, tmp_path: Path, artifacts:
     run's last step."""
     from runmaker import long_run
 
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     long_run(tmp_path / "long")
     url, stop = serve_in_thread(tmp_path, "127.0.0.1", 0)
@@ -356,7 +356,7 @@ def test_device_panels_labels_clear(driver: Any, tmp_path: Path) -> None:
     """NVML-style panels (%, MiB/s, bytes, W, °C, MHz) stacked: no panel title over another's ticks."""
     import time
 
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
     from gpudash.store.writer import Recorder
 
     rec = Recorder(tmp_path / "gpu", flush_interval=0.1, meta={"device": "cuda:0", "device_name": "H100"})

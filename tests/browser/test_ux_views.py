@@ -103,7 +103,7 @@ def test_theme_toggle_goes_into_the_address(driver: Any, served: tuple[str, Path
 def test_links_work_under_a_proxy_prefix(driver: Any, served: tuple[str, Path]) -> None:
     """The app served under a prefix (as behind Jupyter's proxy): the runs list's link, the run page's
     '← all runs' and back, all without leaving the prefix."""
-    from gpudash.app import serve_in_thread
+    from gpudash.server.app import serve_in_thread
 
     _, root = served
     url, stop = serve_in_thread(root, "127.0.0.1", 0, prefix_for_port=lambda port: f"/user/alice/proxy/{port}/")

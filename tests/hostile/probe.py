@@ -50,10 +50,10 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
     from prometheus_client import generate_latest
 
-    from gpudash.app import create_app
     from gpudash.cli import main as cli
-    from gpudash.layouts.callbacks import ReaderCache, page_for
-    from gpudash.metrics import metrics_registry
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.callbacks import ReaderCache, page_for
+    from gpudash.server.metrics import metrics_registry
     from gpudash.store import load_run
 
     def loaded(run_id: str) -> str:

@@ -1,5 +1,5 @@
 """The frame-ancestors policy in a real browser (issue 26): a notebook page on this machine embeds the
-dashboard (gpudash.notebook's IFrame at 127.0.0.1), a page of another origin cannot."""
+dashboard (gpudash.server.notebook's IFrame at 127.0.0.1), a page of another origin cannot."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.app import serve_in_thread
+from gpudash.server.app import serve_in_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hostile_cases import healthy

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from gpudash import metrics
-from gpudash.analysis import runcache
-from gpudash.analysis.runcache import shared_cache
-from gpudash.layouts import runs as runs_page
-from gpudash.metrics import metrics_registry
+from gpudash.server import metrics, runcache
+from gpudash.server.layouts import runs as runs_page
+from gpudash.server.metrics import metrics_registry
+from gpudash.server.runcache import shared_cache
 from gpudash.store import bounded
 from gpudash.store.bounded import UnsafeFile, connect, read_regular
 from gpudash.store.reader import RunReader

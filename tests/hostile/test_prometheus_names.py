@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from gpudash import promnames
-from gpudash.metrics import metric_name, metrics_registry
+from gpudash.server import promnames
+from gpudash.server.metrics import metric_name, metrics_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hostile_cases import colliding_prometheus_names, healthy

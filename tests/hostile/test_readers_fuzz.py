@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from gpudash.metrics import metrics_registry
+from gpudash.server.metrics import metrics_registry
 from gpudash.store import load_run
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import quote_ident

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpudash import app as app_module
-from gpudash.access import FRAME_ANCESTORS, security_headers
 from gpudash.cli import main as cli
+from gpudash.commands import serve as serve_command
 from gpudash.errors import UserError
+from gpudash.server import app as app_module
+from gpudash.server.access import FRAME_ANCESTORS, security_headers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hostile_cases import healthy
@@ -25,12 +26,12 @@ def _serve(runs: Path, monkeypatch: pytest.MonkeyPatch, **flags: object) -> None
     def stop(_s: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(app_module.time, "sleep", stop)
+    monkeypatch.setattr(serve_command.time, "sleep", stop)
     args = argparse.Namespace(runs_dir=runs, host="127.0.0.1", port=0, token=None, allow_host=[], metrics=False)
     for k, v in flags.items():
         setattr(args, k, v)
     with pytest.raises(KeyboardInterrupt):
-        app_module.run(args)
+        serve_command.run(args)
 
 
 def test_env_token_never_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -69,7 +70,7 @@ def test_dashboard_answers_carry_the_headers(tmp_path: Path) -> None:
 
 def test_frame_ancestors_let_the_notebook_embed() -> None:
     """The notebook's IFrame: the loopback server inside a local Jupyter page, or the same origin through
-    Jupyter's proxy (gpudash.notebook); nothing else may frame the dashboard."""
+    Jupyter's proxy (gpudash.server.notebook); nothing else may frame the dashboard."""
     csp = dict(security_headers())["Content-Security-Policy"]
     sources = csp.removeprefix("frame-ancestors ").split()
     assert "'self'" in sources and "http://127.0.0.1:*" in sources and "http://localhost:*" in sources

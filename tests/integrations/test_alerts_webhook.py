@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpudash.alerting import Delivery, WebhookSender, alert_payload
+from gpudash.alerts.delivery import Delivery, WebhookSender, alert_payload
 from gpudash.analysis.alerts import Alert
 from gpudash.options import AlertOptions
 from gpudash.store import load_run
@@ -216,7 +216,7 @@ def test_gpudash_train_alert_webhook(tmp_path: Path, receiver: Receiver) -> None
 
 
 def test_serve_watches_live_runs_another_process_writes(tmp_path: Path, receiver: Receiver) -> None:
-    from gpudash.alert_watch import ServeAlerts
+    from gpudash.alerts.watch import ServeAlerts
 
     runs = tmp_path / "runs"
     script = ("import sys, time, gpudash\n"
@@ -261,7 +261,7 @@ def test_gpudash_run_alert_webhook_on_an_unchanged_script(tmp_path: Path, receiv
 
 
 def test_serve_alerts_a_run_killed_with_sigkill(tmp_path: Path, receiver: Receiver) -> None:
-    from gpudash.alert_watch import ServeAlerts
+    from gpudash.alerts.watch import ServeAlerts
 
     runs = tmp_path / "runs"
     script = ("import sys, time, gpudash\n"

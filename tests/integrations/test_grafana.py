@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpudash.collectors.env import HOSTNAME_ENV
-from gpudash.metrics import serve_metrics
 from gpudash.monitor import Monitor
+from gpudash.server.metrics import serve_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpudash.json"
 NODES = ("node-a", "node-b")

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpudash import load_run
-from gpudash.metrics import MetricsServer, prometheus_name, register_metrics, serve_metrics
+from gpudash.server.metrics import MetricsServer, prometheus_name, register_metrics, serve_metrics
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

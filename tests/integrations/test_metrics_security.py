@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpudash.errors import UserError
-from gpudash.metrics import MetricsServer, main, metrics_registry, serve_metrics
+from gpudash.server.metrics import MetricsServer, main, metrics_registry, serve_metrics
 
 
 def _get(url: str, **headers: str) -> tuple[int, str]:

@@ -47,7 +47,7 @@ def test_notebook_trains_with_the_dashboard_inline(tmp_path: Path, python3_kerne
                                      resources={"metadata": {"path": str(work)}})
     client.execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
-    show_cell = next(c for c in code if "monitor.show(" in c.source)
+    show_cell = next(c for c in code if "gpudash.show(monitor" in c.source)
     html = "".join(o.get("data", {}).get("text/html", "") for o in show_cell.outputs)
     assert "<iframe" in html and "http://127.0.0.1:" in html and "/run/notebook-" in html
     out = _text(next(c for c in code if "monitor.step(" in c.source))
@@ -61,7 +61,7 @@ def test_notebook_trains_with_the_dashboard_inline(tmp_path: Path, python3_kerne
 
 
 def test_show_twice_reuses_the_server(tmp_path: Path, train_tiny: object) -> None:
-    from gpudash import notebook
+    from gpudash.server import notebook
 
     train_tiny(tmp_path / "runs" / "a", steps=3, host_hz=0, handle_signals=False)  # type: ignore[operator]
     train_tiny(tmp_path / "runs" / "b", steps=3, host_hz=0, handle_signals=False)  # type: ignore[operator]

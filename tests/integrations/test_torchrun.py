@@ -13,7 +13,7 @@ pytest.importorskip("torch.distributed.run")
 
 from gpudash import load_run
 from gpudash.analysis.ranks import rank_skew, straggler_summary
-from gpudash.metrics import metrics_registry
+from gpudash.server.metrics import metrics_registry
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "ddp_train.py"

@@ -18,8 +18,8 @@ pytest.importorskip("torch.distributed.run")
 from gpudash import load_run
 from gpudash.analysis.facts import run_facts
 from gpudash.analysis.ranks import node_stragglers, rank_nodes
-from gpudash.layouts.pages import build_run_page
-from gpudash.metrics import metrics_registry
+from gpudash.server.layouts.pages import build_run_page
+from gpudash.server.metrics import metrics_registry
 from gpudash.store.reader import RunReader
 
 STEPS = 10

@@ -9,11 +9,11 @@ from pathlib import Path
 import plotly
 import pytest
 
-from gpudash.app import create_app, serve_in_thread
 from gpudash.cli import main
 from gpudash.errors import UserError
-from gpudash.layouts.callbacks import ReaderCache, page_for
-from gpudash.layouts.viewstate import zoom_range
+from gpudash.server.app import create_app, serve_in_thread
+from gpudash.server.layouts.callbacks import ReaderCache, page_for
+from gpudash.server.layouts.viewstate import zoom_range
 
 
 def test_api_runs_and_summary(runs_dir: Path) -> None:
@@ -92,7 +92,7 @@ def test_serve_in_thread(runs_dir: Path) -> None:
     import sys
     import threading
 
-    from gpudash.analysis.runcache import shared_cache
+    from gpudash.server.runcache import shared_cache
 
     switch = sys.getswitchinterval()
     shared_cache().clear()
@@ -121,7 +121,7 @@ def test_no_head_start_in_a_host_process(runs_dir: Path) -> None:
     leaves the interpreter's settings alone until a browser asks."""
     import threading
 
-    from gpudash.analysis.runcache import shared_cache
+    from gpudash.server.runcache import shared_cache
 
     shared_cache().clear()
     url, stop = serve_in_thread(runs_dir, "127.0.0.1", 0)
@@ -162,6 +162,6 @@ def test_layouts_never_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, gpudash.app, gpudash.layouts.pages, gpudash.layouts.compare; "
+    code = ("import sys, gpudash.server.app, gpudash.server.layouts.pages, gpudash.server.layouts.compare; "
             "assert 'torch' not in sys.modules, 'dashboard imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,10 +13,10 @@ from dashpost import post
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudash.app import create_app
-from gpudash.layouts.callbacks import SnapshotRequests, event_inputs
-from gpudash.layouts.inputs import BadInput, as_int, live_state, page_run
-from gpudash.layouts.viewstate import zoom_range
+from gpudash.server.app import create_app
+from gpudash.server.layouts.callbacks import SnapshotRequests, event_inputs
+from gpudash.server.layouts.inputs import BadInput, as_int, live_state, page_run
+from gpudash.server.layouts.viewstate import zoom_range
 from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
 
 JSON = st.recursive(

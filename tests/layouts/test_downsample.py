@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpudash.layouts.downsample import MAX_POINTS, downsample_indices
+from gpudash.server.layouts.downsample import MAX_POINTS, downsample_indices
 
 
 def test_small_series_untouched() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from dashpost import payload
 
-from gpudash.layouts.fig import F4_TOLERANCE, Fig, decode_array, encode_array, wire
+from gpudash.server.layouts.fig import F4_TOLERANCE, Fig, decode_array, encode_array, wire
 
 
 def _find(node: Any, key: str, value: Any) -> Any:
@@ -77,11 +77,11 @@ def test_wire_leaves_the_figure_as_built() -> None:
 def test_run_page_compressed_typed_and_lazy(runs_dir: Path) -> None:
     """The route's answer is compressed; its charts are typed arrays that decode to the built figure; the charts
     below the fold are empty frames; the loss chart carries the spike."""
-    from gpudash.app import create_app
-    from gpudash.layouts.data import load_view
-    from gpudash.layouts.lazy import EAGER, LAZY, PLACEHOLDER
-    from gpudash.layouts.pages import facts_for
-    from gpudash.layouts.run_page import build_graph
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.data import load_view
+    from gpudash.server.layouts.lazy import EAGER, LAZY, PLACEHOLDER
+    from gpudash.server.layouts.pages import facts_for
+    from gpudash.server.layouts.run_page import build_graph
     from gpudash.store.reader import RunReader
 
     app = create_app(runs_dir)
@@ -114,7 +114,7 @@ def test_run_page_compressed_typed_and_lazy(runs_dir: Path) -> None:
 
 
 def test_compression_stays_behind_the_token(runs_dir: Path) -> None:
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     app = create_app(runs_dir, token="s3cret")
     client = app.server.test_client()
@@ -129,8 +129,8 @@ def test_compression_stays_behind_the_token(runs_dir: Path) -> None:
 @pytest.mark.parametrize("search", ["", "?cursor=10&x0=5&x1=15"])
 def test_lazy_chart_filled_as_the_page_shows_it(runs_dir: Path, search: str) -> None:
     """A chart scrolled to is drawn with the address's zoom and the cursor line; once (the page says it is drawn)."""
-    from gpudash.app import create_app
-    from gpudash.layouts.lazy import EAGER
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.lazy import EAGER
 
     app = create_app(runs_dir)
     client = app.server.test_client()
@@ -156,10 +156,10 @@ def test_lazy_chart_filled_as_the_page_shows_it(runs_dir: Path, search: str) -> 
 def test_tables_built_when_scrolled_to(runs_dir: Path) -> None:
     """The events and hot-spots tables come as a line saying how many rows (dash_table's scripts are not
     loaded with the first screen), their rows in stores; scrolled to, each is built from its store."""
-    from gpudash.app import create_app
-    from gpudash.layouts.lazy import EAGER
-    from gpudash.layouts.run_page import TABLE_PLACEHOLDER
-    from gpudash.layouts.style import DRAW_FIRST
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.lazy import EAGER
+    from gpudash.server.layouts.run_page import TABLE_PLACEHOLDER
+    from gpudash.server.layouts.style import DRAW_FIRST
 
     app = create_app(runs_dir)
     client = app.server.test_client()
@@ -206,8 +206,9 @@ def test_serve_answers_before_pandas(runs_dir: Path) -> None:
     script = f"""
 import sys
 from pathlib import Path
-from gpudash.app import run, create_app
-from gpudash.deferred import Deferred, defer, without
+from gpudash.commands.serve import run
+from gpudash.server.app import create_app
+from gpudash.server.deferred import Deferred, defer, without
 without("IPython"); defer("numpy"); defer("pandas")
 app = create_app(Path({str(runs_dir)!r}))
 client = app.server.test_client()
@@ -218,7 +219,7 @@ assert sys.modules.get("IPython") is None
 import pandas as pd  # the stand-in, until something reads from it
 frame = pd.DataFrame({{"a": [1, 2]}})
 assert not isinstance(sys.modules["pandas"], Deferred) and int(frame["a"].sum()) == 3
-from gpudash.layouts.callbacks import ReaderCache, page_for
+from gpudash.server.layouts.callbacks import ReaderCache, page_for
 page = page_for("/run/rich", "", Path({str(runs_dir)!r}), ReaderCache(Path({str(runs_dir)!r})))
 assert "loss-graph" in str(page)
 print("ok")
@@ -236,9 +237,9 @@ def test_finished_run_read_once(runs_dir: Path, tmp_path: Path) -> None:
     import pandas as pd
     from runmaker import LiveRun
 
-    from gpudash.analysis.runcache import shared_cache
-    from gpudash.layouts.data import load_view
-    from gpudash.layouts.pages import facts_for, known_tables
+    from gpudash.server.layouts.data import load_view
+    from gpudash.server.layouts.pages import facts_for, known_tables
+    from gpudash.server.runcache import shared_cache
     from gpudash.store.reader import RunReader
 
     assert facts_for(runs_dir / "rich") is not None
@@ -269,8 +270,8 @@ def test_compressed_bundles_kept_on_disk(runs_dir: Path, tmp_path: Path, monkeyp
     cache turned off nothing is written."""
     import brotli
 
-    from gpudash.app import create_app
-    from gpudash.layouts.style import PLOTLY_BUNDLE, PLOTLY_URL
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.style import PLOTLY_BUNDLE, PLOTLY_URL
 
     def bundle(app: Any) -> Any:
         client = app.server.test_client()

@@ -21,7 +21,7 @@ def _hrefs(resp: Any) -> list[str]:
 
 @pytest.mark.parametrize("prefix", [PREFIX, "/"])
 def test_links_stay_under_the_prefix(runs_dir: Path, prefix: str) -> None:
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     app = create_app(runs_dir, requests_pathname_prefix=prefix)
     client = app.server.test_client()

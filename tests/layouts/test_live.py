@@ -7,9 +7,9 @@ from pathlib import Path
 
 from runmaker import LiveRun
 
-from gpudash.layouts import run_page
-from gpudash.layouts.data import load_view
-from gpudash.layouts.live import initial_state, live_tick
+from gpudash.server.layouts import run_page
+from gpudash.server.layouts.data import load_view
+from gpudash.server.layouts.live import initial_state, live_tick
 from gpudash.store.reader import RunReader
 
 
@@ -92,8 +92,8 @@ def test_empty_live_run_then_first_steps(tmp_path: Path) -> None:
 
     import plotly
 
-    from gpudash.layouts.pages import build_run_page
     from gpudash.monitor import Monitor
+    from gpudash.server.layouts.pages import build_run_page
 
     mon = Monitor(tmp_path / "fresh", flush_interval=0.1, host_hz=0)
     mon.flush()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpudash.analysis.runcache import shared_cache
+from gpudash.server.runcache import shared_cache
 
 
 def _ids(c: object, out: dict[str, object]) -> dict[str, object]:
@@ -20,8 +20,8 @@ def _ids(c: object, out: dict[str, object]) -> dict[str, object]:
 
 
 def test_live_device_panel_gives_the_noted_reason(tmp_path: Path) -> None:
-    from gpudash.layouts.pages import build_run_page
     from gpudash.monitor import Monitor
+    from gpudash.server.layouts.pages import build_run_page
 
     with Monitor(tmp_path / "cpu", host_hz=0.0, handle_signals=False) as mon:
         mon.unavailable("device", "NVML: NVML Shared Library Not Found")  # what the collector notes on this machine

@@ -11,11 +11,11 @@ import plotly
 import pytest
 from runmaker import long_run
 
-from gpudash.analysis.runcache import shared_cache
-from gpudash.layouts import run_page
-from gpudash.layouts.data import load_view
-from gpudash.layouts.downsample import MAX_POINTS
-from gpudash.layouts.pages import build_run_page, range_view
+from gpudash.server.layouts import run_page
+from gpudash.server.layouts.data import load_view
+from gpudash.server.layouts.downsample import MAX_POINTS
+from gpudash.server.layouts.pages import build_run_page, range_view
+from gpudash.server.runcache import shared_cache
 from gpudash.store.reader import RunReader
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpudash.analysis import summarystore
-from gpudash.layouts import runs
+from gpudash.server.layouts import runs
+from gpudash.store import summarystore
 
 
 def _folder(root: Path, n: int) -> Path:

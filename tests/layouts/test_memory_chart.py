@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpudash.layouts import memory
+from gpudash.server.layouts import memory
 
 BUDGET = 3_660_000
 META = {"preflight": {"capacity_bytes": BUDGET, "capacity_source": "--memory-budget-gb 0.0034 (measured bytes)"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpudash.layouts.memory import memory_at, memory_figure, memory_series
+from gpudash.server.layouts.memory import memory_at, memory_figure, memory_series
 
 
 def _mem(trainable: int) -> pd.DataFrame:

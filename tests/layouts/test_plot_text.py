@@ -1,5 +1,5 @@
 """Text from a run (snapshot reason, block state, column and phase names) reaches a figure only
-through :func:`gpudash.layouts.common.plot_text`: plotly renders a subset of HTML in titles,
+through :func:`gpudash.server.layouts.common.plot_text`: plotly renders a subset of HTML in titles,
 legends and hovers, so markup there would become live links."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpudash.layouts import device, memory, throughput
+from gpudash.server.layouts import device, memory, throughput
 
 LINK = '<a xlink:href="https://evil.example">click</a>'
 TAG = re.compile(r"<(?!br>)[A-Za-z/!?]")  # any tag but the <br> the views put in hovers themselves
@@ -62,7 +62,7 @@ def test_phase_names_escaped() -> None:
 
 
 def test_whole_run_page_has_no_markup_in_figures(runs_dir: Any) -> None:
-    from gpudash.layouts.callbacks import ReaderCache, page_for
+    from gpudash.server.layouts.callbacks import ReaderCache, page_for
 
     page = page_for("/run/rich", "", runs_dir, ReaderCache(runs_dir))
     figures = []

@@ -1,4 +1,4 @@
-"""gpudash's pages load plotly.js's cartesian partial bundle (gpudash/layouts/vendor): the same plotly.js
+"""gpudash's pages load plotly.js's cartesian partial bundle (gpudash/server/layouts/vendor): the same plotly.js
 version as Dash's full bundle, every trace type gpudash draws included, served in place of the full one for
 gpudash's app only."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import plotly
 
-from gpudash.layouts.style import PLOTLY_BUNDLE
+from gpudash.server.layouts.style import PLOTLY_BUNDLE
 
 PKG = Path(__file__).resolve().parents[2] / "gpudash"
 VENDOR = PKG / PLOTLY_BUNDLE.split("/", 1)[1]
@@ -40,7 +40,7 @@ def test_the_bundle_is_the_plotly_js_version_dash_ships() -> None:
 
 def test_every_trace_type_gpudash_draws_is_in_the_bundle() -> None:
     used: set[str] = set()
-    for py in (PKG / "layouts").rglob("*.py"):  # every figure is built there
+    for py in (PKG / "server" / "layouts").rglob("*.py"):  # every figure is built there
         used |= set(re.findall(r"""["']type["']\s*:\s*["'](\w+)["']""", py.read_text()))
         used |= set(re.findall(r"""\btype\s*=\s*["'](\w+)["']""", py.read_text()))
     traces = used & (CARTESIAN | OTHERS)
@@ -51,7 +51,7 @@ def test_every_trace_type_gpudash_draws_is_in_the_bundle() -> None:
 def test_the_app_serves_the_bundle_instead_of_the_full_plotly_js(tmp_path: Path) -> None:
     import dash
 
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     app = create_app(tmp_path)
     client = app.server.test_client()
@@ -70,8 +70,8 @@ def test_preloaded_chunks_are_the_ones_dash_serves(tmp_path: Path) -> None:
     Dash (a renamed chunk would be a 404 in every page's console) and be what the page links."""
     import dash
 
-    from gpudash.app import create_app
-    from gpudash.layouts.style import FIRST_SCREEN_CHUNKS
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.style import FIRST_SCREEN_CHUNKS
 
     installed = Path(dash.__file__).parent
     client = create_app(tmp_path).server.test_client()

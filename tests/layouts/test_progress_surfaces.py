@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpudash.analysis.progress import eta_text
-from gpudash.analysis.runcache import shared_cache
+from gpudash.server.runcache import shared_cache
 
 
 def _texts(component: Any) -> dict[str, str]:
@@ -59,8 +59,8 @@ def live_run(tmp_path: Path) -> Any:
 
 
 def test_same_eta_in_header_runs_list_and_terminal(live_run: Any) -> None:
-    from gpudash.layouts import runs
-    from gpudash.layouts.pages import build_run_page
+    from gpudash.server.layouts import runs
+    from gpudash.server.layouts.pages import build_run_page
     from gpudash.trainer.loop import _Progress
 
     root, ends = live_run
@@ -81,7 +81,7 @@ def test_same_eta_in_header_runs_list_and_terminal(live_run: Any) -> None:
     assert cell == f"6 % · {want}"
 
     from gpudash.analysis.facts import headline_rows
-    from gpudash.info import summarize
+    from gpudash.commands.info import summarize
     from gpudash.store import load_run
 
     # gpudash info and the report's table: the same row from the same facts
@@ -103,7 +103,7 @@ def test_progress_callback_follows_the_live_tick(live_run: Any) -> None:
 
     from dashpost import post
 
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     root, _ = live_run
     shared_cache().clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gpudash.layouts import ranks
+from gpudash.server.layouts import ranks
 
 
 def ddp_frames(nodes: dict[int, str], slow: dict[int, float], steps: int = 20) -> pd.DataFrame:

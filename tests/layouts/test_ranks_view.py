@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.layouts import ranks
-from gpudash.layouts.data import load_view
-from gpudash.layouts.pages import build_run_page
-from gpudash.layouts.run_page import summary_children
+from gpudash.server.layouts import ranks
+from gpudash.server.layouts.data import load_view
+from gpudash.server.layouts.pages import build_run_page
+from gpudash.server.layouts.run_page import summary_children
 from gpudash.store.reader import RunReader
 
 STEPS = 12

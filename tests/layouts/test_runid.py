@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.layouts.runid import InvalidRunId, list_run_dirs, resolve_run_dir, valid_run_id
+from gpudash.store.runid import InvalidRunId, list_run_dirs, resolve_run_dir, valid_run_id
 
 
 def test_valid_run_resolves(runs_dir: Path) -> None:

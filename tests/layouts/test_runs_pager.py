@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from dashpost import post
 
-from gpudash.app import create_app
-from gpudash.layouts import runs
+from gpudash.server.app import create_app
+from gpudash.server.layouts import runs
 
 REFRESH = "runs-table-box.children"
 

@@ -1,5 +1,5 @@
 """The dashboard server answers only requests that name it (DNS rebinding), and the rule is the
-one :mod:`gpudash.access` holds for every gpudash server."""
+one :mod:`gpudash.server.access` holds for every gpudash server."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.access import allowed_hosts, host_name
-from gpudash.app import create_app, serve_in_thread
+from gpudash.server.access import allowed_hosts, host_name
+from gpudash.server.app import create_app, serve_in_thread
 
 CALLBACK = {"output": "..page.children...shown-page.data..",
             "outputs": [{"id": "page", "property": "children"}, {"id": "shown-page", "property": "data"}],

@@ -12,11 +12,11 @@ import plotly
 import pytest
 
 from gpudash.cli import main as cli
-from gpudash.layouts import snapshot_views
-from gpudash.layouts.fig import wire
-from gpudash.layouts.pages import build_run_page
-from gpudash.layouts.snapshot_diff_view import diff_children
-from gpudash.layouts.snapshot_page import pick_pair
+from gpudash.server.layouts import snapshot_views
+from gpudash.server.layouts.fig import wire
+from gpudash.server.layouts.pages import build_run_page
+from gpudash.server.layouts.snapshot_diff_view import diff_children
+from gpudash.server.layouts.snapshot_page import pick_pair
 from gpudash.store.reader import RunReader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def test_snapshots_that_cannot_be_read_say_why(run: Path, monkeypatch: pytest.Mo
 
 def test_the_page_and_the_cli_show_the_same_diff(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One fact, one place: the run page's diff table and ``gpudash diff-snapshots --json`` agree."""
-    from gpudash.layouts.common import fmt_bytes
+    from gpudash.server.layouts.common import fmt_bytes
 
     maps = snapshot_views.load_snapshots(RunReader(run))
     page = _json_children(diff_children(maps, maps[0], maps[1]))

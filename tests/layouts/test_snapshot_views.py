@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.cli import main as cli
-from gpudash.layouts import memory, snapshot_views
-from gpudash.layouts.fig import Fig
-from gpudash.layouts.pages import build_run_page
+from gpudash.server.layouts import memory, snapshot_views
+from gpudash.server.layouts.fig import Fig
+from gpudash.server.layouts.pages import build_run_page
 from gpudash.store.reader import RunReader
 from gpudash.store.snapshot import load_snapshot, memory_map_from_summary, summarize
 from gpudash.units import human_bytes
@@ -115,7 +115,7 @@ def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
 def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
     from dashpost import post
 
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     run = tmp_path / "imported"
     assert cli(["import-snapshot", str(REAL), str(run), "--step", "3"]) == 0

@@ -8,11 +8,11 @@ from pathlib import Path
 import plotly
 import pytest
 
-from gpudash.layouts import compare, events, hotspots, memory, run_page, runs, stability, throughput
-from gpudash.layouts.common import fmt_s, source_reason
-from gpudash.layouts.data import load_view
-from gpudash.layouts.pages import build_run_page, facts_for, load_snapshots, pick_snapshot, range_view
-from gpudash.layouts.series import Series, series_xy, spike_mask
+from gpudash.server.layouts import compare, events, hotspots, memory, run_page, runs, stability, throughput
+from gpudash.server.layouts.common import fmt_s, source_reason
+from gpudash.server.layouts.data import load_view
+from gpudash.server.layouts.pages import build_run_page, facts_for, load_snapshots, pick_snapshot, range_view
+from gpudash.server.layouts.series import Series, series_xy, spike_mask
 from gpudash.store.reader import RunReader
 
 
@@ -158,7 +158,7 @@ def test_runs_list_and_page(runs_dir: Path) -> None:
 
 
 def test_compare(runs_dir: Path) -> None:
-    from gpudash.analysis.runcache import shared_cache
+    from gpudash.server.runcache import shared_cache
 
     views = [(rid, load_view(RunReader(runs_dir / rid))) for rid in ("rich", "plain")]
     facts = [shared_cache().get(runs_dir / rid).facts for rid in ("rich", "plain")]
@@ -214,7 +214,7 @@ def test_downsampled_big_frame_bounded(tmp_path: Path) -> None:
     import numpy as np
     import pandas as pd
 
-    from gpudash.layouts.data import downsample_frame
+    from gpudash.server.layouts.data import downsample_frame
 
     n = 200_000
     df = pd.DataFrame({"rank": 0, "step": np.arange(n), "time": np.arange(n) * 0.1,
@@ -302,7 +302,7 @@ def test_cpu_time_columns_are_not_phases() -> None:
 
 
 def test_runs_filter_and_signature() -> None:
-    from gpudash.layouts.runs import filter_runs, row_signature
+    from gpudash.server.layouts.runs import filter_runs, row_signature
 
     rows = [{"id": "a", "name": "GPT small", "status": "live", "device": "NVIDIA H100", "steps": 5},
             {"id": "b", "name": "tiny mlp", "status": "finished", "device": "cpu", "steps": 40},
@@ -319,7 +319,7 @@ def test_runs_filter_and_signature() -> None:
 def test_view_in_the_address_round_trips() -> None:
     from urllib.parse import parse_qs
 
-    from gpudash.layouts.viewstate import view_params, view_search
+    from gpudash.server.layouts.viewstate import view_params, view_search
 
     search = view_search("?rank=1", 120, (100.0, 250.5))
     assert parse_qs(search[1:]) == {"rank": ["1"], "cursor": ["120"], "x0": ["100"], "x1": ["250.5"]}
@@ -331,7 +331,7 @@ def test_view_in_the_address_round_trips() -> None:
 
 
 def test_replay_speed_plays_any_run_in_about_30_s() -> None:
-    from gpudash.layouts.run_page import REPLAY_S, TICK_MS, replay_speed, speed_options
+    from gpudash.server.layouts.run_page import REPLAY_S, TICK_MS, replay_speed, speed_options
 
     for n, step_s in ((40, 0.002), (200_000, 0.001), (10_000_000, 0.3), (12, 5.0)):
         speed = replay_speed(n, step_s)
@@ -343,7 +343,7 @@ def test_replay_speed_plays_any_run_in_about_30_s() -> None:
 def test_ema_smoothing_of_loss_and_throughput(rich) -> None:  # type: ignore[no-untyped-def]
     import numpy as np
 
-    from gpudash.layouts.series import ema
+    from gpudash.server.layouts.series import ema
 
     y = np.array([1.0, np.nan, 3.0, 5.0])
     assert ema(y, 0.0) is y

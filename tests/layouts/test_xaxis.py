@@ -1,4 +1,4 @@
-"""The step graphs' x axis (gpudash.layouts.xaxis): time modes drawn from the recorded times, the zoom kept in
+"""The step graphs' x axis (gpudash.server.layouts.xaxis): time modes drawn from the recorded times, the zoom kept in
 steps, the live state's series in the same units, the choice in the address."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpudash.layouts.fig import Fig, decode_array
-from gpudash.layouts.inputs import BadInput, live_state
-from gpudash.layouts.series import Series, series_xy
-from gpudash.layouts.viewstate import view_search, with_xmode, xmode_of, zoom_range
-from gpudash.layouts.xaxis import XAxis, axis_range, mode_of, style_figure, with_x, x_of, x_origin
+from gpudash.server.layouts.fig import Fig, decode_array
+from gpudash.server.layouts.inputs import BadInput, live_state
+from gpudash.server.layouts.series import Series, series_xy
+from gpudash.server.layouts.viewstate import view_search, with_xmode, xmode_of, zoom_range
+from gpudash.server.layouts.xaxis import XAxis, axis_range, mode_of, style_figure, with_x, x_of, x_origin
 
 STEPS = pd.DataFrame({"rank": [0, 0, 0], "step": [0, 1, 2], "time": [1010.0, 1011.0, 1013.0],
                       "duration_s": [10.0, 0.9, 1.8], "loss": [3.0, 2.0, 1.0]})
@@ -81,8 +81,8 @@ def test_live_state_carries_the_axis() -> None:
 
 
 def test_page_from_a_link_in_relative_time(runs_dir: Path) -> None:
-    from gpudash.analysis.runcache import shared_cache
-    from gpudash.layouts.pages import build_run_page
+    from gpudash.server.layouts.pages import build_run_page
+    from gpudash.server.runcache import shared_cache
 
     reader, lock = shared_cache().reader(runs_dir / "plain")
     with lock:
@@ -114,8 +114,8 @@ def test_zoom_on_a_time_axis_rereads_the_steps_in_it(tmp_path: Path) -> None:
     import json
     from datetime import datetime, timezone
 
-    from gpudash.app import create_app
-    from gpudash.layouts.downsample import MAX_POINTS
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.downsample import MAX_POINTS
     from gpudash.store.writer import Recorder
 
     n = 3 * MAX_POINTS
@@ -142,7 +142,7 @@ def test_zoom_on_a_time_axis_rereads_the_steps_in_it(tmp_path: Path) -> None:
     resp = client.post("/_dash-update-component", json=body)
     assert resp.status_code == 200, resp.data[:300]
     fig = resp.get_json()["response"]["loss-graph"]["figure"]
-    xs = list(decode_array(fig["data"][0]["x"]))  # sent as a typed array (gpudash.layouts.fig.wire)
+    xs = list(decode_array(fig["data"][0]["x"]))  # sent as a typed array (gpudash.server.layouts.fig.wire)
     assert fig["layout"]["xaxis"]["type"] == "date" and len(xs) == 101  # every step in the range, no sampling
     assert xs[0] == pytest.approx(50_000.0) and xs[-1] == pytest.approx(100_000.0)
     url_key = next(k for k in app.callback_map if "url.search" in k and any(

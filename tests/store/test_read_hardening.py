@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudash.analysis.report import render_html, render_markdown
-from gpudash.export import export_run
-from gpudash.info import summarize as info_lines
+from gpudash.commands.export import export_run
+from gpudash.commands.info import summarize as info_lines
 from gpudash.store import load_run
 from gpudash.store.meta import META_KEYS
 from gpudash.store.reader import RunReader
@@ -105,7 +105,7 @@ def test_cli_surfaces_survive_wrong_typed_meta(bad_runs: Path, name: str, tmp_pa
 
 
 def test_runs_list_shows_the_others_and_names_the_bad_one(bad_runs: Path) -> None:
-    from gpudash.app import create_app
+    from gpudash.server.app import create_app
 
     client = create_app(bad_runs).server.test_client()
     r = client.get("/api/runs")
@@ -142,7 +142,7 @@ _ALL = st.fixed_dictionaries({}, optional={k: _json_values() for k in _KEYS})
 def test_any_json_value_for_any_known_key(base_run: Path, run_json: dict[str, Any],
                                           rank_meta: dict[str, Any]) -> None:
     from gpudash.analysis.summary import summarize as verdicts
-    from gpudash.layouts.runs import list_runs, runs_page
+    from gpudash.server.layouts.runs import list_runs, runs_page
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
@@ -319,7 +319,7 @@ def test_orphan_log_that_holds_nothing_is_named(tmp_path: Path) -> None:
     run = load_run(bad)
     assert run.steps.empty
     assert any("rank0.db is missing" in p and "not a SQLite log" in p for p in run.problems)
-    from gpudash.layouts.runs import list_runs
+    from gpudash.server.layouts.runs import list_runs
 
     rows = {r["id"]: r for r in list_runs(runs)}
     assert rows["good"]["steps"] == 5

@@ -1,4 +1,4 @@
-"""The allocation timeline (gpudash.store.snapshot_trace): stacking, the base layer, downsampling,
+"""The allocation timeline (gpudash.analysis.snapshot_trace): stacking, the base layer, downsampling,
 and totals that match the live bytes replayed independently from the trace."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpudash.analysis.snapshot_trace import AllocTimeline, allocation_timeline
 from gpudash.store.snapshot import load_snapshot, memory_map_from_summary, summarize
-from gpudash.store.snapshot_trace import AllocTimeline, allocation_timeline
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-snapshot" / "cs336_assignment2_memory_snapshot.pickle"
 FRAME = {"filename": "/home/me/train.py", "line": 12, "name": "forward"}

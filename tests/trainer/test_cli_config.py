@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpudash.trainer.cli import (
+from gpudash.commands.train import (
     _steps_list,
     add_arguments,
     config_from_args,

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpudash import load_run  # noqa: E402
+from gpudash.commands.run import child_env, default_run_name  # noqa: E402
 from gpudash.zerocode.agent import NARROW_AFTER, Agent, _samples_tokens  # noqa: E402
-from gpudash.zerocode.command import child_env, default_run_name  # noqa: E402
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_step_0_is_what_an_explicit_monitor_records(agent: Agent, tmp_path: Path
 def test_a_run_without_a_step_says_why(agent: Agent, tmp_path: Path) -> None:
     from gpudash.analysis.facts import run_facts
     from gpudash.analysis.summary import summarize
-    from gpudash.info import summarize as info_lines
+    from gpudash.commands.info import summarize as info_lines
 
     model = torch.nn.Linear(4, 2)
     model.eval()

@@ -58,7 +58,7 @@ def test_lora_run_matches_the_trainers_log_and_shows_trainable_bytes(tmp_path: P
 
         from gpudash.analysis.facts import run_facts
         from gpudash.analysis.report import render_html
-        from gpudash.info import summarize
+        from gpudash.commands.info import summarize
 
         f = run_facts(run)
         assert f.trainable_params_bytes == 4 * trainable and f.frozen_params_bytes == 4 * (total - trainable)

@@ -41,7 +41,7 @@ def test_manual_update_loop_counts_a_step_per_backward(tmp_path: Path, zoo: Any,
         assert run.status == "finished"
         assert run.meta["steps_from"].startswith("backward() calls")
         from gpudash.analysis.summary import summarize
-        from gpudash.info import summarize as info_lines
+        from gpudash.commands.info import summarize as info_lines
 
         assert any(line.startswith("steps from") and "backward() calls" in line for line in info_lines(run))
         status = summarize(run)[0]  # the run page's summary panel shows the verdicts

@@ -1,0 +1,183 @@
+"""``gpudash run [--run-dir DIR] [--serve] [--snapshot-every N] -- COMMAND ARGS...``
+
+Runs COMMAND (``python train.py``, ``python -m pkg.train``, ``torchrun ...``)
+unchanged, recorded by gpudash: every Python process it starts loads
+gpudash's agent before user code (a ``sitecustomize`` on a private
+``PYTHONPATH`` entry), and every torchrun rank records into the same run.
+
+Without ``--serve`` this process *becomes* COMMAND (exec): same pid, same
+stdin/stdout/stderr, same exit code and signals. With ``--serve`` the
+dashboard runs in its own process beside the job (one for all ranks), its
+URL is printed, and this process waits for COMMAND and exits with its code.
+gpudash's own messages go to stderr, prefixed ``gpudash:``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import quote
+
+import gpudash
+from gpudash.errors import UserError
+from gpudash.options import DEFAULT_PORT
+from gpudash.zerocode.agent import ENV_OPTIONS, ENV_RUN_DIR, say
+
+__all__ = ["add_arguments", "child_env", "default_run_name", "run"]
+
+BOOT_DIR = Path(gpudash.__file__).resolve().parent / "zerocode" / "_boot"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.usage = "gpudash run [--run-dir DIR] [--serve] [--port PORT] [--snapshot-every N] -- COMMAND [ARGS ...]"
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="where to record (default: runs/<script>-<date>-<time>)")
+    p.add_argument("--serve", action="store_true", help="serve the live dashboard beside the job and print its URL")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"dashboard port with --serve (default: {DEFAULT_PORT}; busy: a free one)")
+    p.add_argument("--snapshot-every", type=int, default=0, metavar="N",
+                   help="take an allocator snapshot every N steps (CUDA; default 0: only at OOM)")
+    from gpudash.alerts.delivery import add_alert_arguments
+
+    add_alert_arguments(p)
+    p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
+                   help="the training command, unchanged: python train.py ..., python -m pkg.train, torchrun ...")
+
+
+def default_run_name(command: list[str], now: float | None = None) -> str:
+    """``<script stem>-<date>-<time>``: the first ``*.py`` argument, else the module after
+    ``-m``, else the program's name."""
+    stem = None
+    for i, arg in enumerate(command):
+        if arg.endswith(".py"):
+            stem = Path(arg).stem
+            break
+        if arg == "-m" and i + 1 < len(command):
+            stem = command[i + 1].rsplit(".", 1)[-1]
+            break
+    stem = stem or Path(command[0]).name or "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+
+
+def _in_site_packages(path: Path) -> bool:
+    return any(part in ("site-packages", "dist-packages") for part in path.parts)
+
+
+def child_env(base: dict[str, str], run_dir: Path, options: dict[str, Any]) -> dict[str, str]:
+    """The environment COMMAND runs in: the boot folder first on PYTHONPATH (the user's
+    entries kept after it), gpudash's source tree last when it is not installed, and
+    where and how to record."""
+    env = dict(base)
+    parts = [str(BOOT_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    source = Path(gpudash.__file__).resolve().parents[1]
+    if not _in_site_packages(source) and str(source) not in parts:
+        parts.append(str(source))  # a source checkout: the child imports this gpudash too
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env[ENV_RUN_DIR] = str(run_dir)
+    env[ENV_OPTIONS] = json.dumps(options)
+    return env
+
+
+def _free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise UserError("no free port for the dashboard; pass --port")
+
+
+def _announce_when_up(port: int, url: str, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                say(f"dashboard at {url}")
+                return
+        except OSError:
+            time.sleep(0.2)
+    say(f"the dashboard did not start; run `gpudash serve {url}` yourself" if server.poll() is None else
+        "the dashboard did not start (is gpudash installed with its dashboard?)")
+
+
+def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path, port: int) -> int:
+    asked, port = port, _free_port(port)
+    if port != asked and asked:
+        say(f"port {asked} is busy; dashboard on http://127.0.0.1:{port}/")
+    server = subprocess.Popen([sys.executable, "-m", "gpudash", "serve", str(run_dir.parent), "--port", str(port)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/run/{quote(run_dir.name)}"
+    threading.Thread(target=_announce_when_up, args=(port, url, server), daemon=True).start()
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        server.terminate()
+        raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        child.send_signal(signum)
+
+    # Ctrl-C reaches the job from the terminal itself; SIGTERM/SIGHUP sent to us are passed on
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if rc < 0:  # killed by a signal: die the same way
+        signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
+        return 128 - rc
+    return rc
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.job)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UserError("give the command to run after --, e.g. gpudash run -- python train.py")
+    if args.snapshot_every < 0:
+        raise UserError("--snapshot-every must be >= 0")
+    run_dir = (args.run_dir or Path("runs") / default_run_name(command)).resolve()
+    options: dict[str, Any] = {"snapshot_every": args.snapshot_every} if args.snapshot_every else {}
+    from gpudash.alerts.delivery import alerts_from_args
+
+    try:
+        alerts = alerts_from_args(args)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if alerts is not None:
+        options["alerts"] = alerts
+    env = child_env(dict(os.environ), run_dir, options)
+    program = shutil.which(command[0], path=env.get("PATH"))
+    if program is None:
+        raise UserError(f"{command[0]}: command not found")
+    say(f"recording into {run_dir}")
+    if args.serve:
+        return _serve_and_wait([program, *command[1:]], env, run_dir, args.port)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(program, command, env)
+    except OSError as exc:
+        raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+    return 0  # not reached: exec replaced this process

@@ -1,0 +1,92 @@
+"""``gpudash serve RUNS_DIR``: serve the dashboard for a folder of runs (and alerts for its live runs)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from gpudash.errors import UserError
+from gpudash.options import DEFAULT_PORT
+from gpudash.server.access import TOKEN_ENV, resolve_token, token_from_env
+from gpudash.server.app import serve_in_thread
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs_dir", nargs="?", type=Path, default=Path("runs"),
+                   help="a directory of runs (default: runs)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
+    p.add_argument("--token", default=None,
+                   help=f"require this token on every page and API call (default: ${TOKEN_ENV}); "
+                        "needed to bind anything but loopback")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to NAME (a DNS name or proxy in front of the server); "
+                        "'*' answers any (default: loopback names and the bound address only)")
+    p.add_argument("--metrics", action="store_true",
+                   help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
+    from gpudash.alerts.delivery import add_alert_arguments
+
+    add_alert_arguments(p)  # alerts for every live run served (a run killed with kill -9 included)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpudash.server.deferred import defer, without
+
+    # this process only serves: dash's Jupyter support (IPython, ~0.1 s) is never used, and numpy and pandas
+    # load after the first page is answered, while the browser fetches its scripts (gpudash.server.deferred)
+    without("IPython")
+    defer("numpy")
+    defer("pandas")
+    from gpudash.store.runid import list_run_dirs
+
+    runs_dir: Path = args.runs_dir
+    if not runs_dir.is_dir():
+        raise UserError(f"{runs_dir}: no such directory (pass the folder your runs are written to)")
+    if not list_run_dirs(runs_dir) and resolve_is_run(runs_dir):
+        print(f"gpudash: {runs_dir} is a run; serving its parent folder {runs_dir.resolve().parent}")
+        runs_dir = runs_dir.resolve().parent
+    token = resolve_token(args.token)
+    from gpudash.alerts.delivery import alerts_from_args
+
+    try:
+        alert_opts = alerts_from_args(args)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not 0 <= args.port < 65536:
+        raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
+    try:
+        url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics,
+                                    allow_hosts=args.allow_host, head_start=True)
+    except OSError as exc:
+        import errno
+
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {args.port} is busy (another process listens on {args.host}:{args.port}): "
+                            f"pass --port N, or stop the other process") from None
+        raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
+    if token_from_env(args.token):  # a secret kept in the environment is never printed to a terminal or a log
+        url = url.split("?token=")[0] + f"?token=${TOKEN_ENV}"
+    print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
+    alerts = None
+    if alert_opts is not None:
+        from gpudash.alerts.watch import ServeAlerts
+        from gpudash.options import AlertOptions
+
+        base = alert_opts.get("dashboard_url") or url.split("?")[0].rstrip("/")  # links never carry the token
+        alerts = ServeAlerts(runs_dir, AlertOptions(**alert_opts), base)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        if alerts is not None:
+            alerts.stop()
+        stop()
+
+
+def resolve_is_run(path: Path) -> bool:
+    from gpudash.store.reader import is_run_dir
+
+    return is_run_dir(path)

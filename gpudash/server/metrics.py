@@ -1,0 +1,461 @@
+"""Prometheus ``/metrics`` for a directory of runs: the latest values, for Grafana.
+
+A custom ``prometheus_client`` collector reads the newest rows of each run on
+every scrape (through :class:`gpudash.store.RunReader`, so it works in any
+process and never touches the training loop) and exposes them with units in
+the names and ``run``, ``rank``, ``node`` (the rank's host) and ``gpu`` labels::
+
+    gpudash_step_duration_seconds{run="exp1",rank="0",node="gpu-a1"} 0.212
+    gpudash_tokens_per_second{run="exp1",rank="0",node="gpu-a1"} 38612.0
+    gpudash_memory_allocated_bytes{run="exp1",rank="0",node="gpu-a1"} 7.3e9
+    gpudash_memory_category_bytes{run="exp1",rank="0",node="gpu-a1",category="activations"} 2.1e9
+    gpudash_device_power_watts{run="exp1",rank="0",node="gpu-a1",gpu="0"} 312.0
+    gpudash_step_skew_ratio{run="ddp"} 0.18      # torchrun: the straggler indicator
+
+Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
+plain WSGI app (``metrics_wsgi_app``), or on its own port
+(``serve_metrics(runs_dir, port)``; also ``python -m gpudash.server.metrics RUNS_DIR``),
+or from the training process itself, opt-in:
+``monitor.add_collector(MetricsServer(port=9479))``.
+Each series is its newest value carried forward (a column written every N
+steps keeps its last value between writes). Finished runs stay, unless
+``max_age_s`` (``--metrics-max-age``) drops those that ended longer ago. The
+run-level facts (steps, OOMs counted once, loss spikes, non-finite steps,
+measured peak) come from :mod:`gpudash.analysis.facts`, as every other surface
+shows them (not from the in-process ``MetricsServer``: they load the whole run);
+phases are the run's recorded phase set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.core import Metric
+
+from gpudash.analysis.phases import run_phases
+from gpudash.analysis.ranks import rank_nodes, rank_skew
+from gpudash.errors import RunError, UserError
+from gpudash.server import promnames
+from gpudash.server.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
+from gpudash.server.promnames import LABEL_CHARS, Families, metric_name, prometheus_name
+from gpudash.store.bounded import damage
+from gpudash.store.reader import RankReader, RunReader, is_run_dir
+from gpudash.store.runid import list_nested_run_dirs
+
+if TYPE_CHECKING:
+    from werkzeug.serving import BaseWSGIServer as WSGIServer
+
+__all__ = [
+    "DEFAULT_PORT",
+    "MetricsServer",
+    "RunsCollector",
+    "main",
+    "metrics_registry",
+    "metrics_wsgi_app",
+    "metric_name",
+    "prometheus_name",
+    "register_metrics",
+    "serve_metrics",
+]
+
+DEFAULT_PORT = 9479
+#: Steps read per scrape to compute rates (tokens/s over the last N steps).
+WINDOW = 20
+#: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
+CARRY_ROWS = 2000
+#: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
+RUN_BUDGET_S = 20.0  # (gpudash.server.runcache.WAIT_S is the wait for a run another request reads)
+#: Problems of one run exposed as ``gpudash_run_damaged{problem=...}`` lines.
+MAX_PROBLEMS = 5
+_DAMAGED_HELP = "1 for each problem found reading the run (the first few), named in the problem label."
+_CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+               "optimizer_host_bytes"}
+_COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
+_SCALARS = {"loss": "gpudash_loss", "lr": "gpudash_learning_rate", "learning_rate": "gpudash_learning_rate",
+            "grad_norm": "gpudash_grad_norm", "loss_scale": "gpudash_loss_scale",
+            "batch_size": "gpudash_batch_size"}
+_SKIP = {"step", "time", "rank", "gpu", "samples", "tokens", "duration_s"}
+def _latest(df: pd.DataFrame) -> dict[str, Any]:
+    """Newest non-null value of each column (some columns are written every N steps)."""
+    if df.empty:
+        return {}
+    last = df.ffill().iloc[-1]
+    return {k: v for k, v in last.items() if isinstance(v, (int, float)) and v == v}
+
+
+class RunsCollector:
+    """Collects the latest values of every run under ``runs_dir`` (or of ``runs_dir`` itself)."""
+
+    def __init__(self, runs_dir: str | os.PathLike[str], max_age_s: float | None = None,
+                 rescan_s: float = 5.0, facts: bool = True) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.facts = facts
+        self.max_age_s = max_age_s
+        self.rescan_s = rescan_s
+        #: run id -> run folder; readers are the one run cache's (analysis.runcache.shared_cache)
+        self._paths: dict[str, Path] = {}
+        #: (run, rank, table, gpu) -> (rowid read up to, newest value of each column)
+        self._carry: dict[tuple[str, int, str, int | None], tuple[int, dict[str, Any]]] = {}
+        self._scanned = 0.0
+        self._lock = threading.Lock()
+        self._deadline = float("inf")
+
+    def _discover(self) -> None:
+        now = time.monotonic()
+        if now - self._scanned < self.rescan_s and self._paths:
+            return
+        self._scanned = now
+        found: dict[str, Path] = {}
+        root = self.runs_dir
+        if is_run_dir(root):
+            found[root.name] = root  # the run this process writes (MetricsServer), named by its owner
+        else:  # a runs folder: the dashboard's run ids, nothing that links out of it
+            found = dict(list_nested_run_dirs(root))
+        self._paths = found
+
+    def collect(self) -> Iterator[Metric]:
+
+        # no lock across the scrape: a run that is slow to read (someone else's damaged folder) holds up
+        # only itself, and the next scrape is answered all the same
+        with self._lock:
+            self._discover()
+            paths = sorted(self._paths.items())
+        fams = Families()
+        now = time.time()
+        for run_id, path in paths:
+            try:
+                self._collect_run(fams, run_id, path, now)
+            except RunError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
+                self._damaged(fams, run_id, "all", exc)
+        for run_id, n in sorted(fams.dropped.items()):
+            fams.add("gpudash_series_dropped", f"Series of the run beyond the {promnames.MAX_SERIES_PER_RUN} served per run.",
+                     {"run": run_id}, n, capped=False)
+        yield from fams.families.values()
+
+    @staticmethod
+    def _damaged(fams: Families, run_id: str, rank: str, exc: BaseException) -> None:
+        fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                 {"run": run_id, "rank": rank, "error": type(exc).__name__}, 1, capped=False)
+        fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": damage(exc)}, 1, capped=False)
+
+    def _collect_run(self, fams: Families, run_id: str, path: Path, now: float) -> None:
+        from gpudash.server.runcache import shared_cache
+
+        reader, reader_lock = shared_cache().reader(path)
+        if not reader_lock.acquire(timeout=RUN_BUDGET_S):
+            self._damaged(fams, run_id, "all", TimeoutError(f"still being read after {RUN_BUDGET_S:g} s; skipped"))
+            return
+        tails: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+        try:
+            self._deadline = time.monotonic() + RUN_BUDGET_S
+            reader.refresh()
+            for rank, rr in sorted(reader.ranks.items()):
+                if time.monotonic() > self._deadline:
+                    self._damaged(fams, run_id, str(rank),
+                                  TimeoutError(f"reading took over {RUN_BUDGET_S:g} s; the rest skipped"))
+                    break
+                try:
+                    tail = self._collect_rank(fams, run_id, rank, rr, now)
+                except Exception as exc:  # noqa: BLE001 - one damaged rank must not break the scrape
+                    self._damaged(fams, run_id, str(rank), exc)
+                    continue
+                if tail is not None:
+                    tails.append(tail)
+            problems = reader.all_problems()
+        finally:
+            reader_lock.release()
+        for problem in problems[:MAX_PROBLEMS]:  # one line each, naming the damage
+            fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": problem}, 1, capped=False)
+        if len(tails) > 1:
+            self._skew(fams, run_id, tails)
+        if tails and self.facts:
+            self._facts(fams, run_id, reader)
+
+    @staticmethod
+    def _facts(fams: Families, run_id: str, reader: RunReader) -> None:
+        """Run-level gauges from the run's facts (the numbers the report and the API state)."""
+        from gpudash.server.runcache import shared_cache
+
+        try:
+            facts = shared_cache().get(reader.path, timeout=RUN_BUDGET_S).facts
+        except Exception as exc:  # noqa: BLE001 - a damaged run must not break the scrape
+            fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                     {"run": run_id, "rank": "all", "error": type(exc).__name__}, 1)
+            return
+        lab = {"run": run_id}
+        fams.add("gpudash_steps", "Steps recorded (last step index + 1).", lab, facts.steps)
+        fams.add("gpudash_ooms", "Out-of-memory errors, each counted once.", lab, facts.oom_count, counter=True)
+        fams.add("gpudash_loss_spikes", "Steps whose loss was a spike (gpudash's one spike rule).", lab,
+                 len(facts.loss_spike_steps), counter=True)
+        fams.add("gpudash_nonfinite_steps", "Steps with a NaN/Inf loss or gradients.", lab,
+                 len(facts.nonfinite_steps), counter=True)
+        if facts.peak_bytes.get("measured") is not None:
+            fams.add("gpudash_measured_peak_bytes", "Largest measured per-step memory peak of the run.", lab,
+                     facts.peak_bytes["measured"])
+        if facts.fragmentation_pct is not None:
+            fams.add("gpudash_fragmentation_ratio", "Worst share of reserved memory in inactive split blocks.",
+                     lab, facts.fragmentation_pct / 100.0)
+
+    def _carried(self, key: tuple[str, int, str, int | None], rr: RankReader, table: str) -> dict[str, Any]:
+        """Newest non-null value of every column of ``table`` (of one GPU when ``key[3]`` is set),
+        carried forward from earlier scrapes: a column written every N steps never vanishes."""
+        scanned, values = self._carry.get(key, (0, {}))
+        top = rr.max_rowid(table)
+        if top <= scanned:
+            return values
+        gpu = key[3]
+        match = {"gpu": gpu} if gpu is not None else {}
+        new = rr.read_matching(table, match, after_rowid=max(scanned, top - CARRY_ROWS))
+        values = {**values, **_latest(new.drop(columns=["_rowid"], errors="ignore"))}
+        if not scanned:  # the first look at this run: columns not written lately, one indexed lookup each
+            for col in rr.columns(table):
+                if col in values or col in ("_rowid", "rank", "gpu"):
+                    continue
+                if time.monotonic() > self._deadline:
+                    break  # a table of thousands of never-written columns: the rest on the next scrape
+                value = rr.newest_value(table, col, match)
+                if isinstance(value, (int, float)):
+                    values[col] = value
+        self._carry[key] = (top, values)
+        return values
+
+    @staticmethod
+    def _skew(fams: Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
+        """Straggler gauges from the newest step every rank recorded."""
+        steps = pd.concat([t[0] for t in tails if not t[0].empty], ignore_index=True)
+        memory = pd.concat([t[1] for t in tails if not t[1].empty], ignore_index=True)
+        skew = rank_skew(SimpleNamespace(steps=steps, memory=memory))
+        if skew.empty:
+            return
+        last = skew.iloc[-1]
+        lab = {"run": run_id}
+        fams.add("gpudash_step_skew_seconds", "Slowest minus fastest rank's time for the newest common step.",
+                 lab, last["skew_s"])
+        fams.add("gpudash_step_skew_ratio", "Slowest rank's step time over the median rank's, minus 1.", lab,
+                 last["skew_ratio"])
+        if "memory_imbalance" in skew:
+            fams.add("gpudash_memory_imbalance_ratio", "Heaviest rank's memory over the mean rank's, minus 1.",
+                     lab, last["memory_imbalance"])
+
+    def _collect_rank(self, fams: Families, run_id: str, rank: int, rr: RankReader,
+                      now: float) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        """Add one rank's metrics; returns its newest (steps, memory) rows for the straggler gauges."""
+        meta = rr.meta()
+        status = rr.status(meta, now)
+        heartbeat = float(meta.get("heartbeat") or 0)
+        if status != "live" and self.max_age_s is not None and now - heartbeat > self.max_age_s:
+            return None
+        # the machine the rank ran on (host name or $GPUDASH_HOSTNAME): a fleet's nodes side by side
+        lab = {"run": run_id, "rank": str(rank), "node": rank_nodes({rank: meta})[rank]}
+        fams.add("gpudash_run_live", "1 while the run's writer is alive, 0 once finished or crashed.", lab,
+                 status == "live")
+        fams.add("gpudash_heartbeat_timestamp_seconds", "Last time the run's writer flushed (unix time).", lab,
+                 heartbeat or float("nan"))
+        key = (run_id, rank)
+        steps = self._steps(fams, lab, rr, key, meta)
+        memory = self._memory(fams, lab, rr, key)
+        self._simple(fams, lab, rr, "host", "gpudash_host_", key)
+        self._device(fams, lab, rr, key)
+        self._events(fams, lab, rr)
+        return steps.assign(rank=rank), memory.assign(rank=rank)
+
+    @staticmethod
+    def _tail(rr: RankReader, table: str, rows: int) -> pd.DataFrame:
+        return rr.read(table, after_rowid=max(0, rr.max_rowid(table) - rows))
+
+    def _steps(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int],
+               meta: dict[str, Any]) -> pd.DataFrame:
+        df = self._tail(rr, "steps", WINDOW)
+        if df.empty:
+            return df
+        last = self._carried((*key, "steps", None), rr, "steps")
+        fams.add("gpudash_step", "Index of the newest recorded training step.", lab, last.get("step"))
+        fams.add("gpudash_last_step_timestamp_seconds", "When the newest step ended (unix time).", lab,
+                 last.get("time"))
+        fams.add("gpudash_step_duration_seconds", "Wall time of the newest step.", lab,
+                 df["duration_s"].iloc[-1])
+        phases = {f"{p}_s" for p in run_phases(meta, last)}
+        for col in sorted(last):
+            if col in _SKIP or col == "_rowid":
+                continue
+            if col in phases:
+                fams.add("gpudash_phase_duration_seconds", "Time spent in each phase of the newest step.",
+                         {**lab, "phase": col[:-2]}, df[col].iloc[-1] if col in df and pd.notna(df[col].iloc[-1])
+                         else 0.0)
+            elif col in _SCALARS:
+                fams.add(_SCALARS[col], f"Newest logged {col}.", lab, last[col])
+            else:
+                fams.add("gpudash_logged_value", "Newest value of other scalars logged with Monitor.log.",
+                         {**lab, "name": col}, last[col])
+        span = float(df["time"].iloc[-1] - df["time"].iloc[0]) if len(df) > 1 else float(df["duration_s"].sum())
+        for col, name in (("samples", "gpudash_samples_per_second"), ("tokens", "gpudash_tokens_per_second")):
+            if col in df and df[col].notna().any() and span > 0:
+                done = df[col].iloc[1:].sum() if len(df) > 1 else df[col].sum()
+                fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
+        return df
+
+    def _memory(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:
+        df = self._tail(rr, "memory", WINDOW)
+        last = self._carried((*key, "memory", None), rr, "memory")
+        for col, value in last.items():
+            if col in _SKIP or col == "_rowid":
+                continue
+            if col in _CATEGORIES:
+                fams.add("gpudash_memory_category_bytes",
+                         "Memory by category (params, grads, optimizer, activations, other).",
+                         {**lab, "category": col.removesuffix("_bytes")}, value)
+            elif col in _COUNTERS:
+                fams.add(f"gpudash_memory_{col}", f"torch allocator counter {col}.", lab, value, counter=True)
+            else:
+                name, factor = prometheus_name(col)
+                fams.add(f"gpudash_memory_{name}", f"Newest {col} from the memory record.", lab, value * factor)
+        return df
+
+    def _simple(self, fams: Families, lab: dict[str, str], rr: RankReader, table: str, prefix: str,
+                key: tuple[str, int]) -> None:
+        for col, value in self._carried((*key, table, None), rr, table).items():
+            if col in _SKIP or col == "_rowid":
+                continue
+            name, factor = prometheus_name(col)
+            fams.add(prefix + name, f"Newest {table} sample of {col}.", lab, value * factor)
+
+    def _device(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> None:
+        if "gpu" not in rr.columns("device"):
+            return
+        gpus = [int(g) for g in rr.distinct("device", "gpu", 1025) if isinstance(g, int) and 0 <= g < 1 << 16][:1024]
+        for gpu in gpus:
+            glab = {**lab, "gpu": str(gpu)}
+            for col, value in self._carried((*key, "device", gpu), rr, "device").items():
+                if col in _SKIP or col == "_rowid":
+                    continue
+                name, factor = prometheus_name(col)
+                fams.add(f"gpudash_device_{name}", f"Newest NVML sample of {col}.", glab, value * factor)
+
+    def _events(self, fams: Families, lab: dict[str, str], rr: RankReader) -> None:
+        for kind, count in rr.count_by("events", "kind", LABEL_CHARS, 1000):
+            fams.add("gpudash_events", "Events recorded by kind (oom, batch_size_change, ...).",
+                     {**lab, "kind": str(kind)}, count, counter=True)
+
+
+def metrics_registry(runs_dir: str | os.PathLike[str], **collector_kwargs: Any) -> CollectorRegistry:
+    """A registry holding only the gpudash collector for ``runs_dir``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunsCollector(runs_dir, **collector_kwargs))
+    return registry
+
+
+def metrics_wsgi_app(runs_dir: str | os.PathLike[str], **collector_kwargs: Any) -> Callable[..., Any]:
+    """A WSGI app answering the Prometheus text format (mount it at ``/metrics``)."""
+    return make_wsgi_app(metrics_registry(runs_dir, **collector_kwargs))  # type: ignore[no-any-return]
+
+
+def register_metrics(server: Any, runs_dir: str | os.PathLike[str], path: str = "/metrics",
+                     **collector_kwargs: Any) -> None:
+    """Add a ``/metrics`` route to a Flask app (a Dash app's ``app.server``)."""
+    registry = metrics_registry(runs_dir, **collector_kwargs)
+
+    def metrics() -> tuple[bytes, int, dict[str, str]]:
+        return generate_latest(registry), 200, {"Content-Type": CONTENT_TYPE_LATEST}
+
+    server.add_url_rule(path, endpoint="gpudash_metrics", view_func=metrics)
+
+
+def serve_metrics(runs_dir: str | os.PathLike[str], port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                  token: str | None = None, allow_hosts: Iterable[str] = (), **collector_kwargs: Any) -> WSGIServer:
+    """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the server
+    (``server.shutdown()`` stops it; ``server.server_port`` is the port when 0 was asked).
+    Use ``host="0.0.0.0"`` so a Prometheus on another machine can scrape it; that needs ``token``
+    (or ``$GPUDASH_TOKEN``), sent by Prometheus as ``authorization: {credentials: TOKEN}``.
+    The same rules as ``gpudash serve`` (:mod:`gpudash.server.access`)."""
+    token = resolve_token(token)
+    check_bind(host, token)
+    app = guard(metrics_wsgi_app(runs_dir, **collector_kwargs), token=token, hosts=allowed_hosts(host, allow_hosts))
+    server, _thread = serve_wsgi(app, host, port, "gpudash-metrics")
+    return server
+
+
+class MetricsServer:
+    """A Monitor collector that serves the run's ``/metrics`` from the training process.
+
+    Opt-in: ``monitor.add_collector(MetricsServer(port=9479))``. Only rank 0
+    serves (it exposes every rank of the run folder), so torchrun ranks on one
+    machine do not fight over the port. Stops when the Monitor closes."""
+
+    name = "metrics"
+
+    def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", token: str | None = None) -> None:
+        self.port = port
+        self.host = host
+        self.token = resolve_token(token)
+        check_bind(host, self.token)  # here, not in start(): a config mistake is said before training
+        self.server: WSGIServer | None = None
+
+    def start(self, monitor: Any) -> None:
+        if monitor.rank == 0:
+            # no run-level facts here: they load the whole run, work that must not compete with training
+            self.server = serve_metrics(monitor.run_dir, self.port, self.host, self.token, max_age_s=None, facts=False)
+
+    @property
+    def url(self) -> str | None:
+        return None if self.server is None else f"http://{self.host}:{self.server.server_port}/metrics"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpudash.server.metrics", description="Serve /metrics for a runs folder.")
+    p.add_argument("runs_dir", type=Path)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to let other machines scrape (needs --token)")
+    p.add_argument("--token", default=None,
+                   help="require this bearer token on every scrape (default: $GPUDASH_TOKEN); "
+                        "needed to bind anything but loopback")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to NAME ('*': any)")
+    p.add_argument("--metrics-max-age", type=float, default=None, metavar="SECONDS",
+                   help="drop runs that ended more than SECONDS ago (default: keep every run)")
+    args = p.parse_args(argv)
+    if args.metrics_max_age is not None and args.metrics_max_age < 0:
+        print("gpudash: error: --metrics-max-age must be >= 0 seconds (or leave it out to keep every run)",
+              file=sys.stderr)
+        return 2
+    if not Path(args.runs_dir).is_dir():
+        print(f"gpudash: error: {args.runs_dir}: no such directory (pass the folder your runs are written to)",
+              file=sys.stderr)
+        return 2
+    try:
+        server = serve_metrics(args.runs_dir, args.port, args.host, args.token, args.allow_host,
+                               max_age_s=args.metrics_max_age)
+    except UserError as exc:
+        print(f"gpudash: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"gpudash: error: cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port",
+              file=sys.stderr)
+        return 2
+    print(f"gpudash metrics for {args.runs_dir} at http://{args.host}:{server.server_port}/metrics")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
