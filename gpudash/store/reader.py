@@ -21,7 +21,14 @@ from gpudash.store import bounded
 from gpudash.store.bounded import damage
 from gpudash.store.meta import read_run_json
 from gpudash.store.rankreader import RankReader, _time_where, merged_span
-from gpudash.store.schema import NUMERIC_TABLES, ROLLUP_LEVELS, RUN_META_FILE, TABLE_BASE_COLUMNS, rank_from_db_name
+from gpudash.store.schema import (
+    NUMERIC_TABLES,
+    ROLLUP_LEVELS,
+    ROLLUP_TABLES,
+    RUN_META_FILE,
+    TABLE_BASE_COLUMNS,
+    rank_from_db_name,
+)
 
 __all__ = ["Cursor", "RankReader", "RunReader", "is_run_dir", "read_run_json"]
 
@@ -162,7 +169,8 @@ class RunReader:
     def read_range(self, table: str, t0: float | None = None, t1: float | None = None,
                    max_rows: int = 5_000, *, step0: int | None = None,
                    step1: int | None = None) -> tuple[pd.DataFrame, int]:
-        """Rows of a numeric table between two times (or steps): raw if few enough, else a roll-up.
+        """Rows of a numeric table between two times (or steps): raw if few enough (always, for the step tables,
+        which are not rolled up: see ROLLUP_TABLES), else a roll-up.
 
         Returns ``(frame, level)`` where level 0 means raw rows and otherwise the
         bucket width in seconds (the frame then has ``c``, ``c__min``, ``c__max``).
@@ -172,7 +180,7 @@ class RunReader:
             t0 = s0 if s0 is not None else t0
             t1 = s1 if s1 is not None else t1
         total = sum(r.count(table, t0, t1) for r in self.ranks.values())
-        if total <= max_rows or table not in NUMERIC_TABLES:
+        if total <= max_rows or table not in ROLLUP_TABLES:  # a step table: its rows (callers downsample)
             where, params = _time_where(t0, t1, "time")
             return self._concat(table, lambda r: r.read(table, where, params)), 0
         level = ROLLUP_LEVELS[-1]

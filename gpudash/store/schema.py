@@ -22,6 +22,7 @@ import re
 __all__ = [
     "NUMERIC_TABLES",
     "ROLLUP_KEYS",
+    "ROLLUP_TABLES",
     "ROLLUP_LEVELS",
     "RUN_META_FILE",
     "SNAPSHOT_REQUEST_FILE",
@@ -81,8 +82,12 @@ TABLE_BASE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 #: Tables whose extra columns are added on first use.
 DYNAMIC_TABLES = frozenset({"steps", "memory", "host", "device"})
-#: Tables with only numeric columns, rolled up to coarser time buckets.
+#: Tables with only numeric columns (columnar chunks for fast loads, read by time range).
 NUMERIC_TABLES = ("steps", "memory", "host", "device")
+#: The tables sampled by the clock, rolled up to coarser time buckets for long time charts. Tables written
+#: once a step (steps, memory) are not: their charts are drawn by step from the full-resolution chunks, and
+#: a roll-up of them would be written at the step rate and never read.
+ROLLUP_TABLES = ("host", "device")
 #: Roll-up bucket widths in seconds; table ``<name>_r<width>`` per level.
 ROLLUP_LEVELS = (1, 60)
 #: Extra group-by keys per rolled-up table (besides the time bucket).

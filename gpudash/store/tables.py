@@ -40,6 +40,7 @@ from gpudash.store.rollup import Rollups
 from gpudash.store.schema import (
     DYNAMIC_TABLES,
     NUMERIC_TABLES,
+    ROLLUP_TABLES,
     TABLE_BASE_COLUMNS,
     column_name,
     is_reserved_column,
@@ -255,7 +256,8 @@ class TableWriter:
             names = [cols[j] for j in idx]
             arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
             self.chunks.append(table, first, names, arr)
-            self.rollups.update(table, names, arr)
+            if table in ROLLUP_TABLES:
+                self.rollups.update(table, names, arr)
 
     def _cells(self, table: str, row: dict[Any, Any], src: list[Any], cols: list[str]) -> tuple[Any, ...]:
         """One row cell by cell: a value that cannot be stored is left empty and counted."""

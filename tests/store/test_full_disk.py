@@ -3,7 +3,6 @@ freed costs no record (issue 24). Needs root and tmpfs: skipped with the reason 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import sqlite3
@@ -59,24 +58,24 @@ class _Loop:
 
 
 def test_a_transient_full_disk_loses_nothing_and_recording_resumes(tmpfs_8m: Path) -> None:
-    with contextlib.nullcontext(tmpfs_8m) as mnt:
-        rec = Recorder(mnt / "run", flush_interval=60)
-        loop = _Loop(rec)
-        assert all(loop.run(3000))  # ~4 min of a 12 steps/s loop: the old 64 KiB pages filled 8 MiB by itself
-        filler = _fill(mnt)
-        while_full = loop.run(120)
-        assert not any(while_full[-10:])  # said: not written (yet); the log's own blocks took the first ones
-        assert RunReader(mnt / "run").status() == "live"  # the heartbeat lives on while nothing can be written
-        os.unlink(filler)
-        assert all(loop.run(600)[1:])  # the first flush after freeing writes the backlog
-        rec.close()
-        assert loop.wal <= WAL_LIMIT
-        run = gpudash.load_run(mnt / "run")
-        assert run.status == "finished"
-        assert run.steps["step"].tolist() == list(range(3720))  # kept in memory while full: none lost
-        assert len(run.memory) == 3720 and run.meta.get("dropped_records", 0) == 0
-        assert run.events["kind"].tolist().count("write_error") == 1  # "could not write ..., resumed"
-        run.close()
-        with sqlite3.connect(mnt / "run" / "rank0.db") as c:
-            assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-            assert c.execute("SELECT sum(n) FROM steps_r60").fetchone()[0] == 3720  # roll-ups: each step once
+    mnt = tmpfs_8m
+    rec = Recorder(mnt / "run", flush_interval=60)
+    loop = _Loop(rec)
+    assert all(loop.run(3000))  # ~4 min of a 12 steps/s loop: the old 64 KiB pages filled 8 MiB by itself
+    filler = _fill(mnt)
+    while_full = loop.run(120)
+    assert not any(while_full[-10:])  # said: not written (yet); the log's own blocks took the first ones
+    assert RunReader(mnt / "run").status() == "live"  # the heartbeat lives on while nothing can be written
+    os.unlink(filler)
+    assert all(loop.run(600)[1:])  # the first flush after freeing writes the backlog
+    rec.close()
+    assert loop.wal <= WAL_LIMIT
+    run = gpudash.load_run(mnt / "run")
+    assert run.status == "finished"
+    assert run.steps["step"].tolist() == list(range(3720))  # kept in memory while full: none lost
+    assert len(run.memory) == 3720 and run.meta.get("dropped_records", 0) == 0
+    assert run.events["kind"].tolist().count("write_error") == 1  # "could not write ..., resumed"
+    run.close()
+    with sqlite3.connect(mnt / "run" / "rank0.db") as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert c.execute("SELECT sum(n) FROM host_r60").fetchone()[0] == 310  # roll-ups: each sample once

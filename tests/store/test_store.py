@@ -91,23 +91,27 @@ def test_rollups_keep_mean_min_max(tmp_path: Path) -> None:
     t0 = 60.0 * 16_667  # a bucket boundary for both levels
     vals = np.arange(300, dtype=float)
     for i, v in enumerate(vals):
+        rec.put("host", {"step": i, "time": t0 + i * 0.5, "rss_bytes": v})
         rec.put("memory", {"step": i, "time": t0 + i * 0.5, "allocated_bytes": v})
         if i % 37 == 0:
             rec.flush()
     rec.close()
     reader = RunReader(tmp_path)
-    r1 = reader.ranks[0].read_rollup("memory", 1, None, None)
+    r1 = reader.ranks[0].read_rollup("host", 1, None, None)
     assert len(r1) == 150
-    assert r1["allocated_bytes"].iloc[0] == 0.5 and r1["allocated_bytes__max"].iloc[0] == 1
-    r60 = reader.ranks[0].read_rollup("memory", 60, None, None)
+    assert r1["rss_bytes"].iloc[0] == 0.5 and r1["rss_bytes__max"].iloc[0] == 1
+    r60 = reader.ranks[0].read_rollup("host", 60, None, None)
     assert r60["n"].tolist() == [120, 120, 60]
-    assert r60["allocated_bytes__min"].tolist() == [0, 120, 240]
-    assert r60["allocated_bytes__max"].tolist() == [119, 239, 299]
+    assert r60["rss_bytes__min"].tolist() == [0, 120, 240]
+    assert r60["rss_bytes__max"].tolist() == [119, 239, 299]
     assert r60["step__max"].tolist() == [119, 239, 299]
-    df, level = reader.read_range("memory", max_rows=100)
+    df, level = reader.read_range("host", max_rows=100)
     assert level == 60 and len(df) == 3
-    df, level = reader.read_range("memory", t0, t0 + 10, max_rows=100)
+    df, level = reader.read_range("host", t0, t0 + 10, max_rows=100)
     assert level == 0 and len(df) == 21
+    assert reader.ranks[0].read_rollup("memory", 1, None, None).empty  # a step table: drawn from its rows
+    df, level = reader.read_range("memory", max_rows=100)
+    assert level == 0 and len(df) == 300
 
 
 def test_read_range_by_steps(tmp_path: Path) -> None:
