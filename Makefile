@@ -1,5 +1,7 @@
 # The two commands of the README. Both create (once) and reuse .venv.
 VENV ?= .venv
+# test workers (pytest-xdist); the tests that drive Chromium share one of them (tests/conftest.py)
+JOBS ?= 2
 PY := $(VENV)/bin/python
 
 .PHONY: demo test lint env clean sample-runs device-check
@@ -9,7 +11,7 @@ demo: $(VENV)/.ready
 test: $(VENV)/.ready
 	$(VENV)/bin/ruff check gpudash tests benchmarks scripts examples
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup --durations=25 $(ARGS)
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check gpudash tests benchmarks scripts examples

@@ -17,6 +17,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GPUDASH_CACHE_DIR", tempfile.mkdtemp(prefix="gpudash-test-cache-"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs two workers) the tests that drive a real Chromium run one
+    after another on one worker, as a user's one browser would: two Chromiums beside two torch processes
+    on two cores starve each other's page loads past the tests' waits. The rest spread over both."""
+    for item in items:
+        if item.get_closest_marker("browser") or "tests/browser/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         import torch
