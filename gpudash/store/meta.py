@@ -79,6 +79,20 @@ def _list(v: Any) -> list[Any] | None:
 _TIME = _num_in(0.0, _MAX_TIME)
 _BYTES = _num_in(0.0, float(2**63))
 
+
+def _bytes_by_name(v: Any) -> dict[str, float] | None:
+    """an object of names to byte counts"""
+    if not isinstance(v, dict) or len(v) > 64:
+        return None
+    out = {}
+    for k, n in v.items():
+        size = _BYTES(n)
+        if not isinstance(k, str) or size is None:
+            return None
+        out[k[:40]] = size
+    return out
+
+
 #: Known keys and their checks (the check returns the clean value, or None when wrong).
 META_KEYS: dict[str, Callable[[Any], Any]] = {
     "name": _text, "run_id": _text, "status": _text, "end_reason": _text, "host": _text, "hostname": _text,
@@ -96,6 +110,9 @@ META_KEYS: dict[str, Callable[[Any], Any]] = {
     "argv": _list,
     "config": _obj, "estimate": _obj, "preflight": _obj, "train_summary": _obj, "trainer": _obj,
     "hf_config": _obj, "lightning_config": _obj,
+    # what a step was and how the steps are numbered (gpudash run, the HF / Lightning callbacks)
+    "steps_from": _text, "no_steps_reason": _text, "first_step": _int_in(0, _MAX_INT),
+    "params_dtypes": _bytes_by_name,  # weight bytes by storage dtype (collectors/categories.py)
 }
 _NULLABLE = frozenset({"cuda", "cuda_visible_devices"})
 
