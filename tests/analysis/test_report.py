@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gpudash.analysis import summarize
-from gpudash.analysis.report import render_html, render_markdown
 from gpudash.cli import main
+from gpudash.report import render_html, render_markdown
 
 
 def test_html_is_self_contained(recorded: Any) -> None:
@@ -51,8 +51,6 @@ def test_cli_html_and_markdown(recorded: Any, tmp_path: Path, capsys: pytest.Cap
     page = out.read_text()
     assert "Input-bound" in page and "a CPU run: no GPU price" in page and "$/GPU-hour" not in page
     run.meta["device"] = "cuda:0"
-    from gpudash.analysis.report import render_html
-
     assert "3.50 $/GPU-hour" in render_html(run, price_per_hour=3.5)  # a GPU run's report says its price
     capsys.readouterr()
     assert main(["report", str(run.path), "--format", "md"]) == 0
