@@ -45,7 +45,7 @@ class Marker:
     label: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Series:
     """One line (or band of a stacked chart). ``tone``: the palette slot the renderer colours it with,
     or a named tone (``rest``: time outside the phases, ``frozen``: frozen parameters)."""
@@ -55,7 +55,7 @@ class Series:
     tone: int | str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Figure:
     """One chart: ``x`` are step numbers; ``y_fmt`` is ``num``, ``bytes`` or ``s``; ``hline`` a
     (value, label) line across it (the device's capacity)."""
@@ -89,7 +89,8 @@ class ReportView:
     price_per_hour: float
     generated_at: float
     """When the report was made (seconds since the epoch)."""
-    figures: tuple[Figure, ...] = ()
+    figures: tuple[Figure, ...] | None = None
+    """None when not derived (``report_view(..., figures=False)``); empty when the run has nothing to draw."""
     markers: tuple[Marker, ...] = ()
 
     @property
@@ -112,7 +113,7 @@ def report_view(run: Run, verdicts: list[Verdict] | None = None, price_per_hour:
         verdicts = summarize(run, price_per_hour=price_per_hour)
     facts = run_facts(run)
     worst = next((v for v in verdicts if v.severity != "ok"), None)
-    figs: tuple[Figure, ...] = ()
+    figs: tuple[Figure, ...] | None = None
     markers: tuple[Marker, ...] = ()
     if figures:
         markers = tuple(_markers(run, facts))

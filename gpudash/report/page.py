@@ -49,7 +49,9 @@ def _draw(fig: Figure, markers: tuple[Marker, ...]) -> _Drawn:
 
 
 def html_page(view: ReportView) -> str:
-    """The page of a :class:`ReportView`."""
+    """The page of a :class:`ReportView` made with its figures."""
+    if view.figures is None:
+        raise ValueError("html_page needs a view with its figures: report_view(run, figures=True)")
     return html_env().get_template("report.html.j2").render(
         view=view, figures=[_draw(f, view.markers) for f in view.figures],
         severity_color=SEVERITY_COLOR, severity_label=SEVERITY_LABEL)

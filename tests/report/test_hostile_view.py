@@ -7,9 +7,11 @@ only the template's own, each value reads back as its text, and the Markdown hol
 
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 
 import numpy as np
+import pytest
 
 from gpudash.analysis.alerts import Alert
 from gpudash.analysis.report import Figure, Marker, ReportView, Series
@@ -69,3 +71,10 @@ def test_every_value_is_escaped_in_the_markdown() -> None:
     assert "<script" not in md and "<img" not in md
     assert "&lt;script>" in md and "&amp;amp;" in md and "{{ 7*7 }}" in md
     assert "# gpudash report: '\"&gt;" not in md  # a '>' is left alone: it opens nothing
+
+
+def test_a_view_without_its_figures_is_no_page() -> None:
+    """A Markdown view (figures not derived) would otherwise print "No steps recorded." for a run that has steps."""
+    with pytest.raises(ValueError, match="figures"):
+        html_page(dataclasses.replace(_evil_view(), figures=None))
+    assert "No steps recorded." in html_page(dataclasses.replace(_evil_view(), figures=()))
