@@ -26,7 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpudash.analysis.report import report_json, report_view
     from gpudash.analysis.summary import summarize
-    from gpudash.report import html_page, markdown_text
     from gpudash.store import load_run
 
     if args.price_per_hour < 0:
@@ -40,11 +39,15 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(text + "\n")
                 return 0
         elif args.format == "md":
+            from gpudash.report import markdown_text
+
             text = markdown_text(report_view(r, verdicts, args.price_per_hour, figures=False))
             if args.output is None:
                 sys.stdout.write(text + "\n")
                 return 0
         else:
+            from gpudash.report import html_page
+
             text = html_page(report_view(r, verdicts, args.price_per_hour))
         out = args.output or Path("report.html")
         try:
