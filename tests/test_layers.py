@@ -9,7 +9,10 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "gpudash"
 RULES = {
     "server": {"torch", "pynvml"},
-    "analysis": {"torch", "pynvml", "dash"},
+    # analysis derives facts; rendering them (HTML, Markdown, templates) is the report's and the server's
+    "analysis": {"torch", "pynvml", "dash", "plotly", "jinja2", "markupsafe", "html"},
+    # the report renders analysis (Jinja2 templates, inline SVG): no torch, no dashboard libraries
+    "report": {"torch", "pynvml", "dash", "plotly", "flask"},
     "store": {"torch", "pynvml", "dash", "plotly"},
     "collectors": {"dash", "plotly"},
     "trainer": {"dash", "plotly"},
@@ -183,8 +186,8 @@ def test_the_server_opens_runs_in_one_place() -> None:
 #: commands or the dashboard's libraries, however many modules lie between.
 TRAINING_SIDE = ("gpudash.monitor", "gpudash.collectors", "gpudash.trainer", "gpudash.integrations",
                  "gpudash.zerocode", "gpudash.testing", "gpudash.options", "gpudash.errors", "gpudash.units")
-#: Read side shared by both: the store, analysis and alerts reach neither side's top.
-SHARED = ("gpudash.store", "gpudash.analysis", "gpudash.alerts")
+#: Read side shared by both: the store, analysis, the report's renderers and alerts reach neither side's top.
+SHARED = ("gpudash.store", "gpudash.analysis", "gpudash.report", "gpudash.alerts")
 BANNED_REACH = {
     TRAINING_SIDE: ("gpudash.server", "gpudash.commands", "gpudash.cli", "dash", "plotly", "flask"),
     SHARED: ("gpudash.server", "gpudash.commands", "gpudash.cli", "gpudash.monitor", "gpudash.collectors",

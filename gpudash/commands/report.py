@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpudash.analysis.report import render_html, render_json, render_markdown
+    from gpudash.analysis.report import report_json, report_view
     from gpudash.analysis.summary import summarize
     from gpudash.store import load_run
 
@@ -34,17 +34,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         verdicts = summarize(r, price_per_hour=args.price_per_hour)
         if args.format == "json":
-            text = json.dumps(render_json(r, verdicts), indent=1, allow_nan=False)
+            text = json.dumps(report_json(r, verdicts), indent=1, allow_nan=False)
             if args.output is None:
                 sys.stdout.write(text + "\n")
                 return 0
         elif args.format == "md":
-            text = render_markdown(r, verdicts, args.price_per_hour)
+            from gpudash.report import markdown_text
+
+            text = markdown_text(report_view(r, verdicts, args.price_per_hour, figures=False))
             if args.output is None:
                 sys.stdout.write(text + "\n")
                 return 0
         else:
-            text = render_html(r, verdicts, args.price_per_hour)
+            from gpudash.report import html_page
+
+            text = html_page(report_view(r, verdicts, args.price_per_hour))
         out = args.output or Path("report.html")
         try:
             out.write_text(text, encoding="utf-8")

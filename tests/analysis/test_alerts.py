@@ -199,8 +199,8 @@ def test_alert_options_validate_in_one_line() -> None:
 def test_recorded_alerts_on_the_run_page_and_in_the_report(tmp_path: Path) -> None:
     import time
 
-    from gpudash.analysis.report import render_html, render_markdown
     from gpudash.monitor import Monitor
+    from gpudash.report import render_html, render_markdown
     from gpudash.server.layouts.events import event_rows, events_figure
     from gpudash.store import load_run
 

@@ -140,7 +140,7 @@ def _text(component: Any) -> str:
 def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: Any, metrics_text: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     path = runs_dir / name
-    from gpudash.analysis.report import render_html
+    from gpudash.report import render_html
 
     run = load_run(path)
     try:

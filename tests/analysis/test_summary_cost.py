@@ -43,7 +43,7 @@ def test_a_cpu_run_shows_its_time_not_a_gpu_price(recorded: Any) -> None:
 
 
 def test_analysis_imports_without_torch_or_dash() -> None:
-    code = ("import sys, gpudash.analysis, gpudash.analysis.report, gpudash.commands.report;"
+    code = ("import sys, gpudash.analysis, gpudash.analysis.report, gpudash.report, gpudash.commands.report;"
             "bad=[m for m in ('torch','dash','plotly') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -51,8 +51,8 @@ def test_analysis_imports_without_torch_or_dash() -> None:
 
 def test_a_run_that_died_before_its_first_step(tmp_path: Any) -> None:
     import gpudash
-    from gpudash.analysis.report import render_html, render_markdown
     from gpudash.monitor import Monitor
+    from gpudash.report import render_html, render_markdown
 
     Monitor(tmp_path / "early", host_hz=0).close("crashed", "exception: RuntimeError: no data")
     run = gpudash.load_run(tmp_path / "early")

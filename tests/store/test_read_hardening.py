@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudash.analysis.report import render_html, render_markdown
 from gpudash.commands.export import export_run
 from gpudash.commands.info import summarize as info_lines
+from gpudash.report import render_html, render_markdown
 from gpudash.store import load_run
 from gpudash.store.meta import META_KEYS
 from gpudash.store.reader import RunReader

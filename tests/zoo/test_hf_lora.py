@@ -57,8 +57,8 @@ def test_lora_run_matches_the_trainers_log_and_shows_trainable_bytes(tmp_path: P
         assert (mem["optimizer_bytes"].drop(index=1) == 2 * 4 * trainable + 4 * lora_tensors).all()
 
         from gpudash.analysis.facts import run_facts
-        from gpudash.analysis.report import render_html
         from gpudash.commands.info import summarize
+        from gpudash.report import render_html
 
         f = run_facts(run)
         assert f.trainable_params_bytes == 4 * trainable and f.frozen_params_bytes == 4 * (total - trainable)

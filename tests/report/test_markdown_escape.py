@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpudash.analysis.report import _md_text, render_markdown
+from gpudash.report import md_text, render_markdown
 
 
 def test_markdown_escapes_markup_from_the_run(tmp_path: Path) -> None:
@@ -23,5 +23,5 @@ def test_markdown_escapes_markup_from_the_run(tmp_path: Path) -> None:
 
 
 def test_markdown_keeps_plain_comparisons_readable() -> None:
-    assert _md_text("loss < 2 and a<b, x > y, R&D") == "loss < 2 and a&lt;b, x > y, R&D"
-    assert _md_text("<!-- c --> </p> &#60; &lt;") == "&lt;!-- c --> &lt;/p> &amp;#60; &amp;lt;"
+    assert md_text("loss < 2 and a<b, x > y, R&D") == "loss < 2 and a&lt;b, x > y, R&D"
+    assert md_text("<!-- c --> </p> &#60; &lt;") == "&lt;!-- c --> &lt;/p> &amp;#60; &amp;lt;"

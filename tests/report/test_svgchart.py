@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudash.analysis.report import render_html
-from gpudash.analysis.svgchart import nice_ticks, svg_chart, tick_labels
+from gpudash.report import render_html
+from gpudash.report.svgchart import nice_ticks, svg_chart, tick_labels
 
 _SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9}
 

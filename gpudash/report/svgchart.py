@@ -4,25 +4,27 @@ Axes get "nice" ticks (steps of 1, 2 or 5 x 10^k, 3 to 8 of them, covering the
 data), labels that never print two ticks alike, a unit chosen once per axis
 (KiB/MiB/GiB for bytes, µs/ms/s for durations) and a title on both axes.
 No JavaScript: the page must open offline and without a CDN.
+
+The geometry (ticks, points, positions) is computed here; the markup is
+``templates/chart.svg.j2``, rendered with autoescaping on (labels come from the run).
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+from markupsafe import Markup
 from numpy.typing import ArrayLike
+
+from gpudash.report.templating import html_env
 
 __all__ = ["AxisScale", "axis_scale", "nice_ticks", "svg_chart", "tick_labels"]
 
 _NICE = (1.0, 2.0, 5.0)
 MIN_TICKS, MAX_TICKS = 3, 8
-
-
-def _e(x: object) -> str:
-    return html.escape(str(x), quote=True)
 
 
 def _nice_steps(span: float, integer: bool) -> list[float]:
@@ -146,19 +148,30 @@ def _y_bounds(ys_plot: list[np.ndarray], zero: bool, hline: float | None) -> tup
     return (max(lo - pad, 0.0) if lo >= 0 else lo - pad), hi + pad
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """One series drawn: a stacked band (``polygon``) or a line (``polyline``)."""
+
+    tag: str
+    points: str
+    color: str
+    label: str
+
+
 def svg_chart(x: ArrayLike, series: Sequence[tuple[str, ArrayLike, str]], *, stacked: bool = False,
               markers: Sequence[tuple[float, str, str]] = (), hline: tuple[float, str] | None = None,
               y_fmt: str = "num", y_title: str = "", x_title: str = "step", y_zero: bool | None = None,
-              width: int = 900, height: int = 220, max_points: int = 400) -> str:
+              width: int = 900, height: int = 220, max_points: int = 400) -> Markup:
     """A line (or stacked area) chart as inline SVG. ``markers``: (x, color, label)
     vertical lines; ``hline``: (y, label) dashed horizontal line; ``y_fmt``:
     ``num``, ``bytes`` or ``s`` (the unit joins ``y_title``: "memory (GiB)");
     ``y_zero``: the y axis includes 0 (default: for stacked charts; a loss axis
     shows its padded data range). x values are step numbers (integer ticks)."""
+    chart = html_env().get_template("chart.svg.j2")
     xa = np.asarray(x, dtype=float)
     ys = [np.asarray(v, dtype=float) for _, v, _ in series]
     if len(xa) == 0 or not ys:
-        return '<svg role="img" width="10" height="10"></svg>'
+        return Markup(chart.render(empty=True))
     xa, ys = _downsample(xa, ys, max_points)
     if stacked:
         acc = np.zeros(len(xa))
@@ -186,18 +199,7 @@ def svg_chart(x: ArrayLike, series: Sequence[tuple[str, ArrayLike, str]], *, sta
     def py(v: float) -> float:
         return top + ph - (v - y_min) / (y_max - y_min) * ph
 
-    parts = [f'<svg role="img" viewBox="0 0 {width} {height}" width="100%">']
-    for v, text in zip(y_ticks, y_labels, strict=True):
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#e6e8ec"/>')
-        parts.append(f'<text class="ytick" x="{left - 5}" y="{py(v) + 4:.1f}" text-anchor="end">{_e(text)}</text>')
-    for v, text in zip(x_ticks, x_labels, strict=True):
-        parts.append(f'<line x1="{px(v):.1f}" x2="{px(v):.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="#8a93a3"/>')
-        parts.append(f'<text class="xtick" x="{px(v):.1f}" y="{top + ph + 16}" text-anchor="middle">{_e(text)}</text>')
-    parts.append(f'<text class="axis-title x" x="{left + pw / 2:.1f}" y="{height - 4}" '
-                 f'text-anchor="middle">{_e(x_title)}</text>')
-    if title:
-        parts.append(f'<text class="axis-title y" x="12" y="{top + ph / 2:.1f}" text-anchor="middle" '
-                     f'transform="rotate(-90 12 {top + ph / 2:.1f})">{_e(title)}</text>')
+    shapes = []
     prev = np.zeros(len(xa))
     for (label, _, color), y in zip(series, ys_plot, strict=True):
         pts = [(px(a), py(b)) for a, b in zip(xa, y, strict=True) if math.isfinite(b)]
@@ -206,20 +208,15 @@ def svg_chart(x: ArrayLike, series: Sequence[tuple[str, ArrayLike, str]], *, sta
         line = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
         if stacked:
             base = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in reversed(list(zip(xa, prev, strict=True))))
-            parts.append(f'<polygon points="{line} {base}" fill="{color}" fill-opacity="0.75">'
-                         f'<title>{_e(label)}</title></polygon>')
+            shapes.append(_Shape("polygon", f"{line} {base}", color, label))
             prev = y
         else:
-            parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5">'
-                         f'<title>{_e(label)}</title></polyline>')
-    if href is not None and hline is not None:
-        yv = py(href)
-        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{yv:.1f}" y2="{yv:.1f}" stroke="#c62828" '
-                     f'stroke-dasharray="5,4"/><text x="{width - right - 2}" y="{yv - 3:.1f}" '
-                     f'text-anchor="end" style="fill:#c62828">{_e(hline[1])}</text>')
-    for mx, color, label in markers:
-        if x0 <= mx <= x1:
-            parts.append(f'<line x1="{px(mx):.1f}" x2="{px(mx):.1f}" y1="{top}" y2="{top + ph}" stroke="{color}" '
-                         f'stroke-width="1.5"><title>{_e(label)}</title></line>')
-    parts.append("</svg>")
-    return "".join(parts)
+            shapes.append(_Shape("polyline", line, color, label))
+    return Markup(chart.render(
+        empty=False, width=width, height=height, left=left, right=right, top=top, plot_bottom=top + ph,
+        y_ticks=[(f"{py(v):.1f}", f"{py(v) + 4:.1f}", text) for v, text in zip(y_ticks, y_labels, strict=True)],
+        x_ticks=[(f"{px(v):.1f}", text) for v, text in zip(x_ticks, x_labels, strict=True)],
+        x_title=x_title, x_title_x=f"{left + pw / 2:.1f}", y_title=title, y_title_y=f"{top + ph / 2:.1f}",
+        shapes=shapes,
+        hline=None if href is None or hline is None else (f"{py(href):.1f}", f"{py(href) - 3:.1f}", hline[1]),
+        markers=[(f"{px(mx):.1f}", color, label) for mx, color, label in markers if x0 <= mx <= x1]))
