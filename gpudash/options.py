@@ -347,6 +347,7 @@ def options_from_json(text: str | None) -> tuple[MonitorOptions, str | None]:
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        return MonitorOptions(), f"recording options {text[:80]!r} are not a JSON object; recording with the defaults"
+        return MonitorOptions(), ("the recording options gpudash run passed are not a JSON object "
+                                  f"({len(text)} characters, hand-edited?); recording with the defaults")
     opts, notes = load(MonitorOptions, data, where="recording option", lenient=True)
     return opts, ("; ".join(notes) + " (the default used)") if notes else None
