@@ -288,7 +288,7 @@ def load(cls: type[T], data: Mapping[str, Any], *, where: str = "", rename: Mapp
     instead (the default used), and so is a set that does not go together."""
     where = where or cls.__name__
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    tps = field_types(cls)
+    tps = field_types(cls)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     notes: list[str] = []
     unknown = []
