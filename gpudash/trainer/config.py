@@ -15,12 +15,12 @@ from typing import Any
 
 from gpudash.options import MonitorOptions, cli, load
 from gpudash.trainer.checkpointing import parse_mode
+from gpudash.trainer.estimator import OFFLOADS, PRECISIONS
 from gpudash.trainer.shapes import PRESETS, parse_overrides
 
-__all__ = ["OFFLOADS", "PRECISIONS", "TrainConfig", "WEIGHTS"]
+__all__ = ["TrainConfig"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-OFFLOADS = ("none", "optimizer", "optimizer+grads")
+#: device weight dtypes the trainer runs (the estimator's fine-tune side knows more: int8, nf4)
 WEIGHTS = ("fp32", "bf16")
 
 

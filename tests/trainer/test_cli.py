@@ -73,12 +73,12 @@ def test_monitor_flag_reaches_the_monitor(tmp_path: Path, capsys: pytest.Capture
     import gpudash
 
     assert main(["train", "--steps", "3", "--batch", "2", "--seq-len", "16", "--device", "cpu", "--no-progress",
-                 "--monitor", "activations_every=1", "--monitor", "host_hz=0", "--run-dir", str(tmp_path / "m")]) == 0
+                 "--activations-every", "1", "--host-hz", "0", "--run-dir", str(tmp_path / "m")]) == 0
     r = gpudash.load_run(tmp_path / "m")
     assert r.memory["activations_bytes"].notna().sum() == 2  # every step after the first
     r.close()
-    out = _gpudash("train", "--monitor", "bogus=1")
-    assert out.returncode == 2 and "KEY=VALUE" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = _gpudash("train", "--activations-every", "often")
+    assert out.returncode == 2 and "--activations-every" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_estimate_takes_any_model_shape(capsys: pytest.CaptureFixture[str]) -> None:
