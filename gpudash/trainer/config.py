@@ -113,6 +113,8 @@ class TrainConfig:
                              f"{self.model_overrides.get('block_size', block)}")
         if self.steps < 1:
             raise ValueError("--steps must be >= 1")
+        if self.fallback_after < 1:
+            raise ValueError("--fallback-after must be >= 1 (non-finite steps in a row)")
         parse_mode(self.ckpt)
         for name, allowed in (("precision", PRECISIONS), ("offload", OFFLOADS), ("weights", WEIGHTS)):
             if getattr(self, name) not in allowed:
@@ -139,7 +141,7 @@ class TrainConfig:
             raise ValueError("--min-len must be <= --seq-len")
         if self.lr <= 0:
             raise ValueError("--lr must be > 0")
-        for name in ("memory_cap_gb", "memory_budget_gb", "slow_data_ms", "grad_clip"):
+        for name in ("memory_cap_gb", "memory_budget_gb", "slow_data_ms", "grad_clip", "min_loss_scale", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
