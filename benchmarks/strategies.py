@@ -29,6 +29,7 @@ import results
 import torch
 
 import gpudash
+from gpudash.options import MonitorOptions
 from gpudash.trainer import TrainConfig, train
 
 CATS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
@@ -53,7 +54,7 @@ def run_cell(runs: Path, preset: str, ckpt: str, precision: str, offload: str, a
     cfg = TrainConfig(preset=preset, model_overrides=overrides, steps=args.steps, run_dir=run_dir, name=name,
                       device=args.device, ckpt=ckpt, precision=precision, offload=offload, batch=args.batch,
                       seq_len=args.seq_len, min_len=args.seq_len, seed=0,
-                      monitor_options={"host_hz": 0.0})
+                      monitor=MonitorOptions(host_hz=0.0))
     r = gpudash.load_run(train(cfg))
     try:
         steady = r.steps[r.steps["step"] >= args.warmup]

@@ -2,17 +2,34 @@
 and ``AlertOptions``, nested in it: what raises an alert and where it goes (``Monitor(alerts=...)``,
 ``gpudash run|train|serve --alert-webhook URL``).
 
+Also the one reading of option values from outside Python, for every options dataclass (these and
+``TrainConfig``): :func:`cli` marks how a field shows on the command line (the flags themselves are
+made from the fields, their types and their docs by ``gpudash.commands._flags``), :func:`from_text`
+reads a flag's or a ``KEY=VALUE`` item's text by the field's type, :func:`load` reads a JSON dict (a
+config file, a run's meta) and :func:`options_to_json` / :func:`options_from_json` carry
+MonitorOptions to a ``gpudash run`` child.
+
 Imports nothing from gpudash, so the collectors, the Monitor and the trainer's
 config all read it without importing one another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from functools import cache
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["ALERT_KINDS", "DEFAULT_PORT", "AlertOptions", "MonitorOptions", "alert_options", "check_webhook_url"]
+__all__ = ["ALERT_KINDS", "DEFAULT_PORT", "AlertOptions", "MonitorOptions", "alert_options", "changed",
+           "check_webhook_url", "cli", "field_types", "from_text", "load", "options_from_json", "options_to_json"]
+
+T = TypeVar("T")
 
 #: The dashboard's port when none is asked for (serve, demo, run --serve).
 DEFAULT_PORT = 8050
@@ -135,7 +152,7 @@ class MonitorOptions:
     """py-spy samples per second of this process (0: off)."""
     handle_signals: bool = True
     """Install a SIGTERM handler that flushes and records why the run ended."""
-    alerts: Any = None
+    alerts: Any = dataclasses.field(default=None, metadata={"cli": {"skip": "the --alert flags"}})
     """Alerts during the run (AlertOptions; also True, a webhook URL or a dict of its fields; None: off)."""
 
     def __post_init__(self) -> None:
@@ -151,3 +168,186 @@ class MonitorOptions:
         if self.activations_every < 0 or self.snapshot_every < 0:
             raise ValueError("activations_every and snapshot_every must be >= 0")
         self.alerts = alert_options(self.alerts)
+
+
+# ---- options from outside Python: flags, KEY=VALUE items, JSON ------------------------------------
+def cli(*, flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None,
+        choices: tuple[str, ...] | None = None, repeat: Callable[[list[str]], Any] | None = None,
+        default: Any = dataclasses.MISSING, shown: str | None = None, skip: str | None = None) -> dict[str, Any]:
+    """A field's ``metadata`` for the command line, where the name, type and default do not say it all:
+    ``flag`` another name (``--model``), ``aliases`` older names still read, ``choices`` the values allowed,
+    ``repeat`` a repeatable ``KEY=VALUE`` flag read by this function, ``default`` the command line's own
+    default (a value, or a function that makes it), ``shown`` how --help states it, ``skip`` why no flag."""
+    given = {"flag": flag, "aliases": aliases, "metavar": metavar, "choices": choices, "repeat": repeat,
+             "shown": shown, "skip": skip}
+    out = {k: v for k, v in given.items() if v}
+    if default is not dataclasses.MISSING:
+        out["default"] = default
+    return {"cli": out}
+
+
+@cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Each field's type of dataclass ``cls``, resolved (the modules write ``from __future__ import annotations``)."""
+    return typing.get_type_hints(cls)
+
+
+def _parts(tp: Any) -> tuple[Any, ...]:
+    """``int | None`` -> (int, NoneType); a plain type -> (type,)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def describe(tp: Any) -> str:
+    """How a message names a type: ``a number``, ``a whole number``, ``on or off`` ..."""
+    words = []
+    for part in _parts(tp):
+        if part is type(None):
+            continue
+        origin = typing.get_origin(part)
+        words.append("on or off" if part is bool else "a whole number" if part is int else "a number"
+                     if part is float else "a list like 1,2,3" if origin is tuple else "KEY=VALUE items"
+                     if origin is dict else "a dataclass" if dataclasses.is_dataclass(part) else "text")
+    return " or ".join(dict.fromkeys(words)) or "a value"
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _one_from_text(part: Any, text: str) -> Any:
+    t = text.strip()
+    if part is bool:
+        if t.lower() in _TRUE + _FALSE:
+            return t.lower() in _TRUE
+        raise ValueError
+    if part is int:
+        return int(t)
+    if part is float:
+        x = float(t)
+        if not math.isfinite(x):
+            raise ValueError
+        return x
+    if typing.get_origin(part) is tuple:
+        (item, *_rest) = typing.get_args(part) or (str,)
+        return tuple(_one_from_text(item, bit) for bit in t.split(",") if bit.strip())
+    if part is str or part is Any or isinstance(part, type):
+        return part(t) if part not in (str, Any) else t
+    raise ValueError
+
+
+def from_text(tp: Any, text: str) -> Any:
+    """A flag's (or a ``KEY=VALUE`` item's) text as a value of type ``tp``: ``int | str`` tries int first,
+    ``X | None`` reads ``none`` as None. ValueError ``expected <what>, got <text>`` when nothing fits."""
+    parts = _parts(tp)
+    if type(None) in parts and text.strip().lower() == "none":
+        return None
+    for part in sorted((p for p in parts if p is not type(None)), key=lambda p: p is str or p is Any):
+        try:
+            return _one_from_text(part, text)
+        except (ValueError, TypeError):
+            continue
+    raise ValueError(f"expected {describe(tp)}, got {text!r}")
+
+
+def _from_json(tp: Any, value: Any, where: str, lenient: bool) -> tuple[Any, list[str]]:
+    """A JSON value (or a Python one) as type ``tp``, checked; (value, notes). ValueError when it is not."""
+    for part in _parts(tp):
+        if part is Any:
+            return value, []
+        if part is type(None) and value is None:
+            return None, []
+        if dataclasses.is_dataclass(part) and isinstance(part, type):
+            if isinstance(value, part):
+                return value, []
+            if isinstance(value, Mapping):
+                return load(part, value, where=where, lenient=lenient)
+        if part is bool and isinstance(value, bool):
+            return value, []
+        if part is int and isinstance(value, int) and not isinstance(value, bool):
+            return value, []
+        if part is float and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value), []
+        if part is str and isinstance(value, str):
+            return value, []
+        if typing.get_origin(part) is tuple and isinstance(value, (list, tuple)):
+            (item, *_rest) = typing.get_args(part) or (Any,)
+            return tuple(_from_json(item, v, where, lenient)[0] for v in value), []
+        if typing.get_origin(part) is dict and isinstance(value, Mapping):
+            return dict(value), []
+        if isinstance(part, type) and part not in (bool, int, float, str) and isinstance(value, str):
+            return part(value), []  # a Path written as text
+    raise ValueError(f"{where}: {json.dumps(value, default=str)[:80]} is not {describe(tp)}")
+
+
+def load(cls: type[T], data: Mapping[str, Any], *, where: str = "", rename: Mapping[str, str] | None = None,
+         lenient: bool = False) -> tuple[T, list[str]]:
+    """An options dataclass from a JSON dict (a config file, a run's meta, the environment), each value checked
+    against its field's type; nested dataclasses from nested dicts. Returns (options, notes): a key no field
+    has is left out with a note. A bad value raises ValueError naming it; ``lenient``: noted and left out
+    instead (the default used), and so is a set that does not go together."""
+    where = where or cls.__name__
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    tps = field_types(cls)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    notes: list[str] = []
+    unknown = []
+    for key, value in data.items():
+        name = (rename or {}).get(key, key)
+        if name not in names:
+            unknown.append(key)
+            continue
+        try:
+            kwargs[name], more = _from_json(tps[name], value, f"{where} {key}", lenient)
+            notes += more
+            if lenient:
+                cls(**{name: kwargs[name]})  # the field's own checks, one at a time, so one bad value costs one
+        except (ValueError, TypeError) as exc:
+            if not lenient:
+                raise ValueError(str(exc) if str(exc).startswith(where) else f"{where} {key}: {exc}") from None
+            kwargs.pop(name, None)
+            notes.append(str(exc) if str(exc).startswith(where) else f"{where} {key}: {exc}")
+    if unknown:
+        notes.append(f"{where}: left out unknown key(s) {', '.join(map(repr, unknown))} (fields: {', '.join(names)})")
+    try:
+        return cls(**kwargs), notes
+    except (ValueError, TypeError) as exc:
+        if not lenient:
+            raise ValueError(f"{where}: {exc}") from None
+        return cls(), [*notes, f"{where}: {exc}; using the defaults"]
+
+
+def changed(opts: Any) -> dict[str, Any]:
+    """The fields of options dataclass ``opts`` that differ from their defaults, as JSON values (a nested
+    dataclass as its own changed fields; a tuple as a list)."""
+    out: dict[str, Any] = {}
+    for f in fields(opts):
+        value = getattr(opts, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if value == default:
+            continue
+        out[f.name] = changed(value) if dataclasses.is_dataclass(value) else list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def options_to_json(opts: MonitorOptions) -> str:
+    """MonitorOptions as the text ``gpudash run`` hands its child (the fields that differ from the defaults)."""
+    return json.dumps(changed(opts), sort_keys=True)
+
+
+def options_from_json(text: str | None) -> tuple[MonitorOptions, str | None]:
+    """The MonitorOptions :func:`options_to_json` wrote; (options, one line to say or None). Text that is not
+    a JSON object, or a bad value in it (a hand-edited environment), is said and the default is used: the
+    run records, never a traceback into the user's script."""
+    if not text:
+        return MonitorOptions(), None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return MonitorOptions(), ("the recording options gpudash run passed are not a JSON object "
+                                  f"({len(text)} characters, hand-edited?); recording with the defaults")
+    opts, notes = load(MonitorOptions, data, where="recording option", lenient=True)
+    return opts, ("; ".join(notes) + " (the default used)") if notes else None

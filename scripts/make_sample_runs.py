@@ -68,6 +68,7 @@ def record(run_dir: str | Path, sample: Sample) -> Path:
     """Train ``sample`` into ``run_dir`` (replaced if it exists); a run that dies of OOM is kept."""
     import torch
 
+    from gpudash.options import MonitorOptions
     from gpudash.trainer import TrainConfig, train
 
     run_dir = Path(run_dir)
@@ -75,7 +76,7 @@ def record(run_dir: str | Path, sample: Sample) -> Path:
         shutil.rmtree(run_dir)
     torch.set_num_threads(1)  # tiny matrices: one thread is as fast and shares a CI box
     cfg = TrainConfig(run_dir=run_dir, name=sample.name, device="cpu", seed=0,
-                      monitor_options={"host_hz": 1.0, "activations_every": 1}, **sample.config)
+                      monitor=MonitorOptions(host_hz=1.0, activations_every=1), **sample.config)
     try:
         train(cfg)
     except MemoryError:

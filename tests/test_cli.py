@@ -125,3 +125,37 @@ def test_a_busy_metrics_port_does_not_end_the_training_process(tmp_path: Path, b
     said = run.events[run.events["kind"] == "collector_unavailable"]["message"].tolist()
     assert any(m.startswith("metrics: failed to start") for m in said), said
     run.close()
+
+
+@pytest.mark.parametrize("command", ["serve", "demo", "run"])
+def test_one_set_of_server_flags(command: str) -> None:
+    """serve, demo and run --serve take the same --host/--port/--token/--allow-host, port default DEFAULT_PORT."""
+    from gpudash.cli import build_parser
+    from gpudash.options import DEFAULT_PORT
+
+    args = build_parser(command).parse_args([command])
+    assert (args.host, args.port, args.token, args.allow_host) == ("127.0.0.1", DEFAULT_PORT, None, [])
+    args = build_parser(command).parse_args([command, "--host", "::1", "--port", "0", "--token", "t" * 24,
+                                             "--allow-host", "a.example", "--allow-host", "b.example"])
+    assert (args.host, args.port, args.token, args.allow_host) == ("::1", 0, "t" * 24, ["a.example", "b.example"])
+
+
+@pytest.mark.parametrize("argv", [["serve", "--port", "70000"], ["demo", "--port", "-1"],
+                                  ["run", "--serve", "--port", "99999", "--", "true"]])
+def test_a_port_out_of_range_is_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from gpudash.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--port" in err[0] and "between 1 and 65535" in err[0], err
+
+
+def test_run_serve_beyond_loopback_needs_a_token_before_the_job_starts(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    out = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(tmp_path / "r"), "--serve",
+                          "--host", "0.0.0.0", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in _gpudash_env().items() if k != "GPUDASH_TOKEN"})
+    assert out.returncode == 2 and not marker.exists(), out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("gpudash: error:")]
+    assert len(errors) == 1 and "--token" in errors[0], out.stderr

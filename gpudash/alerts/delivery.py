@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from gpudash._version import __version__
-from gpudash.options import AlertOptions, alert_options
+from gpudash.options import AlertOptions, alert_options, field_types, from_text
 
 if TYPE_CHECKING:
     from gpudash.analysis.alerts import Alert
@@ -45,40 +45,29 @@ def say(msg: str) -> None:
 
 
 # ---- the command line: one path for run, train and serve ---------------------------------------------
-def add_alert_arguments(p: argparse.ArgumentParser) -> None:
+def add_alert_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--alert-webhook", default=None, metavar="URL",
                    help="alert during the run: POST each alert (NaN loss, spike, OOM, stall, memory near the card, "
                         "allocator retries, straggler, precision fallback, crash) as JSON to URL (Slack, Discord "
                         "or any http(s) receiver); alerts also go to stderr, the desktop and the run's events")
     p.add_argument("--alert", action="append", default=[], metavar="KEY=VALUE",
-                   help="an alert option (turns alerts on), e.g. cooldown_s=60, headroom_pct=10, stall_factor=20, "
-                        "kinds=nonfinite,oom,crashed, desktop=false (repeatable)")
+                   help=f"an AlertOptions field (turns alerts on; repeatable): {', '.join(f.name for f in fields(AlertOptions))}"
+                        "; e.g. cooldown_s=60, headroom_pct=10, kinds=nonfinite,oom,crashed, desktop=false")
 
 
 def _parse_alert_items(items: list[str]) -> dict[str, Any]:
-    kinds = {f.name: str(f.type) for f in fields(AlertOptions)}
+    """``["cooldown_s=60", "kinds=oom,crashed"]`` -> AlertOptions fields, each read by its field's type."""
+    types = field_types(AlertOptions)
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in kinds:
-            raise ValueError(f"--alert {item!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}")
-        kind, value = kinds[key], value.strip()
+        if not sep or key not in types:
+            raise ValueError(f"--alert {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}")
         try:
-            if key == "kinds":
-                out[key] = tuple(k.strip() for k in value.split(",") if k.strip())
-            elif "bool" in kind:
-                if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                    raise ValueError
-                out[key] = value.lower() in ("1", "true", "yes", "on")
-            elif "int" in kind:
-                out[key] = int(value)
-            elif "float" in kind:
-                out[key] = float(value)
-            else:
-                out[key] = value
-        except ValueError:
-            raise ValueError(f"--alert {item!r}: {value!r} is not a valid {kind}") from None
+            out[key] = from_text(types[key], value)
+        except ValueError as exc:
+            raise ValueError(f"--alert {item!r}: {exc}") from None
     return out
 
 

@@ -16,9 +16,9 @@ import json
 import textwrap
 from typing import Any
 
-from gpudash.commands.train import positive_float, positive_int
+from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
-from gpudash.trainer.estimator import estimate, explain, fmt_gb, what_fits
+from gpudash.trainer.estimator import OFFLOADS, PRECISIONS, estimate, explain, fmt_gb, what_fits
 from gpudash.trainer.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
 from gpudash.trainer.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
 from gpudash.trainer.shapes import PRESETS, parse_overrides, preset
@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence length (default: the preset's block size; 512 for a Hugging Face config)")
     p.add_argument("--accum", type=positive_int, default=1, help="gradient-accumulation micro-steps (default: 1)")
     p.add_argument("--ckpt", default="none", help="none, block, every-N, attn, mlp")
-    p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16")
-    p.add_argument("--offload", default="none", help="none, optimizer or optimizer+grads")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="(default: fp32)")
+    p.add_argument("--offload", default="none", choices=OFFLOADS, help="state in host memory (default: none)")
     p.add_argument("--weights", default="",
                    help="weight dtype: fp32 or bf16 (GPT: bf16 needs --offload); HF models also fp16, int8, nf4 "
                         "(default fp32; lora in 16-bit bf16; qlora nf4)")

@@ -15,7 +15,6 @@ gpudash's own messages go to stderr, prefixed ``gpudash:``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -26,12 +25,13 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
 from urllib.parse import quote
 
 import gpudash
+from gpudash.commands._flags import add_fields, add_server_arguments
+from gpudash.commands.train import monitor_from_args
 from gpudash.errors import UserError
-from gpudash.options import DEFAULT_PORT
+from gpudash.options import DEFAULT_PORT, MonitorOptions, options_to_json
 from gpudash.zerocode.agent import ENV_OPTIONS, ENV_RUN_DIR, say
 
 __all__ = ["add_arguments", "child_env", "default_run_name", "run"]
@@ -40,16 +40,16 @@ BOOT_DIR = Path(gpudash.__file__).resolve().parent / "zerocode" / "_boot"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.usage = "gpudash run [--run-dir DIR] [--serve] [--port PORT] [--snapshot-every N] -- COMMAND [ARGS ...]"
+    p.usage = "gpudash run [--run-dir DIR] [--serve [--port PORT] ...] [recording flags] -- COMMAND [ARGS ...]"
     p.add_argument("--run-dir", type=Path, default=None,
                    help="where to record (default: runs/<script>-<date>-<time>)")
     p.add_argument("--serve", action="store_true", help="serve the live dashboard beside the job and print its URL")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"dashboard port with --serve (default: {DEFAULT_PORT}; busy: a free one)")
-    p.add_argument("--snapshot-every", type=int, default=0, metavar="N",
-                   help="take an allocator snapshot every N steps (CUDA; default 0: only at OOM)")
+    add_server_arguments(p.add_argument_group("the dashboard, with --serve"), busy="when busy, a free one")
     from gpudash.alerts.delivery import add_alert_arguments
 
-    add_alert_arguments(p)
+    add_fields(p.add_argument_group("recording (gpudash.MonitorOptions, for every process of COMMAND)"),
+               MonitorOptions, "monitor")
+    add_alert_arguments(p.add_argument_group("alerts (gpudash.AlertOptions)"))
     p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the training command, unchanged: python train.py ..., python -m pkg.train, torchrun ...")
 
@@ -73,7 +73,7 @@ def _in_site_packages(path: Path) -> bool:
     return any(part in ("site-packages", "dist-packages") for part in path.parts)
 
 
-def child_env(base: dict[str, str], run_dir: Path, options: dict[str, Any]) -> dict[str, str]:
+def child_env(base: dict[str, str], run_dir: Path, options: MonitorOptions) -> dict[str, str]:
     """The environment COMMAND runs in: the boot folder first on PYTHONPATH (the user's
     entries kept after it), gpudash's source tree last when it is not installed, and
     where and how to record."""
@@ -84,26 +84,27 @@ def child_env(base: dict[str, str], run_dir: Path, options: dict[str, Any]) -> d
         parts.append(str(source))  # a source checkout: the child imports this gpudash too
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env[ENV_RUN_DIR] = str(run_dir)
-    env[ENV_OPTIONS] = json.dumps(options)
+    env[ENV_OPTIONS] = options_to_json(options)  # read back by gpudash.zerocode.agent (options_from_json)
     return env
 
 
-def _free_port(preferred: int) -> int:
+def _free_port(host: str, preferred: int) -> int:
     for port in (preferred, 0):
-        with socket.socket() as s:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((host, port))
             except OSError:
                 continue
             return int(s.getsockname()[1])
-    raise UserError("no free port for the dashboard; pass --port")
+    raise UserError(f"no free port for the dashboard on {host}; pass --port")
 
 
-def _announce_when_up(port: int, url: str, server: subprocess.Popen[bytes]) -> None:
+def _announce_when_up(host: str, port: int, url: str, server: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
     while time.monotonic() < deadline and server.poll() is None:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((probe, port), timeout=1):
                 say(f"dashboard at {url}")
                 return
         except OSError:
@@ -112,14 +113,27 @@ def _announce_when_up(port: int, url: str, server: subprocess.Popen[bytes]) -> N
         "the dashboard did not start (is gpudash installed with its dashboard?)")
 
 
-def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path, port: int) -> int:
-    asked, port = port, _free_port(port)
+def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path, args: argparse.Namespace) -> int:
+    from gpudash.server.access import TOKEN_ENV, check_bind, resolve_token, token_from_env
+
+    token = resolve_token(args.token)
+    check_bind(args.host, token)  # before the job starts: exposing the runs needs a token
+    asked, port = args.port, _free_port(args.host, args.port)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
     if port != asked and asked:
-        say(f"port {asked} is busy; dashboard on http://127.0.0.1:{port}/")
-    server = subprocess.Popen([sys.executable, "-m", "gpudash", "serve", str(run_dir.parent), "--port", str(port)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/run/{quote(run_dir.name)}"
-    threading.Thread(target=_announce_when_up, args=(port, url, server), daemon=True).start()
+        say(f"port {asked} is busy; dashboard on http://{shown}:{port}/")
+    server_env = dict(os.environ)
+    if token is not None:
+        server_env[TOKEN_ENV] = token  # to the server by its environment: a token in argv shows in `ps`
+    argv = [sys.executable, "-m", "gpudash", "serve", str(run_dir.parent), "--host", args.host, "--port", str(port)]
+    for name in args.allow_host:
+        argv += ["--allow-host", name]
+    server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=server_env)
+    url = f"http://{shown}:{port}/run/{quote(run_dir.name)}"
+    if token is not None:  # a token kept in the environment is never printed
+        url += f"?token=${TOKEN_ENV}" if token_from_env(args.token) else f"?token={quote(token)}"
+    threading.Thread(target=_announce_when_up, args=(args.host, port, url, server), daemon=True).start()
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -155,25 +169,21 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UserError("give the command to run after --, e.g. gpudash run -- python train.py")
-    if args.snapshot_every < 0:
-        raise UserError("--snapshot-every must be >= 0")
+    server_flags = [flag for flag, given in (("--host", args.host != "127.0.0.1"), ("--port", args.port != DEFAULT_PORT),
+                                             ("--token", args.token is not None), ("--allow-host", args.allow_host))
+                    if given]
+    if server_flags and not args.serve:
+        raise UserError(f"{', '.join(server_flags)} set(s) the dashboard served beside the job: add --serve, "
+                        "or leave them out")
     run_dir = (args.run_dir or Path("runs") / default_run_name(command)).resolve()
-    options: dict[str, Any] = {"snapshot_every": args.snapshot_every} if args.snapshot_every else {}
-    from gpudash.alerts.delivery import alerts_from_args
-
-    try:
-        alerts = alerts_from_args(args)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if alerts is not None:
-        options["alerts"] = alerts
+    options = monitor_from_args(args)
     env = child_env(dict(os.environ), run_dir, options)
     program = shutil.which(command[0], path=env.get("PATH"))
     if program is None:
         raise UserError(f"{command[0]}: command not found")
     say(f"recording into {run_dir}")
     if args.serve:
-        return _serve_and_wait([program, *command[1:]], env, run_dir, args.port)
+        return _serve_and_wait([program, *command[1:]], env, run_dir, args)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

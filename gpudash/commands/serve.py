@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from gpudash.commands._flags import add_server_arguments
 from gpudash.errors import UserError
-from gpudash.options import DEFAULT_PORT
 from gpudash.server.access import TOKEN_ENV, resolve_token, token_from_env
 from gpudash.server.app import serve_in_thread
 
@@ -17,14 +17,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs_dir", nargs="?", type=Path, default=Path("runs"),
                    help="a directory of runs (default: runs)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
-    p.add_argument("--token", default=None,
-                   help=f"require this token on every page and API call (default: ${TOKEN_ENV}); "
-                        "needed to bind anything but loopback")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="also answer requests addressed to NAME (a DNS name or proxy in front of the server); "
-                        "'*' answers any (default: loopback names and the bound address only)")
+    add_server_arguments(p)
     p.add_argument("--metrics", action="store_true",
                    help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
     from gpudash.alerts.delivery import add_alert_arguments
@@ -55,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
         alert_opts = alerts_from_args(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if not 0 <= args.port < 65536:
-        raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
     try:
         url, stop = serve_in_thread(runs_dir, args.host, args.port, token, metrics=args.metrics,
                                     allow_hosts=args.allow_host, head_start=True)

@@ -2,153 +2,67 @@
 
     gpudash train --preset tiny --steps 50 --ckpt block --precision bf16 --run-dir runs/tiny-block
 
-Testing aids (documented, off by default): ``--memory-budget-gb`` and
-``--inject-oom-at-batch`` make OOMs happen on a CPU, ``--inject-nan-at-step``
-makes the loss non-finite, ``--slow-data-ms`` makes the run input-bound.
+Every flag is a field of ``TrainConfig`` or ``MonitorOptions`` (made from the fields: name, type,
+default and help), plus the alert flags. Testing aids (documented, off by default):
+``--memory-budget-gb`` and ``--inject-oom-at-batch`` make OOMs happen on a CPU,
+``--inject-nan-at-steps`` makes the loss non-finite, ``--slow-data-ms`` makes the run input-bound.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
+from gpudash.commands._flags import (
+    add_fields,
+    fields_from_args,
+    flags_error,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+)
 from gpudash.errors import UserError
 
-__all__ = ["add_arguments", "nonnegative_float", "positive_float", "positive_int", "run", "summary_lines"]
-
-
-def positive_int(text: str) -> int:
-    """A flag that counts something (steps, tokens, samples): a whole number >= 1. 0 is refused
-    rather than read as "the default", which is what leaving the flag out gives."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n} (leave the flag out for the default)")
-    return n
-
-
-def _float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if x != x or x in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return x
-
-
-def positive_float(text: str) -> float:
-    """A size or rate (GB, TFLOP/s): a finite number > 0."""
-    x = _float(text)
-    if x <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text} (leave the flag out for the default)")
-    return x
-
-
-def nonnegative_float(text: str) -> float:
-    """A finite number >= 0 (0: off, as the flag's help says)."""
-    x = _float(text)
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return x
-
-
-def _steps_list(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected step numbers like 5,6,7, got {text!r}") from None
-    if any(s < 0 for s in out):
-        raise argparse.ArgumentTypeError("step numbers must be >= 0")
-    return out
+__all__ = ["add_arguments", "config_from_args", "nonnegative_float", "positive_float", "positive_int", "run",
+           "summary_lines"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpudash.trainer.model import PRESETS
-
-    p.add_argument("--preset", default="tiny", help=f"model shape: {', '.join(PRESETS)} (default: tiny)")
-    p.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
-                   help="change the preset's shape, e.g. --model n_layer=2 (repeatable)")
-    p.add_argument("--steps", type=positive_int, default=50, help="optimizer steps (default: 50)")
-    p.add_argument("--ckpt", default="none", help="gradient checkpointing: none, block, every-N, attn, mlp")
-    p.add_argument("--precision", default="fp32", help="fp32, bf16 or fp16 (default: fp32)")
-    p.add_argument("--offload", default="none", help="none, optimizer or optimizer+grads (default: none)")
-    p.add_argument("--weights", default="fp32", help="device weight dtype fp32 or bf16 (bf16 needs --offload)")
-    p.add_argument("--batch", default="auto", help="micro-batch: auto (estimator, then adaptive) or N")
-    p.add_argument("--effective-batch", type=positive_int, default=0,
-                   help="samples per optimizer step (default: N for --batch N, 16 for auto)")
-    p.add_argument("--max-micro-batch", type=positive_int, default=0, help="cap for the adaptive micro-batch")
-    p.add_argument("--seq-len", type=positive_int, default=0, help="longest sample in tokens (default: preset block size)")
-    p.add_argument("--min-len", type=positive_int, default=0, help="shortest sample (default: seq-len / 2)")
-    p.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default: 1e-3)")
-    p.add_argument("--grad-clip", type=nonnegative_float, default=1.0, help="clip the gradient norm (0: off)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=0,
-                   help="CPU threads (default: 1 below 20 M parameters, else torch's default)")
-    p.add_argument("--run-dir", type=Path, default=None, help="run directory (default: runs/train-<time>)")
-    p.add_argument("--name", default=None, help="run name shown in the dashboard")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    p.add_argument("--memory-cap-gb", type=positive_float, default=0.0,
-                   help="CUDA: behave like a card of this size (set_per_process_memory_fraction)")
-    p.add_argument("--memory-budget-gb", type=positive_float, default=0.0,
-                   help="CPU testing aid: OOM when measured bytes exceed this")
-    p.add_argument("--inject-oom-at-batch", type=positive_int, default=0, metavar="N",
-                   help="testing aid: raise OutOfMemoryError in forward while the micro-batch is >= N")
-    p.add_argument("--inject-nan-at-step", type=_steps_list, default=(), metavar="N[,M...]",
-                   help="testing aid: make the loss non-finite at these steps")
-    p.add_argument("--inject-spike-at-step", type=_steps_list, default=(), metavar="N[,M...]",
-                   help="testing aid: multiply the loss by 8 at these steps (a loss spike)")
-    p.add_argument("--monitor", action="append", default=[], metavar="KEY=VALUE",
-                   help="a Monitor option, e.g. activations_every=1 or snapshot_every=10 (repeatable)")
-    p.add_argument("--slow-data-ms", type=nonnegative_float, default=0.0, metavar="MS",
-                   help="testing aid: sleep in the data phase of every step (input-bound run)")
-    p.add_argument("--fallback-after", type=positive_int, default=3, help="non-finite steps in a row before fp32 fallback")
-    p.add_argument("--min-loss-scale", type=nonnegative_float, default=1.0, help="fp16: fall back to fp32 below this loss scale")
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    """One flag per TrainConfig field and per MonitorOptions field, made from the fields (see _flags)."""
     from gpudash.alerts.delivery import add_alert_arguments
+    from gpudash.options import MonitorOptions
+    from gpudash.trainer.config import TrainConfig
 
-    add_alert_arguments(p)
+    add_fields(p.add_argument_group("training (gpudash.trainer.TrainConfig)"), TrainConfig, "train",
+               skip=("monitor",))
+    add_fields(p.add_argument_group("recording (gpudash.MonitorOptions)"), MonitorOptions, "monitor")
+    add_alert_arguments(p.add_argument_group("alerts (gpudash.AlertOptions)"))
 
 
-def _monitor_options(items: list[str], args: argparse.Namespace | None = None) -> dict[str, Any]:
+def monitor_from_args(args: argparse.Namespace) -> Any:
+    """The MonitorOptions the recording and alert flags ask for (``gpudash train`` and ``gpudash run``)."""
     from gpudash.alerts.delivery import alerts_from_args
     from gpudash.options import MonitorOptions
-    from gpudash.trainer.shapes import parse_fields
 
     try:
-        out = parse_fields(items, MonitorOptions, "--monitor", what="KEY")
-        alerts = alerts_from_args(args) if args is not None else None
+        given = fields_from_args(args, MonitorOptions, "monitor")
+        alerts = alerts_from_args(args)
+        if alerts is not None:
+            given["alerts"] = alerts
+        return MonitorOptions(**given)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if alerts is not None:
-        out["alerts"] = alerts
-    return out
+        raise flags_error(exc, MonitorOptions) from None
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from gpudash.trainer.config import TrainConfig
-    from gpudash.trainer.shapes import parse_overrides
 
-    run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    monitor = monitor_from_args(args)
     try:
-        return TrainConfig(
-            preset=args.preset, model_overrides=parse_overrides(args.model), steps=args.steps, run_dir=run_dir, name=args.name, device=args.device,
-            ckpt=args.ckpt, precision=args.precision, offload=args.offload, weights=args.weights,
-            batch=args.batch, effective_batch=args.effective_batch, max_micro_batch=args.max_micro_batch,
-            seq_len=args.seq_len, min_len=args.min_len, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed,
-            threads=args.threads,
-            memory_cap_gb=args.memory_cap_gb, memory_budget_gb=args.memory_budget_gb,
-            inject_oom_at_batch=args.inject_oom_at_batch, inject_nan_at_steps=args.inject_nan_at_step,
-            inject_spike_at_steps=args.inject_spike_at_step, monitor_options=_monitor_options(args.monitor, args),
-            slow_data_ms=args.slow_data_ms, fallback_after=args.fallback_after,
-            min_loss_scale=args.min_loss_scale, progress=not args.no_progress,
-        )
+        return TrainConfig(**fields_from_args(args, TrainConfig, "train"), monitor=monitor)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise flags_error(exc, TrainConfig) from None
 
 
 def summary_lines(run_dir: Path) -> list[str]:

@@ -410,9 +410,8 @@ class Trainer:
         cfg = self.cfg
         self.build()
         run_dir = Path(cfg.run_dir)
-        opts = dict(cfg.monitor_options)
         with Monitor(run_dir, name=cfg.name or run_dir.name, config=cfg.to_dict(), total_steps=cfg.steps,
-                     **opts) as mon:
+                     options=cfg.monitor) as mon:
             mon.watch(self.model, self.optimizer)
             mon.set_meta(trainer={"preset": cfg.preset, "model": self.model_cfg.to_dict(),
                                   "params": self.model_cfg.n_params(), "seq_len": self.seq_len,

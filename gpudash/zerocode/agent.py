@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import os
 import sys
 import threading
@@ -411,11 +410,12 @@ def get_agent() -> Agent | None:
             run_dir = os.environ.get(ENV_RUN_DIR)
             if not run_dir:
                 return None
-            try:
-                options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
-            except ValueError:
-                options = {}
-            _agent = Agent(run_dir, options)
+            from gpudash.options import options_from_json  # stdlib only: cheap in every process of the job
+
+            options, problem = options_from_json(os.environ.get(ENV_OPTIONS))
+            if problem and os.environ.get("RANK", "0") == "0":  # once for the job, not once per rank
+                say(problem)
+            _agent = Agent(run_dir, {"options": options})
         return _agent
 
 

@@ -112,10 +112,11 @@ def test_parse_both_message_formats() -> None:
 
 def test_injected_oom_is_named_as_a_testing_aid(tmp_path: Path) -> None:
     import gpudash
+    from gpudash.options import MonitorOptions
     from gpudash.trainer import TrainConfig, train
 
     train(TrainConfig(run_dir=tmp_path / "inj", device="cpu", steps=4, batch=4, effective_batch=4,
-                      inject_oom_at_batch=4, monitor_options={"host_hz": 0}))
+                      inject_oom_at_batch=4, monitor=MonitorOptions(host_hz=0)))
     run = gpudash.load_run(tmp_path / "inj")
     assert {r.verdict for r in oom_reports(run)} == {"injected"}
 

@@ -73,12 +73,12 @@ def test_monitor_flag_reaches_the_monitor(tmp_path: Path, capsys: pytest.Capture
     import gpudash
 
     assert main(["train", "--steps", "3", "--batch", "2", "--seq-len", "16", "--device", "cpu", "--no-progress",
-                 "--monitor", "activations_every=1", "--monitor", "host_hz=0", "--run-dir", str(tmp_path / "m")]) == 0
+                 "--activations-every", "1", "--host-hz", "0", "--run-dir", str(tmp_path / "m")]) == 0
     r = gpudash.load_run(tmp_path / "m")
     assert r.memory["activations_bytes"].notna().sum() == 2  # every step after the first
     r.close()
-    out = _gpudash("train", "--monitor", "bogus=1")
-    assert out.returncode == 2 and "KEY=VALUE" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = _gpudash("train", "--activations-every", "often")
+    assert out.returncode == 2 and "--activations-every" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_estimate_takes_any_model_shape(capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,11 +112,13 @@ def test_progress_line_has_elapsed_and_eta() -> None:
     (["estimate", "--card-gb", "24", "--pcie-gbps", "-1"], "--pcie-gbps"),
     (["estimate", "--card-gb", "24", "--tflops", "0"], "--tflops"),
     (["estimate", "--seq-len", "4096"], "block_size=4096"),  # tiny's block is 64: say how to ask for more
-    (["train", "--seq-len", "0"], "--seq-len"),
-    (["train", "--effective-batch", "0"], "--effective-batch"),
-    (["train", "--threads", "0"], "--threads"),
+    # train's flags are TrainConfig's fields: 0 means what the field's doc (and --help) says, below 0 is refused
+    (["train", "--seq-len", "-1"], "--seq-len"),
+    (["train", "--effective-batch", "-2"], "--effective-batch"),
+    (["train", "--threads", "-1"], "--threads"),
     (["train", "--lr", "0"], "--lr"),
-    (["train", "--memory-cap-gb", "0"], "--memory-cap-gb"),
+    (["train", "--memory-cap-gb", "-1"], "--memory-cap-gb"),
+    (["train", "--weight-decay", "-0.1"], "--weight-decay"),
     (["train", "--fallback-after", "0"], "--fallback-after"),
     (["train", "--grad-clip", "-1"], "--grad-clip"),
 ])

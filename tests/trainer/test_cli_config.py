@@ -1,95 +1,143 @@
-"""``gpudash train``'s flags and TrainConfig's fields stay one set: every flag reaches its
-field, every field is a flag or deliberately left off the command line, defaults agree."""
+"""``gpudash train``'s flags are TrainConfig's and MonitorOptions' fields: every field is a flag (found by
+parsing real argv, never argparse's internals), each flag reaches its field, leaving a flag out gives the
+field's own default, --help says every flag with its field's doc, and a bad value is one line naming the flag."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpudash.commands.train import (
-    _steps_list,
-    add_arguments,
-    config_from_args,
-    nonnegative_float,
-    positive_float,
-    positive_int,
-)
+from gpudash.cli import build_parser, main
+from gpudash.commands._flags import field_docs
+from gpudash.commands.train import config_from_args
+from gpudash.options import AlertOptions, MonitorOptions
 from gpudash.trainer.config import TrainConfig
 
-#: flag dest -> TrainConfig field, where the names differ
-RENAMED = {"model": "model_overrides", "inject_nan_at_step": "inject_nan_at_steps",
-           "inject_spike_at_step": "inject_spike_at_steps", "monitor": "monitor_options", "no_progress": "progress",
-           "alert_webhook": "monitor_options", "alert": "monitor_options"}  # alerts are Monitor options
-#: fields with no flag (library-only knobs)
-NOT_ON_CLI = {"samples", "warmup_steps", "weight_decay", "spike_factor"}
-#: the CLI's default differs from the library's on purpose
+#: field -> flag, where the flag is not --field-name
+RENAMED = {"model_overrides": "--model"}
+#: the command line's default differs from the library's on purpose
 CLI_DEFAULTS = {"run_dir", "progress"}
-#: a valid non-default value for each string flag: argv, and the field's expected value
-STRINGS: dict[str, tuple[list[str], Any]] = {
-    "preset": (["--preset", "small"], "small"),
-    "ckpt": (["--ckpt", "block"], "block"),
-    "precision": (["--precision", "bf16"], "bf16"),
-    "offload": (["--offload", "optimizer"], "optimizer"),
-    "weights": (["--weights", "bf16", "--offload", "optimizer", "--precision", "bf16"], "bf16"),
-    "batch": (["--batch", "4"], 4),
-    "name": (["--name", "x"], "x"),
-    "device": (["--device", "cpu"], "cpu"),
-    "model": (["--model", "n_layer=2"], {"n_layer": 2}),
-    "monitor": (["--monitor", "snapshot_every=10"], {"snapshot_every": 10}),
-    "alert_webhook": (["--alert-webhook", "http://127.0.0.1:9/hook"], {"alerts": {"webhook": "http://127.0.0.1:9/hook"}}),
-    "alert": (["--alert", "cooldown_s=5", "--alert", "kinds=nonfinite,oom"],
-              {"alerts": {"cooldown_s": 5.0, "kinds": ["nonfinite", "oom"]}}),
+#: a valid non-default value for fields whose type alone gives none: argv after the flag, and the value
+SAMPLES: dict[str, tuple[list[str], Any]] = {
+    "preset": (["small"], "small"),
+    "model_overrides": (["n_layer=2", "--model", "n_head=2"], {"n_layer": 2, "n_head": 2}),
+    "run_dir": (["runs/elsewhere"], Path("runs/elsewhere")),
+    "name": (["x"], "x"),
+    "device": (["cpu"], "cpu"),
+    "ckpt": (["block"], "block"),
+    "precision": (["bf16"], "bf16"),
+    "offload": (["optimizer"], "optimizer"),
+    "weights": (["bf16", "--offload", "optimizer", "--precision", "bf16"], "bf16"),
+    "batch": (["4"], 4),
+    "inject_nan_at_steps": (["3,4"], (3, 4)),
+    "inject_spike_at_steps": (["5"], (5,)),
 }
 
 
-def _actions() -> list[argparse.Action]:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return [a for a in p._actions if a.dest != "help"]
+def _fields() -> list[tuple[type, dataclasses.Field[Any]]]:
+    return [(cls, f) for cls in (TrainConfig, MonitorOptions) for f in dataclasses.fields(cls)
+            if (cls, f.name) not in ((TrainConfig, "monitor"), (MonitorOptions, "alerts"))]
 
 
-def _config(argv: list[str]) -> TrainConfig:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    cfg = config_from_args(p.parse_args(argv))
+def _parse(argv: list[str]) -> TrainConfig:
+    cfg = config_from_args(build_parser("train").parse_args(["train", *argv]))
     assert isinstance(cfg, TrainConfig)
     return cfg
 
 
-def test_every_flag_is_a_field_and_every_field_a_flag() -> None:
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    flags = {RENAMED.get(a.dest, a.dest) for a in _actions()}
-    assert flags - fields == set(), "flags with no TrainConfig field"
-    assert fields - flags == NOT_ON_CLI, "TrainConfig fields with no flag (add one, or list them in NOT_ON_CLI)"
+def _value(cfg: TrainConfig, cls: type, name: str) -> Any:
+    return getattr(cfg.monitor if cls is MonitorOptions else cfg, name)
 
 
-def test_defaults_agree() -> None:
-    cli, lib = _config([]), TrainConfig()
+def _sample(cls: type, f: dataclasses.Field[Any]) -> tuple[list[str], Any]:
+    flag = RENAMED.get(f.name, "--" + f.name.replace("_", "-"))
+    if f.name in SAMPLES:
+        rest, expected = SAMPLES[f.name]
+        return [flag, *rest], expected
+    tp = typing.get_type_hints(cls)[f.name]
+    if tp is bool:  # --x / --no-x, away from the command line's default
+        default = _value(_parse([]), cls, f.name)
+        return [("--no-" if default else "--") + f.name.replace("_", "-")], not default
+    if tp in (int, float):
+        expected = tp(f.default) + 2
+        return [flag, str(expected)], expected
+    raise AssertionError(f"{cls.__name__}.{f.name}: add a sample value to SAMPLES")
+
+
+@pytest.mark.parametrize(("cls", "field"), _fields(), ids=lambda x: getattr(x, "name", None) or x.__name__)
+def test_each_field_is_a_flag_that_reaches_it(cls: type, field: dataclasses.Field[Any]) -> None:
+    argv, expected = _sample(cls, field)
+    value = _value(_parse(argv), cls, field.name)
+    assert value == expected and value != _value(_parse([]), cls, field.name), f"{argv} does not reach {field.name}"
+
+
+def test_alert_flags_reach_the_monitors_alert_options() -> None:
+    cfg = _parse(["--alert-webhook", "http://127.0.0.1:9/hook", "--alert", "cooldown_s=5",
+                  "--alert", "kinds=nonfinite,oom", "--alert", "desktop=off"])
+    assert cfg.monitor.alerts == AlertOptions(webhook="http://127.0.0.1:9/hook", cooldown_s=5.0,
+                                              kinds=("nonfinite", "oom"), desktop=False)
+    assert _parse([]).monitor.alerts is None
+
+
+def test_leaving_every_flag_out_gives_the_dataclasses_defaults() -> None:
+    cli, lib = _parse([]), TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         if f.name not in CLI_DEFAULTS:
             assert getattr(cli, f.name) == getattr(lib, f.name), f.name
+    assert cli.progress is True and str(cli.run_dir).startswith("runs/train-")
 
 
-@pytest.mark.parametrize("action", _actions(), ids=lambda a: a.dest)
-def test_each_flag_reaches_its_field(action: argparse.Action) -> None:
-    field = RENAMED.get(action.dest, action.dest)
-    flag = action.option_strings[0]
-    if action.dest in STRINGS:
-        argv, expected = STRINGS[action.dest]
-    elif isinstance(action, argparse._StoreTrueAction):
-        argv, expected = [flag], not action.dest.startswith("no_")  # --no-x turns x off
-    elif action.type is _steps_list:
-        argv, expected = [flag, "3,4"], (3, 4)
-    elif action.type is Path:
-        argv, expected = [flag, "runs/elsewhere"], Path("runs/elsewhere")
-    elif action.type in (int, float, positive_int, positive_float, nonnegative_float):
-        expected = (int if action.type in (int, positive_int) else float)(action.default) + 2
-        argv = [flag, str(expected)]
-    else:
-        pytest.fail(f"{flag}: add a sample value to STRINGS")
-    value = getattr(_config(argv), field)
-    assert value == expected and value != getattr(_config([]), field), f"{flag} does not reach {field}"
+def test_old_flag_names_still_read() -> None:
+    assert _parse(["--inject-nan-at-step", "2,3"]).inject_nan_at_steps == (2, 3)
+    assert _parse(["--no-progress"]).progress is False
+
+
+def test_help_says_every_flag_with_its_fields_doc(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for cls, f in _fields():
+        doc = field_docs(cls)[f.name]
+        assert doc, f"{cls.__name__}.{f.name} has no docstring (it is the flag's --help line)"
+        assert RENAMED.get(f.name, "--" + f.name.replace("_", "-")) in text
+        words = doc.rstrip(".").split()[:4]  # the doc's start, its field names said as flags
+        names = {g.name for g in dataclasses.fields(cls) if "_" in g.name}  # as the help says them
+        assert " ".join(("--" + w.replace("_", "-")) if w in names else w for w in words) in text, f.name
+    assert "(default: 50)" in text and "{fp32,bf16,fp16}" in text and "--alert-webhook" in text
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--memory-every", "0"], "--memory-every must be >= 1"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--steps", "many"], "argument --steps: expected a whole number, got 'many'"),
+    (["--host-hz", "nan"], "argument --host-hz: expected a number"),
+    (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+    (["--batch", "lots"], "--batch must be 'auto' or a positive integer"),
+    (["--batch", "0"], "--batch must be >= 1"),
+    (["--model", "depth=2"], "--model 'depth=2': expected FIELD=VALUE"),
+    (["--alert", "cooldown_s=soon"], "--alert 'cooldown_s=soon': expected a number"),
+    (["--threads", "-1"], "--threads must be >= 0"),
+    (["--weights", "bf16"], "--weights bf16 needs --offload"),
+])
+def test_a_bad_value_is_one_line_naming_the_flag(argv: list[str], said: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpudash: error: ") and said in err[0], err
+
+
+def test_a_recorded_config_reads_back_old_monitor_options_included() -> None:
+    cfg = TrainConfig(steps=7, monitor=MonitorOptions(host_hz=0.0, alerts={"cooldown_s": 5}))
+    again, notes = TrainConfig.from_dict(cfg.to_dict())
+    assert again == cfg and notes == []
+    old = {**{k: v for k, v in cfg.to_dict().items() if k != "monitor"},
+           "monitor_options": {"host_hz": 0, "snapshot_every": 3, "retired_knob": 1}}
+    again, notes = TrainConfig.from_dict(old)
+    assert again.monitor == MonitorOptions(host_hz=0.0, snapshot_every=3)
+    assert len(notes) == 1 and "retired_knob" in notes[0] and "left out" in notes[0]
+    with pytest.raises(ValueError, match="config steps"):
+        TrainConfig.from_dict({"steps": "ten"})

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 import gpudash
+from gpudash.options import MonitorOptions
 from gpudash.trainer.loop import _SpikeDetector
 
 
 def test_tiny_preset_trains_50_steps_under_the_monitor(run_train) -> None:  # type: ignore[no-untyped-def]
-    r = run_train("tiny", steps=50, monitor_options={"host_hz": 0.0, "handle_signals": False})
+    r = run_train("tiny", steps=50, monitor=MonitorOptions(host_hz=0.0, handle_signals=False))
     assert r.status == "finished"
     s = r.steps
     assert s["step"].tolist() == list(range(50))
@@ -40,7 +41,7 @@ def test_train_returns_the_run_dir(tmp_path: Path) -> None:
     from gpudash.trainer import TrainConfig, train
 
     out = train(TrainConfig(run_dir=tmp_path / "x", steps=1, batch=1, seq_len=8, device="cpu",
-                            monitor_options={"host_hz": 0.0, "handle_signals": False}))
+                            monitor=MonitorOptions(host_hz=0.0, handle_signals=False)))
     assert out == tmp_path / "x"
     r = gpudash.load_run(out)
     assert len(r.steps) == 1 and r.status == "finished"
@@ -84,5 +85,7 @@ def test_injected_spike_is_detected(run_train) -> None:  # type: ignore[no-untyp
 def test_monitor_options_are_checked_up_front() -> None:
     from gpudash.trainer import TrainConfig
 
-    with pytest.raises(ValueError, match="Monitor option"):
-        TrainConfig(monitor_options={"no_such_option": 1})
+    with pytest.raises(ValueError, match="memory_every must be >= 1"):
+        TrainConfig(monitor=MonitorOptions(memory_every=0))
+    with pytest.raises(ValueError, match="pass MonitorOptions"):
+        TrainConfig(monitor={"host_hz": 0})  # type: ignore[arg-type]

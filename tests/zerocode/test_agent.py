@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from gpudash import load_run  # noqa: E402
 from gpudash.commands.run import child_env, default_run_name  # noqa: E402
+from gpudash.options import MonitorOptions  # noqa: E402
 from gpudash.zerocode.agent import NARROW_AFTER, Agent, _samples_tokens  # noqa: E402
 
 
@@ -110,7 +111,7 @@ def test_run_name_and_child_environment(tmp_path: Path) -> None:
     assert default_run_name(["python", "-m", "pkg.finetune"], 0).startswith("finetune-")
     assert default_run_name(["torchrun", "--nproc-per-node", "2", "ddp.py"], 0).startswith("ddp-")
     assert default_run_name(["./run.sh"], 0).startswith("run.sh-")
-    env = child_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "KEEP": "1"}, tmp_path, {"snapshot_every": 5})
+    env = child_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "KEEP": "1"}, tmp_path, MonitorOptions(snapshot_every=5))
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[0].endswith(os.path.join("zerocode", "_boot")) and parts[1:3] == ["/a", "/b"]
     assert env["KEEP"] == "1" and env["GPUDASH_RUN_DIR"] == str(tmp_path)
