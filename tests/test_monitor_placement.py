@@ -47,6 +47,7 @@ def test_a_bad_value_is_one_line_naming_it_never_an_exception(env: dict[str, str
 def test_a_bad_value_falls_through_to_the_next_launcher() -> None:
     p = placement({"RANK": "abc", "SLURM_PROCID": "3"})
     assert p.rank == 3 and "records rank 3" in p.problems[0]
+    assert p.bad == (("RANK", "RANK='abc' is not a rank (a whole number >= 0)"),)
 
 
 def test_the_run_meta_records_what_the_launcher_said(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +90,8 @@ def test_the_trainer_reads_the_same_placement(monkeypatch: pytest.MonkeyPatch) -
     t = Trainer(TrainConfig(steps=1, batch=1, seq_len=8, device="cpu"))
     assert (t.rank, t.world) == (0, 1)
     monkeypatch.setenv("WORLD_SIZE", "2")  # several: torch.distributed would choke on it, so say it up front
-    with pytest.raises(ValueError, match=r"^RANK='abc' is not a rank .* \(torch.distributed reads it too\)$"):
+    with pytest.raises(ValueError, match=r"^RANK='abc' is not a rank \(a whole number >= 0\): torch.distributed "
+                                         r"reads it to start 2 processes; fix the launcher's RANK$"):
         Trainer(TrainConfig(steps=1, batch=1, seq_len=8, device="cpu"))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "bad")

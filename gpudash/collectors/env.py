@@ -29,7 +29,8 @@ LOCAL_WORLD_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 class Placement:
     """Where the launcher put this process: the one reading of rank variables in gpudash (the Monitor,
     the trainer and the device collector all use it). ``problems``: one line per variable that was set
-    to something that is not a whole number (it is skipped, never raised)."""
+    to something that is not a whole number (it is skipped, never raised); ``bad``: the same, as
+    ``(variable, "VAR='value' is not a rank (a whole number >= 0)")`` for a caller that cannot skip it."""
 
     rank: int = 0
     world_size: int = 1
@@ -37,6 +38,7 @@ class Placement:
     node_rank: int | None = None
     local_world_size: int | None = None
     problems: tuple[str, ...] = ()
+    bad: tuple[tuple[str, str], ...] = ()
 
 
 def placement(environ: Mapping[str, str] | None = None) -> Placement:
@@ -61,10 +63,13 @@ def placement(environ: Mapping[str, str] | None = None) -> Placement:
     where = Placement(0 if rank is None else rank, 1 if world is None else world, local, node, local_world)
     used = {"rank": where.rank, "world size": where.world_size, "local rank": local, "node rank": node,
             "local world size": local_world}
-    problems = tuple(f"{n}={raw[:40]!r} is not a {what} (a whole number >= {least}): ignored, this process "
-                     f"records {what} {'unknown' if used[what] is None else used[what]}; fix the launcher's {n} "
-                     f"or unset it" for n, raw, what, least in bad)
-    return replace(where, problems=problems) if problems else where
+    if not bad:
+        return where
+    said = tuple((n, f"{n}={raw[:40]!r} is not a {what} (a whole number >= {least})") for n, raw, what, least in bad)
+    problems = tuple(f"{text}: ignored, this process records {what} "
+                     f"{'unknown' if used[what] is None else used[what]}; fix the launcher's {n} or unset it"
+                     for (n, text), (_, _, what, _) in zip(said, bad, strict=True))
+    return replace(where, problems=problems, bad=said)
 
 
 def node_identity(where: Placement | None = None) -> dict[str, Any]:

@@ -73,8 +73,10 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         where = placement()  # a bad value is skipped (the Monitor records it) ...
-        if where.problems and where.world_size > 1:  # ... but torch.distributed would choke on it
-            raise ValueError(f"{where.problems[0]} (torch.distributed reads it too)")
+        if where.bad and where.world_size > 1:  # ... but torch.distributed would choke on it
+            var, text = where.bad[0]
+            raise ValueError(f"{text}: torch.distributed reads it to start {where.world_size} processes; "
+                             f"fix the launcher's {var}")
         self.world, self.rank = where.world_size, where.rank
         self.device = _pick_device(cfg.device, where.local_rank or 0)
         if self.world > 1 and cfg.offload != "none":
