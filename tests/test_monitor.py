@@ -60,6 +60,28 @@ def test_collector_errors_never_reach_the_loop(tmp_path: Path, train_tiny: Any) 
     assert len(ev) == 1 and "boom" in ev["message"].iloc[0] and ev["kind"].iloc[0] == "collector_unavailable"
 
 
+def test_a_hook_removed_mid_step_skips_no_other_hook(tmp_path: Path) -> None:
+    """A failing hook is removed while the step runs its hooks: the one after it still runs that step."""
+    seen: list[int] = []
+
+    def broken_start(step: int) -> None:
+        raise RuntimeError("boom")
+
+    def broken_end(step: int, row: dict[str, Any]) -> None:
+        raise RuntimeError("boom")
+
+    def after(step: int, row: dict[str, Any]) -> None:
+        seen.append(step)
+
+    with gpudash.Monitor(tmp_path / "r", host_hz=0) as mon:
+        mon.add_step_hooks(start=broken_start, end=broken_end)
+        mon.add_step_hooks(start=lambda step: seen.append(-1 - step), end=after)
+        for _ in range(3):
+            with mon.step():
+                pass
+    assert seen == [-1, 0, -2, 1, -3, 2]
+
+
 def test_events_meta_and_log_outside_a_step(tmp_path: Path) -> None:
     with gpudash.Monitor(tmp_path / "r", name="exp") as mon:
         mon.set_meta(config={"batch": 4})

@@ -19,42 +19,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Collector", "PhaseEndHook", "Recording", "StepEndHook", "StepStartHook", "StepTimer"]
+__all__ = ["Collector", "PhaseEndHook", "PhaseStartHook", "Recording", "StepEndHook", "StepStartHook"]
 
 StepStartHook = Callable[[int], None]
 """Called with the step index as a step begins."""
-StepEndHook = Callable[[int, dict[str, Any]], None]
-"""Called with the step index and its row as a step ends (``row["failed"]`` is 1 for a failed step)."""
+StepEndHook = Callable[[int, dict[str, Any]], "bool | None"]
+"""Called with the step index and its row as a step ends (``row["failed"]`` is 1 for a failed step).
+End hooks read the row, never change it. One that returns True holds the row and hands it to
+:meth:`Recording.put_step` itself later (the CUDA timer, once the step's GPU times are known);
+otherwise the Monitor writes it when the hooks are done."""
+PhaseStartHook = Callable[[str], None]
+"""Called with the phase name as ``monitor.phase(name)`` opens."""
 PhaseEndHook = Callable[[str], None]
 """Called with the phase name as ``monitor.phase(name)`` exits."""
 
 
-class StepTimer(Protocol):
-    """Times steps and phases on the device (e.g. with CUDA events).
-
-    Installed as :attr:`Recording.cuda_timer`; the Monitor calls it at step
-    and phase boundaries. Once installed it owns each finished step's row and
-    hands it to :meth:`Recording.put_step` when its timings are known.
-    """
-
-    def step_start(self, step: int) -> None: ...
-
-    def phase_start(self, name: str) -> None: ...
-
-    def phase_end(self, name: str) -> None: ...
-
-    def step_end(self, step: int, row: dict[str, Any]) -> None: ...
-
-    def drain(self, timeout: float = 10.0) -> None:
-        """Write every row still waiting for its timings (flush and close only)."""
-        ...
-
-
 class Recording(Protocol):
     """The part of the Monitor a collector sees."""
-
-    cuda_timer: StepTimer | None
-    """The installed step timer, if any (set by the CUDA timing collector)."""
 
     @property
     def run_dir(self) -> Path: ...
@@ -97,12 +78,16 @@ class Recording(Protocol):
         ...
 
     def add_step_hooks(self, start: StepStartHook | None = None, end: StepEndHook | None = None,
-                       phase_end: PhaseEndHook | None = None) -> None: ...
+                       phase_end: PhaseEndHook | None = None, phase_start: PhaseStartHook | None = None) -> None:
+        """Register training-thread hooks (see the hook types above)."""
+        ...
 
 
 class Collector(Protocol):
     """A source of records. ``start``/``stop`` run once; ``start`` registers hooks or
-    starts a thread, and records ``unavailable`` where its hardware is absent."""
+    starts a thread, and records ``unavailable`` where its hardware is absent. ``stop`` writes
+    whatever the collector still holds. A collector that holds records between steps (the CUDA
+    timer's rows) also has ``drain()``: ``Monitor.flush`` calls it before flushing the writer."""
 
     name: str
 

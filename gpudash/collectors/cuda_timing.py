@@ -1,18 +1,21 @@
 """GPU time per phase from CUDA events, resolved without ever waiting on the GPU.
 
-The Monitor calls the timer (``monitor.cuda_timer``) at step and phase
-boundaries; each call records a CUDA event on the current stream (a few µs,
-asynchronous). The step's row is parked until its last event has completed;
+The timer is an ordinary set of step hooks (``monitor.add_step_hooks``: step
+start and end, phase start and end); each records a CUDA event on the current
+stream (a few µs, asynchronous). Its step-end hook holds the step's row (it
+returns True, so the Monitor does not write it) until its last event has completed;
 a background thread polls ``Event.query()`` (non-blocking) and then adds
 ``<phase>_gpu_s`` (repeated phases add up) and ``gpu_s`` (step start to step
 end on the GPU) and hands the row to ``monitor.put_step`` (the one writer of
 the ``steps`` table). Rows go out in step order. If more than
 ``max_pending`` steps are in flight (the GPU is far behind, or stuck), the
 oldest row is written without GPU times rather than holding memory. ``drain``
-waits (polling, bounded) for the remaining events: only at flush and close.
+waits (polling, bounded) for the remaining events: only at flush and close,
+which reach it as they reach every collector (``drain`` and ``stop``).
 
 Each timer call is wrapped so that a CUDA error here disables GPU timing
-(recorded once) and never reaches the training loop; rows still get written.
+(recorded once) and never reaches the training loop; rows still get written
+(the hooks stop holding them, so the Monitor writes them itself).
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ class _Pending:
 
 
 class CudaTimer:
-    """Set as ``monitor.cuda_timer``; owns the rows of steps whose events are in flight."""
+    """Owns the rows of steps whose events are in flight; :meth:`attach` registers its hooks."""
+
+    name = "cuda_timing"  # what a failing hook is recorded as
 
     def __init__(self, monitor: Recording, event_cls: Any, *, max_pending: int = 256,
                  poll_interval: float = 0.05) -> None:
@@ -64,7 +69,12 @@ class CudaTimer:
         self._thread = threading.Thread(target=self._run, name="gpudash-cuda-timer", daemon=True)
         self._thread.start()
 
-    # ---- training thread (called by the Monitor) ----------------------------------------
+    def attach(self) -> None:
+        """Register the timer's step and phase hooks on its monitor."""
+        self.monitor.add_step_hooks(start=self.step_start, end=self.step_end,
+                                    phase_start=self.phase_start, phase_end=self.phase_end)
+
+    # ---- training thread (the Monitor's step and phase hooks) ---------------------------
     def _event(self) -> Any:
         with self._lock:
             ev = self._free.pop() if self._free else None
@@ -106,19 +116,18 @@ class CudaTimer:
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
 
-    def step_end(self, step: int, row: dict[str, Any]) -> None:
+    def step_end(self, step: int, row: dict[str, Any]) -> bool:
+        """True: the row is held here until its GPU times are known (False: the Monitor writes it)."""
         start, pairs = self._start, self._pairs
         self._start, self._pairs = None, []
         self._open.clear()
-        if not self.enabled or start is None:
-            self._put(row)
-            return
+        if not self.enabled or start is None or row.get("failed"):
+            return False
         try:
             end = self._event()
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
-            self._put(row)
-            return
+            return False
         overflow: list[_Pending] = []
         with self._lock:
             self._pending.append(_Pending(row, start, end, pairs))
@@ -127,6 +136,7 @@ class CudaTimer:
         for p in overflow:
             self.dropped += 1
             self._put(p.row)
+        return True
 
     # ---- resolution (collector thread, and drain at close) ------------------------------
     def _put(self, row: dict[str, Any]) -> None:
@@ -208,6 +218,8 @@ class CudaTimer:
                 self._fail(exc)
 
     def close(self) -> None:
+        """Stop polling and write every row still held; later steps are not timed (their hooks hold nothing)."""
+        self.enabled = False
         self._stop.set()
         self._thread.join(5)
         self.drain()
@@ -218,28 +230,34 @@ class CudaTimer:
 
 
 class CudaTimingCollector:
-    """Installs a :class:`CudaTimer` as ``monitor.cuda_timer`` when CUDA is available."""
+    """Attaches a :class:`CudaTimer` (its step hooks) when CUDA is available.
+
+    ``event_cls``: the event class to time with (default ``torch.cuda.Event``; tests pass a host
+    stand-in, which also skips the CUDA check). Other options go to :class:`CudaTimer`."""
 
     name = "cuda_timing"
 
-    def __init__(self, **timer_options: Any) -> None:
+    def __init__(self, event_cls: Any = None, **timer_options: Any) -> None:
+        self.event_cls = event_cls
         self.timer_options = timer_options
         self.timer: CudaTimer | None = None
-        self._monitor: Recording | None = None
 
     def start(self, monitor: Recording) -> None:
-        torch = cuda_torch(monitor, self.name, "no CUDA device: steps are timed on the CPU only")
-        if torch is None:
-            return
-        self._monitor = monitor
-        self.timer = CudaTimer(monitor, torch.cuda.Event, **self.timer_options)
-        monitor.cuda_timer = self.timer
+        event_cls = self.event_cls
+        if event_cls is None:
+            torch = cuda_torch(monitor, self.name, "no CUDA device: steps are timed on the CPU only")
+            if torch is None:
+                return
+            event_cls = torch.cuda.Event
+        self.timer = CudaTimer(monitor, event_cls, **self.timer_options)
+        self.timer.attach()
+
+    def drain(self) -> None:
+        """Write the rows whose GPU times are still in flight (``Monitor.flush``; waits, bounded)."""
+        if self.timer is not None:
+            self.timer.drain()
 
     def stop(self) -> None:
-        timer, monitor = self.timer, self._monitor
-        if timer is None or monitor is None:
-            return
-        timer.close()
-        if monitor.cuda_timer is timer:
-            monitor.cuda_timer = None
-        self.timer = None
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.close()

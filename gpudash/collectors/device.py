@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpudash.collectors.base import try_import_torch
+from gpudash.collectors.env import placement
 from gpudash.collectors.nvml import GPM_COLUMNS, METRICS, DeviceSource, NvmlSource, RecordingSource, Unsupported
 
 if TYPE_CHECKING:
@@ -231,8 +232,8 @@ class DeviceCollector:
         self._thread.start()
 
     def _guess_gpus(self) -> list[int]:
-        local = os.environ.get("LOCAL_RANK", "0")
-        idx = resolve_nvml_index(self._devices, int(local) if local.isdigit() else 0,
+        local = placement().local_rank
+        idx = resolve_nvml_index(self._devices, 0 if local is None else local,
                                  visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
         return [idx if idx is not None else 0]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 
 from gpudash.analysis.progress import RECENT_STEPS, eta_text, progress
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
+from gpudash.collectors.env import placement
 from gpudash.collectors.oom import record_oom
 from gpudash.monitor import Monitor
 from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
@@ -72,10 +72,13 @@ class _SpikeDetector:
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.device = _pick_device(cfg.device, local_rank)
+        where = placement()  # a bad value is skipped (the Monitor records it) ...
+        if where.bad and where.world_size > 1:  # ... but torch.distributed would choke on it
+            var, text = where.bad[0]
+            raise ValueError(f"{text}: torch.distributed reads it to start {where.world_size} processes; "
+                             f"fix the launcher's {var}")
+        self.world, self.rank = where.world_size, where.rank
+        self.device = _pick_device(cfg.device, where.local_rank or 0)
         if self.world > 1 and cfg.offload != "none":
             raise ValueError("--offload with several ranks is not supported; run one process or drop --offload")
         self.model_cfg = preset(cfg.preset, **cfg.model_overrides)

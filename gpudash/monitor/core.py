@@ -1,0 +1,295 @@
+"""The Monitor class: its constructor, the recording interface collectors use
+(:class:`gpudash.collectors.api.Recording`), the training-loop API and the end of a run.
+
+The step and phase timers are in :mod:`gpudash.monitor.timing`, the naming rule
+for logged values in :mod:`~gpudash.monitor.names`, the memory record in
+:mod:`~gpudash.monitor.memory_rows`, the exit paths in :mod:`~gpudash.monitor.exits`.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from gpudash._version import __version__
+from gpudash.collectors import default_collectors
+from gpudash.collectors.categories import CategoryCollector
+from gpudash.collectors.env import cuda_device_meta, describe_environment, placement
+from gpudash.errors import RunError
+from gpudash.monitor.exits import ExitHandlers, exception_status
+from gpudash.monitor.memory_rows import MemoryRow
+from gpudash.monitor.names import StoredNames
+from gpudash.monitor.timing import Phase, Step
+from gpudash.options import MonitorOptions
+from gpudash.store.schema import column_name
+from gpudash.store.writer import OPEN_ERRORS, Recorder, write_run_meta
+
+if TYPE_CHECKING:
+    from gpudash.collectors.api import Collector, PhaseEndHook, PhaseStartHook, StepEndHook, StepStartHook
+
+__all__ = ["Monitor"]
+
+#: Values ``log()`` stores as they are (no ``detach``): checked for all of a call's values at once, in C.
+_PLAIN = frozenset({float, int, bool, str, type(None)})
+
+
+def _check_total(total: Any) -> None:
+    if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 1):
+        raise ValueError(f"total_steps={total!r}: pass the number of steps the run will take (a whole number >= 1)")
+
+
+class Monitor:
+    """Records one process's view of a training run into ``run_dir``.
+
+    ``run_dir`` is created if needed. Several processes (torchrun ranks) may
+    share one; each writes ``rank<RANK>.db``. Use as a context manager or call
+    :meth:`close`; on exceptions, Ctrl-C, SIGTERM and interpreter exit the
+    Monitor flushes and records why the run ended. ``total_steps``: the steps
+    the run will take, when known (progress and ETA; see :meth:`set_total_steps`).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        config: dict[str, Any] | None = None,
+        total_steps: int | None = None,
+        options: MonitorOptions | None = None,
+        **option_overrides: Any,
+    ) -> None:
+        if options is None:
+            options = MonitorOptions(**option_overrides)
+        elif option_overrides:
+            raise TypeError("pass either options= or keyword options, not both")
+        _check_total(total_steps)
+        self.options = options
+        where = placement()
+        self.rank = where.rank if rank is None else rank
+        self.world_size = where.world_size if world_size is None else world_size
+        self.run_dir = Path(run_dir)
+        self.name = name or self.run_dir.name
+        self.step_index = 0
+        self.total_steps: int | None = None
+        self.current_phase: str | None = None
+        self._row: dict[str, Any] | None = None
+        self._pending: dict[str, Any] = {}
+        self._memory = MemoryRow()
+        self._start_hooks: list[StepStartHook] = []
+        self._end_hooks: list[StepEndHook] = []
+        self._phase_start_hooks: list[PhaseStartHook] = []
+        self._phase_end_hooks: list[PhaseEndHook] = []
+        self._unavailable: set[str] = set()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._phases: dict[str, Phase] = {}
+        self._names = StoredNames(self.event)
+        self._step_ctx = Step(self)
+        env = describe_environment(where)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_meta(self.run_dir, {
+                "name": self.name,
+                "run_id": uuid.uuid4().hex[:12],
+                "created_at": time.time(),
+                "world_size": self.world_size,
+                "gpudash_version": __version__,
+                "argv": sys.argv,
+            })
+            meta = {"name": self.name, "world_size": self.world_size, "argv": sys.argv, **env}
+            if config:
+                meta["config"] = config
+            self.recorder = Recorder(self.run_dir, rank=self.rank, flush_interval=options.flush_interval,
+                                     capacity=options.buffer_records, meta=meta)
+        except OPEN_ERRORS as exc:
+            raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
+                           f"to gpudash.Monitor") from exc
+        if total_steps is not None:
+            self.set_total_steps(total_steps)
+        for problem in where.problems:  # a launcher's bad value is a recorded state, never a traceback
+            print(f"gpudash: {problem}", file=sys.stderr)
+            self.event("bad_environment", problem)
+        self.collectors: list[Collector] = []
+        if env.get("cuda_available") and "device_capacity_bytes" not in env:
+            self.add_step_hooks(end=self._record_cuda_device)
+        for collector in default_collectors(options):
+            self.add_collector(collector)
+        self._alerts: Any = None
+        if options.alerts is not None and self.rank == 0:  # rank 0 watches every rank's files
+            from gpudash.alerts.watch import start_alerts
+
+            self._alerts = start_alerts(self)
+        self._exits = ExitHandlers(self.close, handle_signals=options.handle_signals)
+
+    # ---- the recording interface collectors use (gpudash.collectors.api.Recording) -------
+    def add_collector(self, collector: Collector) -> None:
+        try:
+            collector.start(self)
+        except Exception as exc:  # noqa: BLE001
+            self.unavailable(getattr(collector, "name", type(collector).__name__), f"failed to start: {exc}")
+            return
+        self.collectors.append(collector)
+
+    def add_step_hooks(self, start: StepStartHook | None = None, end: StepEndHook | None = None,
+                       phase_end: PhaseEndHook | None = None, phase_start: PhaseStartHook | None = None) -> None:
+        """Register training-thread hooks; they must be cheap and must not block. An ``end`` hook
+        that returns True holds the row and hands it to :meth:`put_step` itself."""
+        # the lists are replaced, never changed in place: a hook added or removed while the step runs
+        # its hooks takes effect at the next step, and no hook of this one is skipped
+        if start is not None:
+            self._start_hooks = [*self._start_hooks, start]
+        if end is not None:
+            self._end_hooks = [*self._end_hooks, end]
+        if phase_start is not None:
+            self._phase_start_hooks = [*self._phase_start_hooks, phase_start]
+        if phase_end is not None:
+            self._phase_end_hooks = [*self._phase_end_hooks, phase_end]
+
+    def _remove_hook(self, hook: Any) -> None:
+        self._start_hooks = [h for h in self._start_hooks if h != hook]
+        self._end_hooks = [h for h in self._end_hooks if h != hook]
+        self._phase_start_hooks = [h for h in self._phase_start_hooks if h != hook]
+        self._phase_end_hooks = [h for h in self._phase_end_hooks if h != hook]
+
+    def put(self, table: str, row: dict[str, Any]) -> None:
+        """Queue one record for ``table`` (never blocks). Step rows go through :meth:`put_step`."""
+        self.recorder.put(table, row)
+
+    def put_step(self, row: dict[str, Any]) -> None:
+        """Write one finished step's row: the only writer of the ``steps`` table (called at
+        step end, or by the CUDA timer once the step's GPU times are known)."""
+        self.recorder.put("steps", row)
+
+    def _record_cuda_device(self, step: int, row: dict[str, Any]) -> None:
+        """Record the CUDA device once the user's code has initialised CUDA."""
+        from gpudash.collectors.base import try_import_torch
+
+        meta = cuda_device_meta(try_import_torch())
+        if meta:
+            self.recorder.put_meta(**meta)
+            self._remove_hook(self._record_cuda_device)
+
+    def unavailable(self, source: str, reason: str) -> None:
+        """Record once that a source records nothing here, and why."""
+        with self._lock:
+            if source in self._unavailable:
+                return
+            self._unavailable.add(source)
+        self.recorder.put_meta(**{f"unavailable_{column_name(source)}": reason})
+        self.event("collector_unavailable", f"{source}: {reason}", source=source)
+
+    def collector_failed(self, where: Any, exc: BaseException) -> None:
+        name = getattr(getattr(where, "__self__", None), "name", None) or getattr(where, "__name__", "collector")
+        self.unavailable(str(name), f"stopped after an error: {type(exc).__name__}: {exc}")
+        self._remove_hook(where)
+
+    # ---- the training loop API ----------------------------------------------------------
+    def step(self, samples: Any = None, tokens: Any = None) -> Step:
+        """Time one training step: ``with monitor.step(samples=B, tokens=B*T): ...``."""
+        ctx = self._step_ctx
+        ctx.samples = samples
+        ctx.tokens = tokens
+        return ctx
+
+    def phase(self, name: str) -> Phase:
+        """Time a part of the step (data, forward, backward, optimizer, ...); nests and repeats add up."""
+        ph = self._phases.get(name)
+        if ph is None:
+            ph = self._phases[name] = Phase(self, name)
+            # the run's phase set is what was opened (analysis never guesses it from a column suffix)
+            self.recorder.put_meta(phases=[p.key.removesuffix("_s") for p in self._phases.values()])
+        return ph
+
+    def log(self, **scalars: Any) -> None:
+        """Record scalars for the current step (or the next one, outside a step).
+        Tensors are fine: they are detached here and read by the writer thread."""
+        row = self._row if self._row is not None else self._pending
+        if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
+            row.update(scalars)
+            return
+        for k, v in scalars.items():
+            detach = getattr(v, "detach", None)
+            row[k] = detach() if detach is not None else v
+
+    def log_memory(self, **values: Any) -> None:
+        """Add byte counts (e.g. ``offload_bytes``) to this step's memory record."""
+        self.memory_row(self.step_index, {self._names.stored("memory", k): v for k, v in values.items()})
+
+    def memory_row(self, step: int, values: dict[str, Any]) -> None:
+        """Add byte counts to the memory record of ``step`` (written as the step ends)."""
+        self._memory.add(step, values)
+
+    def watch(self, model: Any, optimizer: Any = None) -> None:
+        """Record memory by category (parameters, gradients, optimizer state, activations)."""
+        o = self.options
+        self.add_collector(CategoryCollector(model, optimizer, memory_every=o.memory_every,
+                                             activations_every=o.activations_every,
+                                             activations_budget=o.activations_budget))
+
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        """Record something that happened (OOM, batch-size change, fallback, ...)."""
+        self.recorder.put("events", {"time": time.time(), "step": self.step_index, "kind": kind,
+                                     "message": message, "data": data or None})
+
+    def set_meta(self, **items: Any) -> None:
+        """Store run-level facts (config, estimator prediction, pre-flight checks...)."""
+        self.recorder.put_meta(**items)
+
+    def set_total_steps(self, total: int) -> None:
+        """Say how many steps the run will take (its progress and ETA on every surface); call it again when
+        that changes. Raises ``ValueError`` for anything but a whole number >= 1."""
+        _check_total(total)
+        self.total_steps = int(total)
+        self.recorder.put_meta(total_steps=self.total_steps)
+
+    # ---- ending ---------------------------------------------------------------------------
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Write everything recorded so far (blocks; not for the training loop)."""
+        for c in self.collectors:  # collectors that hold records (the CUDA timer's rows) write them now
+            drain = getattr(c, "drain", None)
+            if drain is not None:
+                try:
+                    drain()
+                except Exception as exc:  # noqa: BLE001
+                    self.collector_failed(drain, exc)
+        return self.recorder.flush(timeout)
+
+    def close(self, status: str = "finished", reason: str = "closed") -> None:
+        """Stop the collectors, flush everything, and mark the run ``status``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for c in reversed(self.collectors):
+            try:
+                c.stop()
+            except Exception:  # noqa: BLE001 - closing must always reach the writer
+                pass
+        if self._alerts is not None:  # the last look (a crash alert) is recorded before the writer closes
+            self._alerts.finish(status, reason, flush=self.recorder.flush)
+        self.recorder.close(status=status, reason=reason)
+        if self._alerts is not None:
+            self._alerts.close()
+        self._exits.remove()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if et is None:
+            self.close()
+        else:
+            self.close(*exception_status(et, ev))

@@ -1,0 +1,160 @@
+"""The step and phase timers: the code that runs on the training thread every step.
+
+``with monitor.step():`` opens the step's row, runs the start hooks and takes
+a timestamp; at exit it stamps ``step``/``time``/``duration_s``, runs the end
+hooks, writes the step's memory record, and writes the row through
+``Monitor.put_step`` unless an end hook took it (the CUDA timer does: it hands
+the row on once its GPU times are known). ``with monitor.phase(name):`` adds
+its wall time to ``<name>_s`` (nests and repeats add up) and runs the phase
+hooks. Only timestamps and dict updates happen here: no I/O, no GPU sync.
+A hook that raises is removed and its source recorded as unavailable.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpudash.store.schema import column_name
+
+if TYPE_CHECKING:
+    from gpudash.collectors.api import PhaseEndHook, PhaseStartHook, StepEndHook, StepStartHook
+    from gpudash.monitor.memory_rows import MemoryRow
+    from gpudash.monitor.names import StoredNames
+    from gpudash.store.writer import Recorder
+
+__all__ = ["Phase", "Step"]
+
+
+class Monitor(Protocol):
+    """What the timers use of :class:`gpudash.monitor.core.Monitor` (which imports this module)."""
+
+    current_phase: str | None
+    step_index: int
+    recorder: Recorder
+    _row: dict[str, Any] | None
+    _pending: dict[str, Any]
+    _start_hooks: list[StepStartHook]
+    _end_hooks: list[StepEndHook]
+    _phase_start_hooks: list[PhaseStartHook]
+    _phase_end_hooks: list[PhaseEndHook]
+    _names: StoredNames
+    _memory: MemoryRow
+
+    def put_step(self, row: dict[str, Any]) -> None: ...
+
+    def collector_failed(self, where: Any, exc: BaseException) -> None: ...
+
+_perf = time.perf_counter
+_time = time.time
+
+
+class Phase:
+    """``monitor.phase(name)``: one per phase name, reused every time the phase opens."""
+
+    __slots__ = ("_m", "name", "key", "_t0", "_prev")
+
+    def __init__(self, monitor: Monitor, name: str) -> None:
+        self._m = monitor
+        self.name = name
+        self.key = column_name(f"{name}_s")
+        self._t0 = 0.0
+        self._prev: str | None = None
+
+    def __enter__(self) -> Phase:
+        m = self._m
+        self._prev = m.current_phase
+        m.current_phase = self.name
+        if m._phase_start_hooks:
+            for hook in m._phase_start_hooks:
+                try:
+                    hook(self.name)
+                except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                    m.collector_failed(hook, exc)
+        self._t0 = _perf()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        dt = _perf() - self._t0
+        m = self._m
+        for hook in m._phase_end_hooks:
+            try:
+                hook(self.name)
+            except Exception as exc:  # noqa: BLE001
+                m.collector_failed(hook, exc)
+        row = m._row
+        if row is not None:
+            key = self.key
+            row[key] = row.get(key, 0.0) + dt
+        m.current_phase = self._prev
+
+
+class Step:
+    """``monitor.step(...)``: the Monitor's one step context, reused every step."""
+
+    __slots__ = ("_m", "samples", "tokens", "_t0")
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._m = monitor
+        self.samples: Any = None
+        self.tokens: Any = None
+        self._t0 = 0.0
+
+    def __enter__(self) -> Step:
+        m = self._m
+        row: dict[str, Any] = {}
+        if m._pending:
+            row.update(m._pending)
+            m._pending.clear()
+        m._row = row
+        step = m.step_index
+        for hook in m._start_hooks:
+            try:
+                hook(step)
+            except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                m.collector_failed(hook, exc)
+        self._t0 = _perf()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        t1 = _perf()
+        m = self._m
+        row = m._row
+        m._row = None
+        m.current_phase = None
+        if row is None:
+            return
+        step = m.step_index
+        if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
+            m._names.rename_own(row)
+        row["step"] = step
+        row["time"] = _time()
+        row["duration_s"] = t1 - self._t0
+        if self.samples is not None:
+            row["samples"] = self.samples
+        if self.tokens is not None:
+            row["tokens"] = self.tokens
+        if et is not None:
+            # a failed step (e.g. an OOM the trainer will retry) is not a step;
+            # the caller records what happened. Undo sampling state.
+            for hook in m._end_hooks:
+                try:
+                    hook(step, {"step": step, "time": row["time"], "duration_s": row["duration_s"], "failed": 1})
+                except Exception as exc:  # noqa: BLE001
+                    m.collector_failed(hook, exc)
+            m._memory.discard()
+            return
+        taken = False
+        for hook in m._end_hooks:
+            try:
+                if hook(step, row):  # True: the hook holds the row and hands it to put_step itself
+                    taken = True
+            except Exception as exc:  # noqa: BLE001
+                m.collector_failed(hook, exc)
+        memory = m._memory
+        if memory.row is not None:  # (checked here: most steps have no memory record)
+            m.recorder.put("memory", memory.take())
+        if not taken:
+            m.put_step(row)
+        m.step_index = step + 1
