@@ -126,8 +126,9 @@ def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
              state)
     assert r.status_code == 200
     out = r.json["response"]
-    graph = out["alloc-timeline-box"]["children"]
+    graph, zoom = out["alloc-timeline-box"]["children"]["props"]["children"]
     assert graph["props"]["id"] == "alloc-timeline" and len(graph["props"]["figure"]["data"]) > 50
+    assert zoom["props"]["id"] == "alloc-timeline-zoom"  # the zoom store comes (new) with its graph
     key = out["alloc-timeline-key"]["data"]
     assert key == [1, 0]
     # the same snapshot again (the cursor moving on): nothing is resent
@@ -137,3 +138,31 @@ def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
     bad = post(client, app, "alloc-timeline-box.children", {"cursor-slider.value": 0, "snapshot-pick.value": [1]},
                state)
     assert bad.status_code == 400 and "Traceback" not in bad.get_data(as_text=True)
+
+
+def test_zoom_redraws_the_window_from_the_zoom_store(tmp_path: Path) -> None:
+    """The server hears zooms from ``alloc-timeline-zoom`` (the browser passes on only x changes of the
+    timeline's relayoutData: an ``{"autosize": true}`` no longer supersedes a zoom being answered)."""
+    from dashpost import post
+
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.snapshot_views import ZOOM_JS
+
+    run = tmp_path / "imported"
+    assert cli(["import-snapshot", str(REAL), str(run), "--step", "3"]) == 0
+    app = create_app(tmp_path)
+    client = app.server.test_client()
+    state = {"page-run.data": {"run": "imported", "rank": 0}, "alloc-timeline-key.data": [1, 0]}
+    r = post(client, app, "alloc-timeline.figure",
+             {"alloc-timeline-zoom.data": {"xaxis.range[0]": 1000, "xaxis.range[1]": 1400}}, state)
+    assert r.status_code == 200
+    meta = r.json["response"]["alloc-timeline"]["figure"]["layout"]["meta"]
+    assert meta["window"] == [1000, 1400] and meta["sampled"] == 401
+    reset = post(client, app, "alloc-timeline.figure", {"alloc-timeline-zoom.data": {"xaxis.autorange": True}}, state)
+    assert reset.json["response"]["alloc-timeline"]["figure"]["layout"]["meta"]["window"] is None
+    assert post(client, app, "alloc-timeline.figure", {"alloc-timeline-zoom.data": {"autosize": True}},
+                state).status_code == 204
+    # the browser's filter passes the payloads the server reads as a zoom or a reset, and nothing else
+    deps = [d for d in app._callback_list if "alloc-timeline-zoom.data" in str(d["output"])]
+    assert len(deps) == 1 and deps[0]["clientside_function"] is not None
+    assert all(k in ZOOM_JS for k in ("xaxis.autorange", "xaxis.range[0]", "xaxis.range[1]", "'xaxis.range'"))

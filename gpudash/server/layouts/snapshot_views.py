@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import dash
-from dash import Input, Output, State, dcc
+from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from gpudash.analysis.snapshot_trace import AllocTimeline, Band, TraceModel, allocation_timeline, trace_model
 from gpudash.server.layouts import memory
@@ -35,7 +35,7 @@ from gpudash.server.layouts.viewstate import relayout_range
 from gpudash.store.reader import RunReader
 from gpudash.units import fmt_duration
 
-__all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
+__all__ = ["ZOOM_JS", "alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
            "pick_snapshot", "register_snapshot_callbacks", "segment_map_view", "shown_map", "snapshot_options",
            "timeline_of", "zoom_window"]
 
@@ -46,6 +46,18 @@ _MERGED = "rgba(150,150,150,0.55)"
 _NO_FRAMES = "no Python frames (allocated from C++, e.g. in autograd's backward)"
 _NO_TRACE = ("this snapshot holds no allocation history: call torch.cuda.memory._record_memory_history() "
              "before the snapshot (gpudash's snapshot_every does)")
+
+#: The timeline's ``relayoutData`` to ``alloc-timeline-zoom``, in the browser: only an x change (a zoom, a pan, a
+#: reset: the payloads :func:`gpudash.server.layouts.viewstate.relayout_range` reads) goes on to the server. Dash
+#: drops the answer of a callback whose input changed while it was being answered, and every chart sends
+#: ``{"autosize": true}`` about 100 ms after its first draw (later on a busy page): passed on, that resize
+#: superseded a zoom made just before it and the zoomed figure never came.
+ZOOM_JS = """function (relayout) {
+  var r = relayout || {};
+  if (r['xaxis.autorange'] || ('xaxis.range[0]' in r && 'xaxis.range[1]' in r)
+      || (Array.isArray(r['xaxis.range']) && r['xaxis.range'].length === 2)) { return r; }
+  return window.dash_clientside.no_update;
+}"""
 
 _SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
 _TIMELINES: dict[int, tuple[Any, TraceModel | None, AllocTimeline | None]] = {}
@@ -190,7 +202,9 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tupl
                   f"at {tl.peak_x:,})")
     fig = base_figure(title, height=460, xaxis_title="allocation event (each alloc or free is one step)",
                       yaxis_title="live bytes", bytes_axis=unit)
-    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 70, "r": 30, "t": 76, "b": 40})
+    # fixed margins (room for "18.8 GiB" ticks and the axis titles), no automargin: Plotly draws a figure whose
+    # margins it grows twice, and with a band per allocation the second draw was ~60% of the first paint
+    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 84, "r": 30, "t": 76, "b": 52})
     t0 = float(tl.time_us[0]) if len(tl.time_us) else float("nan")
     for i, b in enumerate(tl.bands):
         xs, ys = b.polygon()
@@ -210,10 +224,10 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tupl
     fig.add_annotation(text="<br>".join(plot_text(line, 300) for line in _notes(tl)), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
                        xanchor="left", yanchor="bottom", align="left", font={"size": 11, "color": "#666"})
     fig.update_xaxes(range=[0, tl.events + 1] if window is None else [float(min(window)), float(max(window))],
-                     tickformat=",d")
+                     tickformat=",d", automargin=False)
     fig.layout["meta"] = {"events": tl.events, "window": list(tl.window) if tl.window else None,
                           "bands": len(tl.bands), "sampled": len(tl.x)}
-    fig.update_yaxes(**unit_axis(unit), rangemode="tozero")
+    fig.update_yaxes(**unit_axis(unit), rangemode="tozero", automargin=False)
     return fig
 
 
@@ -236,7 +250,9 @@ def alloc_timeline_child(view: Fig | str) -> Any:
 
     if isinstance(view, str):
         return note(view)
-    return dcc.Graph(id="alloc-timeline", figure=view, config=GRAPH_CONFIG, className="graph")
+    # the zoom store beside its graph: both replaced together when another snapshot is shown
+    return html.Div([dcc.Graph(id="alloc-timeline", figure=view, config=GRAPH_CONFIG, className="graph"),
+                     dcc.Store(id="alloc-timeline-zoom")])
 
 
 def zoom_window(relayout: Any) -> tuple[float, float] | bool | None:
@@ -256,7 +272,10 @@ def shown_map(maps: list[Any], key: Any) -> Any | None:
 
 
 def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
-    @app.callback(Output("alloc-timeline", "figure"), Input("alloc-timeline", "relayoutData"),
+    app.clientside_callback(ZOOM_JS, Output("alloc-timeline-zoom", "data"), Input("alloc-timeline", "relayoutData"),
+                            prevent_initial_call=True)
+
+    @app.callback(Output("alloc-timeline", "figure"), Input("alloc-timeline-zoom", "data"),
                   State("alloc-timeline-key", "data"), State("page-run", "data"), prevent_initial_call=True)
     def alloc_timeline_zoom(relayout: Any, key: Any, page: dict[str, Any] | None) -> Any:
         # a zoom draws the window again from every event in it (as the long step charts re-query)
@@ -270,7 +289,6 @@ def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
         if mm is None:
             raise PreventUpdate
         return alloc_timeline_figure(mm, window=None if window is True else window)  # type: ignore[arg-type]
-
 
     @app.callback(Output("alloc-timeline-box", "children"), Output("alloc-timeline-key", "data"),
                   Input("cursor-slider", "value"), Input("snapshot-pick", "value"), State("page-run", "data"),
