@@ -48,10 +48,19 @@ def test_alloc_timeline_figure_of_the_real_snapshot() -> None:
     tl = snapshot_views.timeline_of(mm)
     assert tl is not None and snapshot_views.timeline_of(mm) is tl  # computed once per map
     fig = snapshot_views.alloc_timeline_figure(mm)
-    bands = [t for t in fig.data if t.get("fill") == "toself"]
-    assert len(bands) == len(tl.bands) <= 200
+    bars = fig.data[0]  # every band in one bar trace (a trace per band made the first draw slow)
+    assert bars.type == "bar" and len(fig.data) == 3
+    # a bar per stretch of each band where its lower edge holds still, each with the band's hover
+    assert len(set(bars.hovertext)) == len(tl.bands) <= 200
     assert sum(len(t.x) for t in fig.data) <= 20_000
-    hovers = [t.text for t in bands]
+    # the bars tile each band: its bars' widths add up to its life, each bar inside it at one of its lower edges
+    for b in tl.bands:
+        hover = snapshot_views._band_hover(b, float(tl.time_us[0]))
+        mine = [i for i, h in enumerate(bars.hovertext) if h == hover]
+        assert sum(bars.width[i] for i in mine) == b.end - b.start
+        assert all(b.start <= bars.x[i] < b.end and bars.y[i] * 2**30 == b.size
+                   and bars.base[i] * 2**30 == b.low_at(int(bars.x[i] - bars.width[i] / 2)) for i in mine)
+    hovers = list(set(bars.hovertext))
     assert any("cs336_basics\\model.py:" in h and " forward" in h for h in hovers)  # frames on hover
     assert any("alive before the trace began" in h for h in hovers)
     assert any("freed by:<br>" in h for h in hovers)  # older allocations freed in the trace: the free's frames
@@ -107,7 +116,7 @@ def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
     page = build_run_page("imported", RunReader(run))
     graph = _find(page, "alloc-timeline")
     assert graph is not None and _find(page, "alloc-timeline-box") is not None
-    assert any("model.py:" in str(t.get("text")) for t in graph.figure["data"])
+    assert any("model.py:" in str(t.get("hovertext")) for t in graph.figure["data"])
     seg = _find(page, "segment-map")
     assert seg is not None and "showing the 60 largest of 216 segments" in str(seg.figure["layout"]["annotations"])
 
@@ -127,7 +136,7 @@ def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
     assert r.status_code == 200
     out = r.json["response"]
     graph, zoom = out["alloc-timeline-box"]["children"]["props"]["children"]
-    assert graph["props"]["id"] == "alloc-timeline" and len(graph["props"]["figure"]["data"]) > 50
+    assert graph["props"]["id"] == "alloc-timeline" and graph["props"]["figure"]["data"][0]["type"] == "bar"
     assert zoom["props"]["id"] == "alloc-timeline-zoom"  # the zoom store comes (new) with its graph
     key = out["alloc-timeline-key"]["data"]
     assert key == [1, 0]

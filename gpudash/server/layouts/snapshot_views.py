@@ -1,7 +1,8 @@
 """Snapshot views of the run page: which snapshot is shown, and the allocation timeline.
 
-The timeline is :func:`gpudash.analysis.snapshot_trace.allocation_timeline` drawn: one filled
-polygon per allocation band (its size, life and a few frames on hover), the merged smaller
+The timeline is :func:`gpudash.analysis.snapshot_trace.allocation_timeline` drawn: each allocation band
+as bars (one per stretch where its lower edge holds still; its size, life and a few frames on hover; all the
+bands in one bar trace, drawn fast), the merged smaller
 allocations as one grey band on top, and a line of text that says what was merged, what was
 alive before the trace began and what the trace does not hold. The segment map is
 :func:`gpudash.server.layouts.memory.segment_map_figure`. Both follow the snapshot picker and the cursor.
@@ -185,6 +186,35 @@ def _notes(tl: AllocTimeline) -> list[str]:
     return [" · ".join(first)] + ([" · ".join(second)] if second else [])
 
 
+def _band_bars(tl: AllocTimeline, scale: float, t0: float) -> dict[str, Any]:
+    """Every band as one bar trace: a bar per stretch of the band's life where its lower edge holds still
+    (``Band.xs`` and ``lows``), its hover the band's size, life and frames. One trace, not a polygon trace
+    per band: Plotly's cost is per trace (defaults, calc and drawing: ~1 ms each on a free core), and the
+    200 band traces were most of the page's first draw. A bar's hover is its own (a filled polygon's hover
+    is its trace's), so the frames under the pointer are the band's under it."""
+    xs: list[float] = []
+    widths: list[int] = []
+    bases: list[float] = []
+    heights: list[float] = []
+    colors: list[str] = []
+    hovers: list[str] = []
+    for i, b in enumerate(tl.bands):
+        color = _BASE_COLORS[i % 2] if b.base else _BAND_COLORS[i % len(_BAND_COLORS)]
+        hover = _band_hover(b, t0)
+        for x0, x1, low in zip(b.xs, [*b.xs[1:], b.end], b.lows, strict=True):
+            if x1 > x0:
+                xs.append((x0 + x1) / 2)
+                widths.append(x1 - x0)
+                bases.append(low / scale)
+                heights.append(b.size / scale)
+                colors.append(color)
+                hovers.append(hover)
+    # opaque bars without an outline: Plotly widens any thinner than a pixel to one, so none vanishes
+    return {"type": "bar", "x": xs, "width": widths, "base": bases, "y": heights,
+            "marker": {"color": colors, "line": {"width": 0}}, "hovertext": hovers, "hoverinfo": "text",
+            "textposition": "none", "name": "allocations"}
+
+
 def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tuple[float, float] | None = None) -> Fig:
     """memory_viz's Active Memory Timeline: every allocation a band over the trace's events, stacked;
     when one is freed the bands above it drop down, so the top is the live bytes. ``window``: the x range
@@ -204,15 +234,10 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tupl
                       yaxis_title="live bytes", bytes_axis=unit)
     # fixed margins (room for "18.8 GiB" ticks and the axis titles), no automargin: Plotly draws a figure whose
     # margins it grows twice, and with a band per allocation the second draw was ~60% of the first paint
-    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 84, "r": 30, "t": 76, "b": 52})
+    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 84, "r": 30, "t": 76, "b": 52},
+                      barmode="overlay")
     t0 = float(tl.time_us[0]) if len(tl.time_us) else float("nan")
-    for i, b in enumerate(tl.bands):
-        xs, ys = b.polygon()
-        color = _BASE_COLORS[i % 2] if b.base else _BAND_COLORS[i % len(_BAND_COLORS)]
-        fig.add_trace({"type": "scatter", "mode": "lines", "x": xs, "y": [y / scale for y in ys], "fill": "toself",
-                       "fillcolor": color, "line": {"width": 0.4, "color": "rgba(255,255,255,0.6)"},
-                       "hoveron": "fills", "text": _band_hover(b, t0), "hoverinfo": "text",
-                       "name": fmt_bytes(b.size)})
+    fig.add_trace(_band_bars(tl, scale, t0))
     x = [int(v) for v in tl.x]
     fig.add_trace({"type": "scatter", "mode": "lines", "x": x, "y": [v / scale for v in tl.drawn],
                    "line": {"width": 0, "shape": "hv"}, "hoverinfo": "skip", "name": "drawn bands"})
