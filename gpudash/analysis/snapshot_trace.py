@@ -190,17 +190,17 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
         codes, counts = np.unique(act_codes[~kept], return_counts=True)
         ignored = {str(act_names[k]): int(v) for k, v in zip(codes, counts, strict=True)}
     pos = np.flatnonzero(kept)
-    order = pos[np.argsort(addrs[pos], kind="stable")]  # by address, then in trace order
-    same = np.r_[False, addrs[order][1:] == addrs[order][:-1]]
-    prev_free = np.r_[False, is_free[order][:-1]]
+    by_addr = pos[np.argsort(addrs[pos], kind="stable")]  # by address, then in trace order
+    same = np.r_[False, addrs[by_addr][1:] == addrs[by_addr][:-1]]
+    prev_free = np.r_[False, is_free[by_addr][:-1]]
     skip = np.zeros(len(act_codes), dtype=bool)
-    skip[order[same & prev_free & is_done[order]]] = True
+    skip[by_addr[same & prev_free & is_done[by_addr]]] = True
     ev = np.flatnonzero(kept & ~skip)  # the events, in trace order; event k is at x = k + 1
     n = len(ev)
     x_of = np.zeros(len(act_codes), dtype=np.int64)
     x_of[ev] = np.arange(1, n + 1)
     x_time = np.r_[times[0] if len(times) else np.nan, times[ev]]
-    order = ev[np.argsort(addrs[ev], kind="stable")]
+    order = by_addr[~skip[by_addr]]  # the events by address, then in trace order (a stable sort's subsequence)
     same_next = np.r_[addrs[order][1:] == addrs[order][:-1], False]
     same_prev = np.r_[False, same_next[:-1]]
     a_sorted = is_alloc[order]
@@ -208,7 +208,10 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
     end_sorted = np.where(same_next, np.r_[x_of[order][1:], 0], n + 1)
     alloc_rows = order[a_sorted]
     alloc_end = end_sorted[a_sorted]
-    by_x = np.argsort(x_of[alloc_rows], kind="stable")
+    # in x order: each x holds one event, so a slot per x places them without a sort
+    slot = np.full(n + 1, -1, dtype=np.int64)
+    slot[x_of[alloc_rows]] = np.arange(len(alloc_rows))
+    by_x = slot[slot >= 0]
     alloc_rows, alloc_end = alloc_rows[by_x], alloc_end[by_x]
     # a free whose address had no alloc before it in the trace: alive before the trace began
     orphan = ~a_sorted & ~(same_prev & np.r_[False, a_sorted[:-1]])
