@@ -48,6 +48,7 @@ def test_alloc_timeline_figure_of_the_real_snapshot() -> None:
     tl = snapshot_views.timeline_of(mm)
     assert tl is not None and snapshot_views.timeline_of(mm) is tl  # computed once per map
     fig = snapshot_views.alloc_timeline_figure(mm)
+    assert snapshot_views.alloc_timeline_figure(mm) is fig  # the whole trace's figure: built once per map
     bars = fig.data[0]  # every band in one bar trace (a trace per band made the first draw slow)
     assert bars.type == "bar" and len(fig.data) == 3
     # a bar per stretch of each band where its lower edge holds still, each with the band's hover

@@ -62,6 +62,8 @@ ZOOM_JS = """function (relayout) {
 
 _SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
 _TIMELINES: dict[int, tuple[Any, TraceModel | None, AllocTimeline | None]] = {}
+#: the whole trace's figure per map (every visit of the page sends the same one; a zoom builds its own)
+_FIGURES: dict[int, tuple[Any, Fig]] = {}
 
 
 def load_snapshots(reader: RunReader, problems: list[str] | None = None) -> list[Any]:
@@ -218,8 +220,21 @@ def _band_bars(tl: AllocTimeline, scale: float, t0: float) -> dict[str, Any]:
 def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tuple[float, float] | None = None) -> Fig:
     """memory_viz's Active Memory Timeline: every allocation a band over the trace's events, stacked;
     when one is freed the bands above it drop down, so the top is the live bytes. ``window``: the x range
-    zoomed to (drawn again from every event in it; double-click shows the whole trace)."""
-    tl = tl if tl is not None else timeline_of(mm, window)
+    zoomed to (drawn again from every event in it; double-click shows the whole trace). The whole trace's
+    figure (no ``tl``, no ``window``) is built once per map."""
+    if tl is None and window is None:
+        hit = _FIGURES.get(id(mm))
+        if hit is not None and hit[0] is mm:
+            return hit[1]
+        fig = _alloc_timeline_figure(mm, timeline_of(mm), None)
+        if len(_FIGURES) >= 8:
+            _FIGURES.clear()
+        _FIGURES[id(mm)] = (mm, fig)  # the map is held, so its id is not reused while cached
+        return fig
+    return _alloc_timeline_figure(mm, tl if tl is not None else timeline_of(mm, window), window)
+
+
+def _alloc_timeline_figure(mm: Any, tl: AllocTimeline | None, window: tuple[float, float] | None) -> Fig:
     title = "Allocation timeline" + _snapshot_title(mm)
     if tl is None:
         fig = base_figure(title, height=420, xaxis_title="allocation event", yaxis_title="live bytes")
