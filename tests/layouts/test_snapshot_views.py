@@ -176,3 +176,19 @@ def test_zoom_redraws_the_window_from_the_zoom_store(tmp_path: Path) -> None:
     deps = [d for d in app._callback_list if "alloc-timeline-zoom.data" in str(d["output"])]
     assert len(deps) == 1 and deps[0]["clientside_function"] is not None
     assert all(k in ZOOM_JS for k in ("xaxis.autorange", "xaxis.range[0]", "xaxis.range[1]", "'xaxis.range'"))
+
+
+def test_bands_fit_the_bar_budget() -> None:
+    """A bar per stretch of a band is what the browser pays for: over ``max_pieces`` stretches, fewer bands
+    are drawn on their own (the rest merged), as many as fit."""
+    from gpudash.analysis.snapshot_trace import allocation_timeline
+
+    mm = load_snapshot(REAL)
+    whole = allocation_timeline(mm)
+    assert whole is not None and len(whole.bands) == 200
+    pieces = sum(len(b.xs) for b in whole.bands)
+    tight = allocation_timeline(mm, max_pieces=pieces // 2)
+    assert tight is not None and sum(len(b.xs) for b in tight.bands) <= pieces // 2
+    assert 20 < len(tight.bands) < 200 and tight.merged == whole.merged + 200 - len(tight.bands)
+    fig = snapshot_views.alloc_timeline_figure(mm, tight)
+    assert len(fig.data[0].x) <= pieces // 2
