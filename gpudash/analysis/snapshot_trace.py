@@ -26,13 +26,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["MAX_BANDS", "MAX_POINTS", "AllocTimeline", "Band", "TraceModel", "allocation_timeline", "live_bytes",
+__all__ = ["MAX_BANDS", "MAX_PIECES", "MAX_POINTS", "AllocTimeline", "Band", "TraceModel", "allocation_timeline", "live_bytes",
            "trace_model"]
 
 #: Allocations drawn as bands of their own (the rest are merged).
 MAX_BANDS = 200
 #: Vertices of all polygons and the merged band's edges together.
 MAX_POINTS = 20_000
+#: Stretches of all bands where their lower edge holds still (``len(Band.xs)`` summed): the dashboard draws one
+#: bar each, and the browser's cost is per bar (~0.2 ms each on this project's shared 2-core machine), so a trace
+#: whose drawn bands drop many times draws fewer of them on their own.
+MAX_PIECES = 1_500
 #: Buckets of the merged band's upper edge (a minimum and a maximum kept in each).
 BUCKETS = 1_000
 
@@ -190,17 +194,17 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
         codes, counts = np.unique(act_codes[~kept], return_counts=True)
         ignored = {str(act_names[k]): int(v) for k, v in zip(codes, counts, strict=True)}
     pos = np.flatnonzero(kept)
-    order = pos[np.argsort(addrs[pos], kind="stable")]  # by address, then in trace order
-    same = np.r_[False, addrs[order][1:] == addrs[order][:-1]]
-    prev_free = np.r_[False, is_free[order][:-1]]
+    by_addr = pos[np.argsort(addrs[pos], kind="stable")]  # by address, then in trace order
+    same = np.r_[False, addrs[by_addr][1:] == addrs[by_addr][:-1]]
+    prev_free = np.r_[False, is_free[by_addr][:-1]]
     skip = np.zeros(len(act_codes), dtype=bool)
-    skip[order[same & prev_free & is_done[order]]] = True
+    skip[by_addr[same & prev_free & is_done[by_addr]]] = True
     ev = np.flatnonzero(kept & ~skip)  # the events, in trace order; event k is at x = k + 1
     n = len(ev)
     x_of = np.zeros(len(act_codes), dtype=np.int64)
     x_of[ev] = np.arange(1, n + 1)
     x_time = np.r_[times[0] if len(times) else np.nan, times[ev]]
-    order = ev[np.argsort(addrs[ev], kind="stable")]
+    order = by_addr[~skip[by_addr]]  # the events by address, then in trace order (a stable sort's subsequence)
     same_next = np.r_[addrs[order][1:] == addrs[order][:-1], False]
     same_prev = np.r_[False, same_next[:-1]]
     a_sorted = is_alloc[order]
@@ -208,7 +212,10 @@ def _events(trace: pd.DataFrame) -> tuple[dict[str, np.ndarray], int, np.ndarray
     end_sorted = np.where(same_next, np.r_[x_of[order][1:], 0], n + 1)
     alloc_rows = order[a_sorted]
     alloc_end = end_sorted[a_sorted]
-    by_x = np.argsort(x_of[alloc_rows], kind="stable")
+    # in x order: each x holds one event, so a slot per x places them without a sort
+    slot = np.full(n + 1, -1, dtype=np.int64)
+    slot[x_of[alloc_rows]] = np.arange(len(alloc_rows))
+    by_x = slot[slot >= 0]
     alloc_rows, alloc_end = alloc_rows[by_x], alloc_end[by_x]
     # a free whose address had no alloc before it in the trace: alive before the trace began
     orphan = ~a_sorted & ~(same_prev & np.r_[False, a_sorted[:-1]])
@@ -385,13 +392,14 @@ def _first(k: int, keys: tuple[np.ndarray, ...]) -> np.ndarray:
 
 
 def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int = MAX_POINTS,
-                        buckets: int = BUCKETS, device: int | None = None, window: tuple[float, float] | None = None,
+                        max_pieces: int = MAX_PIECES, buckets: int = BUCKETS, device: int | None = None, window: tuple[float, float] | None = None,
                         model: TraceModel | None = None) -> AllocTimeline | None:
     """The timeline of ``mm``'s trace (a :class:`gpudash.store.snapshot.MemoryMap`), None if it has none.
 
     ``device``: the trace's device to draw (default: the one with the most entries). ``window``: the x range
     to draw (a zoom): bands go to the allocations covering the most of it, the merged band is sampled within
-    it (every event when it holds at most ``2 * buckets``). ``model``: :func:`trace_model` of ``mm``, if made."""
+    it (every event when it holds at most ``2 * buckets``). Fewer bands than ``max_bands`` when theirs would
+    exceed ``max_points`` vertices or ``max_pieces`` stretches. ``model``: :func:`trace_model` of ``mm``, if made."""
     model = model if model is not None else trace_model(mm, device)
     if model is None:
         return None
@@ -410,8 +418,8 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
     by_size = alive[_first(max(1, k0 // 4), (alive, -life, -size))]
     by_area = alive[_first(k0 + k0 // 4 + 1, (alive, -(size * life)))]
     budget = max(1, max_points - 2 * (2 * buckets + 2))
-    k = min(max_bands, len(alive))
-    while True:
+
+    def attempt(k: int) -> tuple[bool, set[int], list[Band], float]:
         drawn = set(by_size[:max(1, k // 4)].tolist())
         for i in by_area[:k + k // 4 + 1].tolist():  # k distinct ones whatever the largest took
             if len(drawn) >= k:
@@ -421,9 +429,24 @@ def allocation_timeline(mm: Any, *, max_bands: int = MAX_BANDS, max_points: int 
         order = sorted(drawn)
         bands = _stack([allocs[i] for i in order], set(range(len(order))))
         used = sum(b.points for b in bands) + 2 * 2 * k  # the merged band's lower edge changes at most 2k times
-        if used <= budget or k <= 1:
+        pieces = sum(len(b.xs) for b in bands)
+        fits = (used <= budget and pieces <= max_pieces) or k <= 1
+        return fits, drawn, bands, min(0.8, budget / used, max_pieces / max(pieces, 1))
+
+    # the most bands that fit: shrink until some fit, then halve the gap to the fewest that did not
+    k = min(max_bands, len(alive))
+    best: tuple[int, set[int], list[Band]] | None = None
+    over: int | None = None
+    while True:
+        fits, drawn, bands, shrink = attempt(k)
+        if fits:
+            best = (k, drawn, bands)
+        else:
+            over = k
+        if best is not None and (over is None or over - best[0] <= max(1, best[0] // 20)):
             break
-        k = max(1, int(k * min(0.8, budget / used)))
+        k = max(1, int(k * shrink)) if best is None or over is None else (best[0] + over) // 2
+    _, drawn, bands = best
     x_time = model.x_time
     for b in bands:
         b.alloc_us = float(x_time[b.start]) if not b.base else float("nan")

@@ -48,10 +48,20 @@ def test_alloc_timeline_figure_of_the_real_snapshot() -> None:
     tl = snapshot_views.timeline_of(mm)
     assert tl is not None and snapshot_views.timeline_of(mm) is tl  # computed once per map
     fig = snapshot_views.alloc_timeline_figure(mm)
-    bands = [t for t in fig.data if t.get("fill") == "toself"]
-    assert len(bands) == len(tl.bands) <= 200
+    assert snapshot_views.alloc_timeline_figure(mm) is fig  # the whole trace's figure: built once per map
+    bars = fig.data[0]  # every band in one bar trace (a trace per band made the first draw slow)
+    assert bars.type == "bar" and len(fig.data) == 3
+    # a bar per stretch of each band where its lower edge holds still, each with the band's hover
+    assert len(set(bars.hovertext)) == len(tl.bands) <= 200
     assert sum(len(t.x) for t in fig.data) <= 20_000
-    hovers = [t.text for t in bands]
+    # the bars tile each band: its bars' widths add up to its life, each bar inside it at one of its lower edges
+    for b in tl.bands:
+        hover = snapshot_views._band_hover(b, float(tl.time_us[0]))
+        mine = [i for i, h in enumerate(bars.hovertext) if h == hover]
+        assert sum(bars.width[i] for i in mine) == b.end - b.start
+        assert all(b.start <= bars.x[i] < b.end and bars.y[i] * 2**30 == b.size
+                   and bars.base[i] * 2**30 == b.low_at(int(bars.x[i] - bars.width[i] / 2)) for i in mine)
+    hovers = list(set(bars.hovertext))
     assert any("cs336_basics\\model.py:" in h and " forward" in h for h in hovers)  # frames on hover
     assert any("alive before the trace began" in h for h in hovers)
     assert any("freed by:<br>" in h for h in hovers)  # older allocations freed in the trace: the free's frames
@@ -107,7 +117,7 @@ def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
     page = build_run_page("imported", RunReader(run))
     graph = _find(page, "alloc-timeline")
     assert graph is not None and _find(page, "alloc-timeline-box") is not None
-    assert any("model.py:" in str(t.get("text")) for t in graph.figure["data"])
+    assert any("model.py:" in str(t.get("hovertext")) for t in graph.figure["data"])
     seg = _find(page, "segment-map")
     assert seg is not None and "showing the 60 largest of 216 segments" in str(seg.figure["layout"]["annotations"])
 
@@ -126,8 +136,9 @@ def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
              state)
     assert r.status_code == 200
     out = r.json["response"]
-    graph = out["alloc-timeline-box"]["children"]
-    assert graph["props"]["id"] == "alloc-timeline" and len(graph["props"]["figure"]["data"]) > 50
+    graph, zoom = out["alloc-timeline-box"]["children"]["props"]["children"]
+    assert graph["props"]["id"] == "alloc-timeline" and graph["props"]["figure"]["data"][0]["type"] == "bar"
+    assert zoom["props"]["id"] == "alloc-timeline-zoom"  # the zoom store comes (new) with its graph
     key = out["alloc-timeline-key"]["data"]
     assert key == [1, 0]
     # the same snapshot again (the cursor moving on): nothing is resent
@@ -137,3 +148,47 @@ def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
     bad = post(client, app, "alloc-timeline-box.children", {"cursor-slider.value": 0, "snapshot-pick.value": [1]},
                state)
     assert bad.status_code == 400 and "Traceback" not in bad.get_data(as_text=True)
+
+
+def test_zoom_redraws_the_window_from_the_zoom_store(tmp_path: Path) -> None:
+    """The server hears zooms from ``alloc-timeline-zoom`` (the browser passes on only x changes of the
+    timeline's relayoutData: an ``{"autosize": true}`` no longer supersedes a zoom being answered)."""
+    from dashpost import post
+
+    from gpudash.server.app import create_app
+    from gpudash.server.layouts.snapshot_views import ZOOM_JS
+
+    run = tmp_path / "imported"
+    assert cli(["import-snapshot", str(REAL), str(run), "--step", "3"]) == 0
+    app = create_app(tmp_path)
+    client = app.server.test_client()
+    state = {"page-run.data": {"run": "imported", "rank": 0}, "alloc-timeline-key.data": [1, 0]}
+    r = post(client, app, "alloc-timeline.figure",
+             {"alloc-timeline-zoom.data": {"xaxis.range[0]": 1000, "xaxis.range[1]": 1400}}, state)
+    assert r.status_code == 200
+    meta = r.json["response"]["alloc-timeline"]["figure"]["layout"]["meta"]
+    assert meta["window"] == [1000, 1400] and meta["sampled"] == 401
+    reset = post(client, app, "alloc-timeline.figure", {"alloc-timeline-zoom.data": {"xaxis.autorange": True}}, state)
+    assert reset.json["response"]["alloc-timeline"]["figure"]["layout"]["meta"]["window"] is None
+    assert post(client, app, "alloc-timeline.figure", {"alloc-timeline-zoom.data": {"autosize": True}},
+                state).status_code == 204
+    # the browser's filter passes the payloads the server reads as a zoom or a reset, and nothing else
+    deps = [d for d in app._callback_list if "alloc-timeline-zoom.data" in str(d["output"])]
+    assert len(deps) == 1 and deps[0]["clientside_function"] is not None
+    assert all(k in ZOOM_JS for k in ("xaxis.autorange", "xaxis.range[0]", "xaxis.range[1]", "'xaxis.range'"))
+
+
+def test_bands_fit_the_bar_budget() -> None:
+    """A bar per stretch of a band is what the browser pays for: over ``max_pieces`` stretches, fewer bands
+    are drawn on their own (the rest merged), as many as fit."""
+    from gpudash.analysis.snapshot_trace import allocation_timeline
+
+    mm = load_snapshot(REAL)
+    whole = allocation_timeline(mm)
+    assert whole is not None and len(whole.bands) == 200
+    pieces = sum(len(b.xs) for b in whole.bands)
+    tight = allocation_timeline(mm, max_pieces=pieces // 2)
+    assert tight is not None and sum(len(b.xs) for b in tight.bands) <= pieces // 2
+    assert 20 < len(tight.bands) < 200 and tight.merged == whole.merged + 200 - len(tight.bands)
+    fig = snapshot_views.alloc_timeline_figure(mm, tight)
+    assert len(fig.data[0].x) <= pieces // 2

@@ -1,7 +1,8 @@
 """Snapshot views of the run page: which snapshot is shown, and the allocation timeline.
 
-The timeline is :func:`gpudash.analysis.snapshot_trace.allocation_timeline` drawn: one filled
-polygon per allocation band (its size, life and a few frames on hover), the merged smaller
+The timeline is :func:`gpudash.analysis.snapshot_trace.allocation_timeline` drawn: each allocation band
+as bars (one per stretch where its lower edge holds still; its size, life and a few frames on hover; all the
+bands in one bar trace, drawn fast), the merged smaller
 allocations as one grey band on top, and a line of text that says what was merged, what was
 alive before the trace began and what the trace does not hold. The segment map is
 :func:`gpudash.server.layouts.memory.segment_map_figure`. Both follow the snapshot picker and the cursor.
@@ -14,7 +15,7 @@ import math
 from typing import Any
 
 import dash
-from dash import Input, Output, State, dcc
+from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 from gpudash.analysis.snapshot_trace import AllocTimeline, Band, TraceModel, allocation_timeline, trace_model
 from gpudash.server.layouts import memory
@@ -35,7 +36,7 @@ from gpudash.server.layouts.viewstate import relayout_range
 from gpudash.store.reader import RunReader
 from gpudash.units import fmt_duration
 
-__all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
+__all__ = ["ZOOM_JS", "alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
            "pick_snapshot", "register_snapshot_callbacks", "segment_map_view", "shown_map", "snapshot_options",
            "timeline_of", "zoom_window"]
 
@@ -47,8 +48,22 @@ _NO_FRAMES = "no Python frames (allocated from C++, e.g. in autograd's backward)
 _NO_TRACE = ("this snapshot holds no allocation history: call torch.cuda.memory._record_memory_history() "
              "before the snapshot (gpudash's snapshot_every does)")
 
+#: The timeline's ``relayoutData`` to ``alloc-timeline-zoom``, in the browser: only an x change (a zoom, a pan, a
+#: reset: the payloads :func:`gpudash.server.layouts.viewstate.relayout_range` reads) goes on to the server. Dash
+#: drops the answer of a callback whose input changed while it was being answered, and every chart sends
+#: ``{"autosize": true}`` about 100 ms after its first draw (later on a busy page): passed on, that resize
+#: superseded a zoom made just before it and the zoomed figure never came.
+ZOOM_JS = """function (relayout) {
+  var r = relayout || {};
+  if (r['xaxis.autorange'] || ('xaxis.range[0]' in r && 'xaxis.range[1]' in r)
+      || (Array.isArray(r['xaxis.range']) && r['xaxis.range'].length === 2)) { return r; }
+  return window.dash_clientside.no_update;
+}"""
+
 _SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
 _TIMELINES: dict[int, tuple[Any, TraceModel | None, AllocTimeline | None]] = {}
+#: the whole trace's figure per map (every visit of the page sends the same one; a zoom builds its own)
+_FIGURES: dict[int, tuple[Any, Fig]] = {}
 
 
 def load_snapshots(reader: RunReader, problems: list[str] | None = None) -> list[Any]:
@@ -173,11 +188,53 @@ def _notes(tl: AllocTimeline) -> list[str]:
     return [" · ".join(first)] + ([" · ".join(second)] if second else [])
 
 
+def _band_bars(tl: AllocTimeline, scale: float, t0: float) -> dict[str, Any]:
+    """Every band as one bar trace: a bar per stretch of the band's life where its lower edge holds still
+    (``Band.xs`` and ``lows``), its hover the band's size, life and frames. One trace, not a polygon trace
+    per band: Plotly's cost is per trace (defaults, calc and drawing: ~1 ms each on a free core), and the
+    200 band traces were most of the page's first draw. A bar's hover is its own (a filled polygon's hover
+    is its trace's), so the frames under the pointer are the band's under it."""
+    xs: list[float] = []
+    widths: list[int] = []
+    bases: list[float] = []
+    heights: list[float] = []
+    colors: list[str] = []
+    hovers: list[str] = []
+    for i, b in enumerate(tl.bands):
+        color = _BASE_COLORS[i % 2] if b.base else _BAND_COLORS[i % len(_BAND_COLORS)]
+        hover = _band_hover(b, t0)
+        for x0, x1, low in zip(b.xs, [*b.xs[1:], b.end], b.lows, strict=True):
+            if x1 > x0:
+                xs.append((x0 + x1) / 2)
+                widths.append(x1 - x0)
+                bases.append(low / scale)
+                heights.append(b.size / scale)
+                colors.append(color)
+                hovers.append(hover)
+    # opaque bars without an outline: Plotly widens any thinner than a pixel to one, so none vanishes
+    return {"type": "bar", "x": xs, "width": widths, "base": bases, "y": heights,
+            "marker": {"color": colors, "line": {"width": 0}}, "hovertext": hovers, "hoverinfo": "text",
+            "textposition": "none", "name": "allocations"}
+
+
 def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tuple[float, float] | None = None) -> Fig:
     """memory_viz's Active Memory Timeline: every allocation a band over the trace's events, stacked;
     when one is freed the bands above it drop down, so the top is the live bytes. ``window``: the x range
-    zoomed to (drawn again from every event in it; double-click shows the whole trace)."""
-    tl = tl if tl is not None else timeline_of(mm, window)
+    zoomed to (drawn again from every event in it; double-click shows the whole trace). The whole trace's
+    figure (no ``tl``, no ``window``) is built once per map."""
+    if tl is None and window is None:
+        hit = _FIGURES.get(id(mm))
+        if hit is not None and hit[0] is mm:
+            return hit[1]
+        fig = _alloc_timeline_figure(mm, timeline_of(mm), None)
+        if len(_FIGURES) >= 8:
+            _FIGURES.clear()
+        _FIGURES[id(mm)] = (mm, fig)  # the map is held, so its id is not reused while cached
+        return fig
+    return _alloc_timeline_figure(mm, tl if tl is not None else timeline_of(mm, window), window)
+
+
+def _alloc_timeline_figure(mm: Any, tl: AllocTimeline | None, window: tuple[float, float] | None) -> Fig:
     title = "Allocation timeline" + _snapshot_title(mm)
     if tl is None:
         fig = base_figure(title, height=420, xaxis_title="allocation event", yaxis_title="live bytes")
@@ -190,15 +247,12 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tupl
                   f"at {tl.peak_x:,})")
     fig = base_figure(title, height=460, xaxis_title="allocation event (each alloc or free is one step)",
                       yaxis_title="live bytes", bytes_axis=unit)
-    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 70, "r": 30, "t": 76, "b": 40})
+    # fixed margins (room for "18.8 GiB" ticks and the axis titles), no automargin: Plotly draws a figure whose
+    # margins it grows twice, and with a band per allocation the second draw was ~60% of the first paint
+    fig.update_layout(hovermode="closest", showlegend=False, margin={"l": 84, "r": 30, "t": 76, "b": 52},
+                      barmode="overlay")
     t0 = float(tl.time_us[0]) if len(tl.time_us) else float("nan")
-    for i, b in enumerate(tl.bands):
-        xs, ys = b.polygon()
-        color = _BASE_COLORS[i % 2] if b.base else _BAND_COLORS[i % len(_BAND_COLORS)]
-        fig.add_trace({"type": "scatter", "mode": "lines", "x": xs, "y": [y / scale for y in ys], "fill": "toself",
-                       "fillcolor": color, "line": {"width": 0.4, "color": "rgba(255,255,255,0.6)"},
-                       "hoveron": "fills", "text": _band_hover(b, t0), "hoverinfo": "text",
-                       "name": fmt_bytes(b.size)})
+    fig.add_trace(_band_bars(tl, scale, t0))
     x = [int(v) for v in tl.x]
     fig.add_trace({"type": "scatter", "mode": "lines", "x": x, "y": [v / scale for v in tl.drawn],
                    "line": {"width": 0, "shape": "hv"}, "hoverinfo": "skip", "name": "drawn bands"})
@@ -210,10 +264,10 @@ def alloc_timeline_figure(mm: Any, tl: AllocTimeline | None = None, window: tupl
     fig.add_annotation(text="<br>".join(plot_text(line, 300) for line in _notes(tl)), showarrow=False, xref="paper", yref="paper", x=0, y=1.0,
                        xanchor="left", yanchor="bottom", align="left", font={"size": 11, "color": "#666"})
     fig.update_xaxes(range=[0, tl.events + 1] if window is None else [float(min(window)), float(max(window))],
-                     tickformat=",d")
+                     tickformat=",d", automargin=False)
     fig.layout["meta"] = {"events": tl.events, "window": list(tl.window) if tl.window else None,
                           "bands": len(tl.bands), "sampled": len(tl.x)}
-    fig.update_yaxes(**unit_axis(unit), rangemode="tozero")
+    fig.update_yaxes(**unit_axis(unit), rangemode="tozero", automargin=False)
     return fig
 
 
@@ -236,7 +290,9 @@ def alloc_timeline_child(view: Fig | str) -> Any:
 
     if isinstance(view, str):
         return note(view)
-    return dcc.Graph(id="alloc-timeline", figure=view, config=GRAPH_CONFIG, className="graph")
+    # the zoom store beside its graph: both replaced together when another snapshot is shown
+    return html.Div([dcc.Graph(id="alloc-timeline", figure=view, config=GRAPH_CONFIG, className="graph"),
+                     dcc.Store(id="alloc-timeline-zoom")])
 
 
 def zoom_window(relayout: Any) -> tuple[float, float] | bool | None:
@@ -256,7 +312,10 @@ def shown_map(maps: list[Any], key: Any) -> Any | None:
 
 
 def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
-    @app.callback(Output("alloc-timeline", "figure"), Input("alloc-timeline", "relayoutData"),
+    app.clientside_callback(ZOOM_JS, Output("alloc-timeline-zoom", "data"), Input("alloc-timeline", "relayoutData"),
+                            prevent_initial_call=True)
+
+    @app.callback(Output("alloc-timeline", "figure"), Input("alloc-timeline-zoom", "data"),
                   State("alloc-timeline-key", "data"), State("page-run", "data"), prevent_initial_call=True)
     def alloc_timeline_zoom(relayout: Any, key: Any, page: dict[str, Any] | None) -> Any:
         # a zoom draws the window again from every event in it (as the long step charts re-query)
@@ -270,7 +329,6 @@ def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
         if mm is None:
             raise PreventUpdate
         return alloc_timeline_figure(mm, window=None if window is True else window)  # type: ignore[arg-type]
-
 
     @app.callback(Output("alloc-timeline-box", "children"), Output("alloc-timeline-key", "data"),
                   Input("cursor-slider", "value"), Input("snapshot-pick", "value"), State("page-run", "data"),
