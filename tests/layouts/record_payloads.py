@@ -123,7 +123,7 @@ def _fired(body: dict[str, Any]) -> str:
     shapes = []
     for i in body["inputs"]:
         for item in i if isinstance(i, list) else [i]:
-            name = f"{json.dumps(item['id'], sort_keys=True) if isinstance(item['id'], dict) else item['id']}" \
+            name = f"{json.dumps(item['id'], sort_keys=True, separators=(',', ':')) if isinstance(item['id'], dict) else item['id']}" \
                    f".{item['property']}"
             if name in changed:
                 v = item.get("value")

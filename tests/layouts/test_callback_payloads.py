@@ -36,6 +36,8 @@ from gpudash.server.layouts.run_callbacks import (
     view_address,
     zoom_redraw,
 )
+from gpudash.server.layouts.runs_callbacks import compare_baseline, compare_href, runs_page_no, runs_refresh
+from gpudash.server.layouts.xaxis_callbacks import cursor_in_time, switch_x
 from gpudash.store.reader import RunReader
 
 PAYLOADS = Path(__file__).parent / "payloads"
@@ -364,3 +366,76 @@ def test_summary_panel(runs: Path) -> None:
 def test_dashpost_finds_the_recorded_callbacks(runs: Path) -> None:
     app = create_app(runs)
     assert callback_key(app, "live-state.data") == recorded("live-state.data--live-interval")[0]["output"]
+
+
+# --- the x axis ----------------------------------------------------------------------------------------------
+
+
+def _switch(p: dict[str, Any], readers: ReaderCache, **change: Any) -> list[Any]:
+    v = {**values(p), **change}
+    return switch_x(v["x-mode.value"], v["live-state.data"], v["url.search"], v["cursor-slider.value"],
+                    v["smoothing.value"], readers=readers)
+
+
+def test_x_axis_switch(readers: ReaderCache) -> None:
+    shown, relative = recorded("memory-graph.figure--x-mode")[:2]
+    assert values(shown)["x-mode.value"] == "step" and values(relative)["x-mode.value"] == "relative"
+    with pytest.raises(PreventUpdate):  # the axis it already has
+        _switch(shown, readers)
+    *figs, state, search = _switch(relative, readers)
+    assert len(figs) == len(run_page.STEP_GRAPHS) and state["x"]["mode"] == "relative" and "x=relative" in search
+    state = values(relative)["live-state.data"]
+    for bad in ({"url.search": 3}, {"live-state.data": dict(state, x={"mode": "furlongs"})},
+                {"cursor-slider.value": "x"}):
+        with pytest.raises(BadInput):
+            _switch(relative, readers, **bad)
+
+
+def test_cursor_line_in_time(readers: ReaderCache) -> None:
+    p = recorded("memory-graph.figure--cursor-label")[0]
+    v = values(p)
+    with pytest.raises(PreventUpdate):  # a step axis: the replay callback already put the line at the step
+        cursor_in_time(v["cursor-label.children"], v["live-state.data"], readers=readers)
+    state = dict(v["live-state.data"], x={"mode": "relative", "origin": 0.0})
+    patches = cursor_in_time(v["cursor-label.children"], state, readers=readers)
+    assert len(patches) == len(run_page.CURSOR_GRAPHS) and all(isinstance(x, Patch) for x in patches)
+    with pytest.raises(BadInput):
+        cursor_in_time("abc", state, readers=readers)
+
+
+# --- the runs list and the compare page ----------------------------------------------------------------------
+
+
+def test_runs_list_search_and_pager(runs: Path) -> None:
+    searched = recorded("runs-page-no.data--runs-prev")[0]
+    v = values(searched)
+    assert runs_page_no(v["runs-page-no.data"], v["runs-shown.data"], trigger=trigger(searched)) == 0
+    assert runs_page_no(3, [0, 2], trigger="runs-next") == 1 and runs_page_no(3, None, trigger="runs-prev") == 2
+    with pytest.raises(BadInput):
+        runs_page_no("x", None, trigger="runs-next")
+    for p in recorded("runs-table-box.children--runs-interval"):
+        v = values(p)
+        try:
+            table, count, sig, *_ = runs_refresh(v["runs-search.value"], v["runs-status.value"],
+                                                 v["runs-page-no.data"], v.get("ALL"), v["runs-shown.data"],
+                                                 trigger=trigger(p), runs_dir=runs)
+        except PreventUpdate:
+            assert trigger(p) == "runs-interval"
+            continue
+        assert "rich" in json.dumps(table, default=str)
+    for bad in ({"query": "x" * 501}, {"status": "zombie"}, {"picks": "rich"}):
+        args = {"query": None, "status": None, "picks": None, **bad}
+        with pytest.raises(BadInput):
+            runs_refresh(args["query"], args["status"], 0, args["picks"], None, trigger="runs-search", runs_dir=runs)
+
+
+def test_compare_link_and_baseline() -> None:
+    ticked = next(p for p in recorded("compare-link.href--compare-pick") if p["changedPropIds"])
+    assert "/compare?runs=" in compare_href(values(ticked)["ALL"])
+    assert compare_href([None, []]).endswith("/compare")
+    with pytest.raises(BadInput):
+        compare_href(5)
+    v = values(recorded("url.search--compare-baseline")[0])
+    assert "base=1" in compare_baseline(1, v["url.search"])
+    with pytest.raises(BadInput):
+        compare_baseline("first", v["url.search"])
