@@ -430,8 +430,11 @@ def test_runs_list_search_and_pager(runs: Path) -> None:
 
 
 def test_compare_link_and_baseline() -> None:
-    ticked = next(p for p in recorded("compare-link.href--compare-pick") if p["changedPropIds"])
-    assert "/compare?runs=" in compare_href(values(ticked)["ALL"])
+    for p in recorded("compare-link.href--compare-pick"):
+        picked = [r for vals in values(p)["ALL"] for r in vals or []]
+        out = compare_href(values(p)["ALL"])
+        assert all(r in out for r in picked) and out.endswith("/compare") == (not picked)
+    assert compare_href([["rich"], None, ["plain"]]).endswith("/compare?runs=rich%2Cplain")
     assert compare_href([None, []]).endswith("/compare")
     with pytest.raises(BadInput):
         compare_href(5)
