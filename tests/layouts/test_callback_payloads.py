@@ -37,6 +37,12 @@ from gpudash.server.layouts.run_callbacks import (
     zoom_redraw,
 )
 from gpudash.server.layouts.runs_callbacks import compare_baseline, compare_href, runs_page_no, runs_refresh
+from gpudash.server.layouts.snapshot_callbacks import (
+    alloc_timeline_box,
+    alloc_timeline_zoom,
+    run_page_diff,
+    snapshot_pick,
+)
 from gpudash.server.layouts.xaxis_callbacks import cursor_in_time, switch_x
 from gpudash.store.reader import RunReader
 
@@ -442,3 +448,39 @@ def test_compare_link_and_baseline() -> None:
     assert "base=1" in compare_baseline(1, v["url.search"])
     with pytest.raises(BadInput):
         compare_baseline("first", v["url.search"])
+
+
+# --- the snapshot views --------------------------------------------------------------------------------------
+
+
+def test_alloc_timeline_on_the_cursor(readers: ReaderCache) -> None:
+    p = recorded("alloc-timeline-box.children--cursor-slider")[0]
+    v = values(p)
+    child, key = alloc_timeline_box(v["cursor-slider.value"], v["snapshot-pick.value"], v["page-run.data"], None,
+                                    readers=readers)
+    assert isinstance(key, list) and child is not None
+    with pytest.raises(PreventUpdate):  # the same snapshot as drawn: the timeline stays
+        alloc_timeline_box(v["cursor-slider.value"], v["snapshot-pick.value"], v["page-run.data"], key,
+                           readers=readers)
+    zoom = values(recorded("alloc-timeline.figure--alloc-timeline")[0])
+    with pytest.raises(PreventUpdate):  # drawn (autosize): no window to draw again
+        alloc_timeline_zoom(zoom["alloc-timeline.relayoutData"], key, zoom["page-run.data"], readers=readers)
+    fig = alloc_timeline_zoom({"xaxis.autorange": True}, key, zoom["page-run.data"], readers=readers)
+    assert fig["data"]
+    for bad in ({"step": "x"}, {"pick": 3}):
+        args = {"step": v["cursor-slider.value"], "pick": None, **bad}
+        with pytest.raises(BadInput):
+            alloc_timeline_box(args["step"], args["pick"], v["page-run.data"], None, readers=readers)
+
+
+def test_run_page_snapshot_diff(readers: ReaderCache) -> None:
+    v = values(recorded("snapshot-diff-box.children--snapshot-diff-pick")[0])
+    diff, largest = run_page_diff(v["snapshot-diff-pick.value"], v["snapshot-pick.value"], v["cursor-slider.value"],
+                                  v["page-run.data"], readers=readers)
+    assert diff == [] and largest  # nothing picked to compare with: the largest allocations only
+    with pytest.raises(BadInput):
+        run_page_diff(None, 5, v["cursor-slider.value"], v["page-run.data"], readers=readers)
+    with pytest.raises(PreventUpdate):
+        snapshot_pick("0", None, None, None, readers=readers)
+    with pytest.raises(BadInput):
+        snapshot_pick("0", None, ["rich"], None, readers=readers)

@@ -9,8 +9,7 @@ replay_callbacks          the replay bar: play, cursor moves, the views at the c
 xaxis_callbacks           the step graphs' x axis control and the cursor line in time
 progressbar               the header's progress bar
 lazy                      charts and tables below the fold, drawn when scrolled to
-snapshot_views            the allocation timeline (zoom, the snapshot shown)
-snapshot_page             an imported snapshot's page (picks, diff)
+snapshot_callbacks        the snapshot views: allocation timeline, an imported snapshot's page, the diff
 runs_callbacks            the runs list and the compare page's baseline and link
 ========================  =====================================================================
 
@@ -32,8 +31,7 @@ from gpudash.server.layouts.replay_callbacks import SnapshotRequests, event_inpu
 from gpudash.server.layouts.routing import page_for, register_route_callbacks
 from gpudash.server.layouts.run_callbacks import register_run_callbacks
 from gpudash.server.layouts.runs_callbacks import register_runs_callbacks
-from gpudash.server.layouts.snapshot_page import register_snapshot_page_callbacks
-from gpudash.server.layouts.snapshot_views import register_snapshot_callbacks
+from gpudash.server.layouts.snapshot_callbacks import register_snapshot_callbacks
 from gpudash.server.layouts.viewstate import view_params, view_search, zoom_range
 from gpudash.server.layouts.xaxis_callbacks import register_xaxis_callbacks
 
@@ -51,5 +49,4 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
     register_live_callbacks(app, readers)
     register_replay_callbacks(app, readers)
     register_snapshot_callbacks(app, readers)
-    register_snapshot_page_callbacks(app, readers)
     register_lazy_callbacks(app, readers)
