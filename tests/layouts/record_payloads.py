@@ -179,7 +179,6 @@ def main() -> None:
     finally:
         d.quit()
         server.shutdown()
-    Path(tempfile.gettempdir(), "gpudash-payloads-raw.json").write_text(json.dumps(bodies))
     OUT.mkdir(exist_ok=True)
     for old in OUT.glob("*.json"):
         old.unlink()
