@@ -1,24 +1,31 @@
 """The live tick: new records since the cursor, as ``extendData`` payloads for each live graph.
 
-Pure of Dash: the app's interval callback calls :func:`live_tick` with the
+Pure of Dash: the app's interval callback calls :func:`tick_view` with the
 client-side state (a plain dict kept in a ``dcc.Store``) and gets back what to
-append to each graph, which graphs must be rebuilt (a new column, rank or GPU
-appeared, or a trace grew past the point budget) and the new state.
+append to each graph, the graphs rebuilt whole (a new column, rank or GPU
+appeared, a trace grew past the point budget, or a chart was first drawn after
+the page), the throughput lines, the events and the new state. :func:`live_tick`
+is its store-reading half.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from gpudash.server.layouts.data import LIVE_TABLES, RunView, order_key
+from gpudash.server.layouts import events, run_page, throughput
+from gpudash.server.layouts.data import LIVE_TABLES, RunView, load_view, order_key
 from gpudash.server.layouts.downsample import MAX_POINTS
+from gpudash.server.layouts.fig import wire
 from gpudash.server.layouts.series import WINDOW, Series, series_xy
+from gpudash.server.layouts.xaxis import x_of
 from gpudash.store.reader import RunReader
 
-__all__ = ["LiveResult", "initial_state", "live_tick", "tails_of"]
+__all__ = ["LiveResult", "TickView", "initial_state", "live_tick", "tails_of", "tick_view"]
 
 #: A live trace may grow to this many points by appending; then the graph is rebuilt downsampled.
 LIVE_POINTS = 3 * MAX_POINTS
@@ -158,3 +165,52 @@ def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveRes
     state["tails"] = tails
     state["status"] = reader.status()
     return result
+
+
+@dataclass
+class TickView:
+    """What one live tick changes on the run page (None / empty: leave it as it is)."""
+
+    state: dict[str, Any]
+    #: graph -> ``extendData`` payload (graphs rebuilt are not in it)
+    extends: dict[str, Any] = field(default_factory=dict)
+    #: graph -> the whole figure, wired (:func:`gpudash.server.layouts.fig.wire`)
+    figures: dict[str, Any] = field(default_factory=dict)
+    #: the throughput panel's lines, when steps arrived
+    stats: list[str] | None = None
+    #: the events timeline (wired) and the table's rows, when events arrived or a graph was rebuilt
+    events: tuple[Any, list[dict[str, Any]]] | None = None
+
+
+def tick_view(reader: RunReader, lock: threading.Lock, state: dict[str, Any], facts: Any = None,
+              drawn: Iterable[str] = (), smooth: float = 0.0, mfu: dict[str, float] | None = None) -> TickView:
+    """One live tick of the run page: rows since ``state['cursor']`` read under ``lock``, the figures that must
+    be rebuilt built from the run as it is now. ``facts``: the run's facts (phases, loss spikes); ``drawn``: the
+    charts the page has drawn (a lazy one drawn after the page is rebuilt once, then extended like the others);
+    ``mfu``: ``peak_flops`` / ``flops_per_token`` for the MFU line. ``state`` is a checked ``live-state``."""
+    rank = int(state.get("rank", 0))
+    phases = {"phases": list(facts.phases)} if facts is not None else None
+    with lock:
+        res = live_tick(reader, state, lambda g, f: run_page.graph_specs(g, f, rank, phases))
+        res.rebuild.update(g for g in run_page.LIVE_GRAPHS if g in drawn and g not in state["specs"])
+        view = load_view(reader) if (res.rebuild or res.new_events) else None
+    new = res.state
+    out = TickView(state=new, extends=dict(res.extends))
+    if view is not None:
+        for g in run_page.LIVE_GRAPHS:
+            if g not in res.rebuild:
+                continue
+            fig, specs = run_page.build_graph(g, view, int(new.get("rank", 0)),
+                                              spikes=list(facts.loss_spike_steps) if facts is not None else None,
+                                              smooth=smooth, x=x_of(new))
+            out.figures[g] = wire(fig)
+            out.extends.pop(g, None)
+            new["specs"][g] = [s.as_dict() for s in specs]
+            new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
+        out.events = (events.events_figure(view.frame("events")), events.event_rows(view.frame("events")))
+    if res.frames.get("steps") is not None:
+        # the stats' window reaches back past this tick's rows: the tails the state keeps
+        tail = pd.DataFrame(dict((new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {})))
+        steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
+        out.stats = throughput.stats_lines(throughput.throughput_stats(steps, mfu or {}))
+    return out

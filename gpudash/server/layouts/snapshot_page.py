@@ -9,25 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import dash
-from dash import Input, Output, State, dcc, html
-from dash.exceptions import PreventUpdate
+from dash import dcc, html
 from gpudash.server.layouts import memory
 from gpudash.server.layouts.common import note
 from gpudash.server.layouts.data import RunView
-from gpudash.server.layouts.inputs import BadInput, page_run
+from gpudash.server.layouts.inputs import BadInput
 from gpudash.server.layouts.links import href
-from gpudash.server.layouts.readers import ReaderCache
 from gpudash.server.layouts.snapshot_diff_view import diff_children, diff_options, largest_children
 from gpudash.server.layouts.snapshot_views import (
     alloc_timeline_child,
     alloc_timeline_view,
-    load_snapshots,
     map_key,
     snapshot_options,
 )
 
-__all__ = ["is_snapshot_only", "pick_pair", "register_snapshot_page_callbacks", "snapshot_page", "snapshot_parts"]
+__all__ = ["is_snapshot_only", "pick_pair", "snapshot_page", "snapshot_parts"]
 
 
 def is_snapshot_only(view: RunView, maps: list[Any]) -> bool:
@@ -93,45 +89,3 @@ def snapshot_page(run_id: str, view: RunView, maps: list[Any], graph_config: Any
     ], id="snapshot-view", className="view", open=True)
     return html.Div([header, body, dcc.Store(id="page-run", data={"run": run_id, "rank": 0, "snapshot_only": True})],
                     id="run-page", className="snapshot-page")
-
-
-def register_snapshot_page_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
-    from gpudash.server.layouts.run_page import GRAPH_CONFIG
-
-    @app.callback(Output("segment-map-box", "children", allow_duplicate=True), Output("largest-box", "children"),
-                  Output("alloc-timeline-box", "children", allow_duplicate=True),
-                  Output("alloc-timeline-key", "data", allow_duplicate=True), Output("snapshot-diff-box", "children"),
-                  Input("snap-pick", "value"), Input("snap-diff-pick", "value"), State("page-run", "data"),
-                  State("alloc-timeline-key", "data"), prevent_initial_call=True)
-    def snapshot_pick(pick: Any, diff_pick: Any, page: dict[str, Any] | None, shown_key: Any) -> Any:
-        if not page:
-            raise PreventUpdate
-        reader, lock = readers.get_or_skip(page_run(page)[0])
-        with lock:
-            maps = load_snapshots(reader)
-        shown, before = pick_pair(maps, pick, diff_pick)
-        parts = snapshot_parts(maps, shown, before, GRAPH_CONFIG)
-        if parts["key"] == shown_key:  # only the comparison changed: the views keep what they show
-            return dash.no_update, dash.no_update, dash.no_update, dash.no_update, parts["diff"]
-        return parts["segment"], parts["largest"], parts["timeline"], parts["key"], parts["diff"]
-
-    @app.callback(Output("snapshot-diff-box", "children", allow_duplicate=True), Output("largest-box", "children",
-                                                                                        allow_duplicate=True),
-                  Input("snapshot-diff-pick", "value"), Input("snapshot-pick", "value"), Input("cursor-slider", "value"),
-                  State("page-run", "data"), prevent_initial_call=True)
-    def run_page_diff(diff_pick: Any, pick: Any, step: Any, page: dict[str, Any] | None) -> Any:
-        # the run page: B is the snapshot its views show (picker or cursor), A the one picked to compare with
-        from gpudash.server.layouts.inputs import as_int
-        from gpudash.server.layouts.snapshot_views import pick_snapshot
-
-        if not page:
-            raise PreventUpdate
-        step = None if step is None else as_int(step, "cursor")
-        reader, lock = readers.get_or_skip(page_run(page)[0])
-        with lock:
-            maps = load_snapshots(reader)
-        if not isinstance(pick, str | None):
-            raise BadInput("snapshot pick must be a string")
-        shown = pick_snapshot(maps, step, pick)
-        _, before = pick_pair(maps, None, diff_pick)
-        return diff_children(maps, before, shown, GRAPH_CONFIG) if before is not None else [], largest_children(shown)

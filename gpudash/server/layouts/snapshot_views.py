@@ -14,9 +14,7 @@ import importlib
 import math
 from typing import Any
 
-import dash
-from dash import Input, Output, State, dcc, html
-from dash.exceptions import PreventUpdate
+from dash import dcc, html
 from gpudash.analysis.snapshot_trace import AllocTimeline, Band, TraceModel, allocation_timeline, trace_model
 from gpudash.server.layouts import memory
 from gpudash.server.layouts.common import (
@@ -30,14 +28,13 @@ from gpudash.server.layouts.common import (
     waiting_figure,
 )
 from gpudash.server.layouts.fig import Fig
-from gpudash.server.layouts.inputs import BadInput, as_float, as_int, page_run
-from gpudash.server.layouts.readers import ReaderCache
+from gpudash.server.layouts.inputs import as_float
 from gpudash.server.layouts.viewstate import relayout_range
 from gpudash.store.reader import RunReader
 from gpudash.units import fmt_duration
 
 __all__ = ["ZOOM_JS", "alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
-           "pick_snapshot", "register_snapshot_callbacks", "segment_map_view", "shown_map", "snapshot_options",
+           "pick_snapshot", "segment_map_view", "shown_map", "snapshot_options",
            "timeline_of", "zoom_window"]
 
 _BAND_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
@@ -309,41 +306,3 @@ def shown_map(maps: list[Any], key: Any) -> Any | None:
             and 0 <= key[1] < len(maps)):
         return None
     return maps[key[1]]
-
-
-def register_snapshot_callbacks(app: dash.Dash, readers: ReaderCache) -> None:
-    app.clientside_callback(ZOOM_JS, Output("alloc-timeline-zoom", "data"), Input("alloc-timeline", "relayoutData"),
-                            prevent_initial_call=True)
-
-    @app.callback(Output("alloc-timeline", "figure"), Input("alloc-timeline-zoom", "data"),
-                  State("alloc-timeline-key", "data"), State("page-run", "data"), prevent_initial_call=True)
-    def alloc_timeline_zoom(relayout: Any, key: Any, page: dict[str, Any] | None) -> Any:
-        # a zoom draws the window again from every event in it (as the long step charts re-query)
-        window = zoom_window(relayout)
-        if window is None or not page:
-            raise PreventUpdate
-        reader, lock = readers.get_or_skip(page_run(page)[0])
-        with lock:
-            maps = load_snapshots(reader)
-        mm = shown_map(maps, key)
-        if mm is None:
-            raise PreventUpdate
-        return alloc_timeline_figure(mm, window=None if window is True else window)  # type: ignore[arg-type]
-
-    @app.callback(Output("alloc-timeline-box", "children"), Output("alloc-timeline-key", "data"),
-                  Input("cursor-slider", "value"), Input("snapshot-pick", "value"), State("page-run", "data"),
-                  State("alloc-timeline-key", "data"), prevent_initial_call=True)
-    def alloc_timeline(step: Any, pick: Any, page: dict[str, Any] | None, shown: Any) -> Any:
-        # redrawn only when another snapshot is chosen (the cursor passing one, or the picker)
-        if step is None or not page:
-            raise PreventUpdate
-        step = as_int(step, "cursor")
-        if not isinstance(pick, str | None):
-            raise BadInput("snapshot pick must be a string")
-        reader, lock = readers.get_or_skip(page_run(page)[0])
-        with lock:
-            maps = load_snapshots(reader)
-        key = map_key(maps, pick_snapshot(maps, step, pick))
-        if key == shown:
-            raise PreventUpdate
-        return alloc_timeline_child(alloc_timeline_view(maps, step, pick)), key
