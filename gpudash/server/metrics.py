@@ -44,6 +44,7 @@ from prometheus_client.core import Metric
 
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_nodes, rank_skew
+from gpudash.analysis.rates import RECENT_STEPS, per_second, recent_steps
 from gpudash.errors import RunError, UserError
 from gpudash.server import promnames
 from gpudash.server.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
@@ -69,8 +70,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 9479
-#: Steps read per scrape to compute rates (tokens/s over the last N steps).
-WINDOW = 20
+#: Steps read per scrape to compute rates (tokens/s over the last N steps: the run page's recent window).
+WINDOW = RECENT_STEPS
 #: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
 CARRY_ROWS = 2000
 #: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
@@ -204,6 +205,17 @@ class RunsCollector:
         if facts.peak_bytes.get("measured") is not None:
             fams.add("gpudash_measured_peak_bytes", "Largest measured per-step memory peak of the run.", lab,
                      facts.peak_bytes["measured"])
+        head = facts.headline
+        for key, name, what in (("tokens_per_s", "gpudash_run_tokens_per_second", "Tokens"),
+                                ("samples_per_s", "gpudash_run_samples_per_second", "Samples")):
+            if head.get(key) is not None:
+                fams.add(name, f"{what} per second over the whole run, all ranks (as gpudash info states it).", lab,
+                         head[key])
+        if head.get("mfu") is not None:
+            fams.add("gpudash_run_mfu_ratio", "Model FLOPs utilisation over the whole run.", lab, head["mfu"])
+        if facts.recent.mfu is not None:
+            fams.add("gpudash_mfu_ratio", f"Model FLOPs utilisation over the last {RECENT_STEPS} steps, all ranks.",
+                     lab, facts.recent.mfu)
         if facts.fragmentation_pct is not None:
             fams.add("gpudash_fragmentation_ratio", "Worst share of reserved memory in inactive split blocks.",
                      lab, facts.fragmentation_pct / 100.0)
@@ -299,11 +311,13 @@ class RunsCollector:
             else:
                 fams.add("gpudash_logged_value", "Newest value of other scalars logged with Monitor.log.",
                          {**lab, "name": col}, last[col])
-        span = float(df["time"].iloc[-1] - df["time"].iloc[0]) if len(df) > 1 else float(df["duration_s"].sum())
+        recent = recent_steps(df, WINDOW)
         for col, name in (("samples", "gpudash_samples_per_second"), ("tokens", "gpudash_tokens_per_second")):
-            if col in df and df[col].notna().any() and span > 0:
-                done = df[col].iloc[1:].sum() if len(df) > 1 else df[col].sum()
-                fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
+            if col in recent and "time" in recent:
+                rate = per_second(recent[col], recent["time"], recent.get("duration_s"))
+                if rate is not None:
+                    fams.add(name, f"{col.capitalize()} per second of the rank over its last {WINDOW} steps.", lab,
+                             rate)
         return df
 
     def _memory(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:

@@ -253,15 +253,8 @@ def register_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache) -> 
         lights: Any = no_update
         ev_fig: Any = no_update
         ev_rows: Any = no_update
-        if res.frames.get("steps") is not None:
-            import pandas as pd
-
-            tail = pd.DataFrame({k: v for k, v in (new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {}).items()})
-            steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
-            mfu = (page or {}).get("mfu_meta") or {}
-            mfu = {k: as_float(v, k) for k, v in mfu.items() if k in ("peak_flops", "flops_per_token")} \
-                if isinstance(mfu, dict) else {}
-            stats = [html.Li(t) for t in throughput.stats_lines(throughput.throughput_stats(steps, mfu))]
+        if res.frames.get("steps") is not None and facts is not None:  # the run's facts, as the summary says
+            stats = [html.Li(t) for t in throughput.stats_lines(facts)]
         lights = stability.lights_row(stability.stability_lights(facts))
         if view is not None:
             ev_fig = events.events_figure(view.frame("events"))
