@@ -36,9 +36,9 @@ def _loss(step: int) -> float:
 
 
 def _hand_made(run_dir: Path, kind: str, steps: int = 260) -> None:
-    from gpudash.monitor import Monitor
-
     import time
+
+    from gpudash.monitor import Monitor
 
     with Monitor(run_dir, name=kind, host_hz=0.0, device_hz=0.0, allocator=False, cuda_timing=False,
                  flush_interval=0.05, handle_signals=False, config=MFU_CONFIG if kind == "mfu" else None) as mon:
