@@ -23,7 +23,7 @@ import pandas as pd
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes
 from gpudash.analysis.oom import oom_reports
 from gpudash.analysis.progress import step_period
-from gpudash.analysis.ranks import node_stragglers, rank_nodes
+from gpudash.analysis.ranks import run_stragglers
 from gpudash.analysis.stability import (
     SPIKE_WINDOW,
     loss_series,
@@ -183,7 +183,7 @@ def _stall(run: Run, now: float, factor: float, min_s: float) -> list[Alert]:
 def _stragglers(run: Run) -> list[Alert]:
     if len(run.ranks) < 2:
         return []
-    found = node_stragglers(run, rank_nodes(run.rank_meta))
+    found = run_stragglers(run)
     if not found["steps"]:
         return []
     ranks = found["ranks"]

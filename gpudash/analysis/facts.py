@@ -20,7 +20,7 @@ from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragment
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.progress import Progress, progress_text, run_progress
-from gpudash.analysis.ranks import STRAGGLER_RATIO, node_stragglers, rank_nodes
+from gpudash.analysis.ranks import STRAGGLER_RATIO, rank_nodes, run_stragglers
 from gpudash.analysis.rates import RECENT_STEPS, Throughput, fmt_mfu, fmt_rate, throughput
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
 from gpudash.analysis.verdict import num
@@ -249,7 +249,7 @@ def run_facts(run: Run) -> Facts:
     headline = _headline(run, steps)
     headline["peak_memory_bytes"] = peak_memory(mem, peaks)
     nodes = rank_nodes(run.rank_meta)
-    strag = node_stragglers(run, nodes) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
+    strag = run_stragglers(run) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
     dropped = {k: sum(_count(m.get(k)) for m in run.rank_meta.values()) for k in ("dropped_records", "dropped_values")}
     return Facts(
         dropped_records=dropped["dropped_records"], dropped_values=dropped["dropped_values"],

@@ -21,7 +21,7 @@ import pandas as pd
 from gpudash.analysis.phases import phase_columns
 
 __all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew",
-           "rank_summary", "rank_work", "straggler_summary"]
+           "rank_summary", "rank_work", "run_stragglers", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
@@ -252,3 +252,10 @@ def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
     return {"measure": work.attrs.get("measure", "step time"), "steps": int(len(work)), "ranks": ranks,
             "nodes": by_node, "node_stragglers": [str(n) for n in node_list],
             "rank_stragglers": [int(r) for r in rank_list]}
+
+
+
+def run_stragglers(run: Any) -> dict[str, Any]:
+    """The run's stragglers as every surface names them (the facts, the verdicts, the alerts):
+    :func:`node_stragglers` over the nodes its ranks recorded (``run.rank_meta``). One rank: none."""
+    return node_stragglers(run, rank_nodes(getattr(run, "rank_meta", {}) or {}))
