@@ -33,7 +33,7 @@ from gpudash.analysis.stability import (
     spike_scores,
 )
 from gpudash.options import ALERT_KINDS
-from gpudash.store.run import Run, parse_json
+from gpudash.store.run import DIED, Run, parse_json
 
 __all__ = ["ALERT_EVENT", "ALERT_KINDS", "EPISODE_GAP_STEPS", "FULL_EVERY_S", "STATE_KINDS", "Alert", "AlertGate",
            "TRIGGER_COLUMNS", "Triggers", "evaluate", "recorded_alerts"]
@@ -202,7 +202,7 @@ def _crashed(run: Run) -> list[Alert]:
         return []
     s = run.steps
     last = _int(pd.to_numeric(s["step"], errors="coerce").max()) if len(s) and "step" in s else None
-    reason = str(run.meta.get("end_reason") or "the process died (no heartbeat)")
+    reason = str(run.meta.get("end_reason") or DIED)
     if reason == "KeyboardInterrupt":  # stopped by the person at the terminal: nobody to tell
         return []
     at = f" after step {last}" if last is not None else " before its first step"

@@ -25,14 +25,13 @@ from gpudash.analysis.rates import RECENT_STEPS, Throughput, fmt_mfu, fmt_rate, 
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
 from gpudash.analysis.verdict import num
 from gpudash.store.run import Run, run_start
-from gpudash.store.schema import SAME_OOM_S
+from gpudash.store.schema import MEMORY_CATEGORIES, MEMORY_PARTS, SAME_OOM_S
 
 __all__ = ["CATEGORY_COLUMNS", "MEASURED_PEAK_COLUMNS", "SAME_OOM_S", "Facts", "estimator_error", "headline_rows",
            "json_safe", "oom_count", "peak_memory", "run_facts", "step_count"]
 
 #: ``peak_bytes`` keys and the memory columns they are the maximum of.
-CATEGORY_COLUMNS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
-                    "activations": "activations_bytes"}
+CATEGORY_COLUMNS = {c.removesuffix("_bytes"): c for c in MEMORY_CATEGORIES}
 _OOM_COUNTERS = ("num_ooms", "ooms")
 _RETRIES = ("alloc_retries", "num_alloc_retries")
 _NONFINITE_COLS = ("nonfinite", "non_finite", "skipped", "skipped_step", "skipped_steps", "found_inf")
@@ -182,7 +181,7 @@ def peak_memory(mem: pd.DataFrame, peaks: dict[str, float | None]) -> float | No
         m = _max(mem, col)
         if m is not None:
             return m
-    cats = [c for c in (*CATEGORY_COLUMNS.values(), "other_bytes") if _num(mem, c) is not None]
+    cats = [c for c in MEMORY_PARTS if _num(mem, c) is not None]
     if not cats:
         return None
     return float(mem[cats].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1).max())

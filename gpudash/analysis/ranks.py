@@ -19,21 +19,32 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.phases import phase_columns
+from gpudash.store.schema import MEMORY_PARTS
 
 __all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew",
-           "rank_summary", "rank_work", "run_stragglers", "straggler_summary"]
+           "lowest_rank", "rank_summary", "rank_work", "run_stragglers", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
 MEMORY_COLUMNS = ("allocated_bytes", "reserved_bytes")
-_CATEGORY_COLUMNS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+
+
+def lowest_rank(df: pd.DataFrame, rank: int | None = None) -> pd.DataFrame:
+    """The rows of one rank of a several-rank frame: ``rank``, else the lowest recorded (the rank a run's loss,
+    memory, bottlenecks and progress are read from, and compare draws). A frame of one rank comes back whole."""
+    if "rank" not in df or not len(df):
+        return df
+    r = pd.to_numeric(df["rank"], errors="coerce")
+    if r.nunique() < 2:
+        return df
+    return df[r == (r.min() if rank is None else rank)]
 
 
 def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
     for col in MEMORY_COLUMNS:
         if col in memory and memory[col].notna().any():
             return memory[col].astype(float), col
-    cats = [c for c in _CATEGORY_COLUMNS if c in memory]
+    cats = [c for c in MEMORY_PARTS if c in memory]
     if cats:
         # activations are measured on sampled steps only, and ranks sample different
         # steps: carry each rank's last measurement forward so steps compare like with like

@@ -14,7 +14,7 @@ from gpudash.analysis.oom import oom_verdicts
 from gpudash.analysis.recommend import recommend
 from gpudash.analysis.stability import stability_verdicts
 from gpudash.analysis.verdict import SEVERITY_ORDER, Verdict, fmt_pct
-from gpudash.store.run import Run
+from gpudash.store.run import DIED, Run
 
 __all__ = ["status_verdict", "straggler_verdicts", "summarize"]
 
@@ -24,7 +24,7 @@ def status_verdict(run: Run) -> Verdict:
     reason = str(run.meta.get("end_reason") or "")
     if run.status == "crashed":
         return Verdict(kind="status", title=f"Crashed after {n} steps", severity="bad",
-                       evidence=[f"end reason: {reason or 'process died (no heartbeat)'}"],
+                       evidence=[f"end reason: {reason or DIED}"],
                        steps=(0, max(n - 1, 0)))
     if run.status == "live":
         return Verdict(kind="status", title=f"Still running ({n} steps so far)", severity="ok",

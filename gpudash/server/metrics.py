@@ -11,6 +11,8 @@ the names and ``run``, ``rank``, ``node`` (the rank's host) and ``gpu`` labels::
     gpudash_memory_category_bytes{run="exp1",rank="0",node="gpu-a1",category="activations"} 2.1e9
     gpudash_device_power_watts{run="exp1",rank="0",node="gpu-a1",gpu="0"} 312.0
     gpudash_step_skew_ratio{run="ddp"} 0.18      # torchrun: the straggler indicator
+    gpudash_run_tokens_per_second{run="exp1"} 38012.0   # the run's facts: whole run, all ranks
+    gpudash_mfu_ratio{run="exp1"} 0.41          # last 100 steps (gpudash.analysis.rates)
 
 Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
 plain WSGI app (``metrics_wsgi_app``), or on its own port
@@ -52,6 +54,7 @@ from gpudash.server.promnames import LABEL_CHARS, Families, metric_name, prometh
 from gpudash.store.bounded import damage
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
 from gpudash.store.runid import list_nested_run_dirs
+from gpudash.store.schema import MEMORY_PARTS
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer as WSGIServer
@@ -79,8 +82,7 @@ RUN_BUDGET_S = 20.0  # (gpudash.server.runcache.WAIT_S is the wait for a run ano
 #: Problems of one run exposed as ``gpudash_run_damaged{problem=...}`` lines.
 MAX_PROBLEMS = 5
 _DAMAGED_HELP = "1 for each problem found reading the run (the first few), named in the problem label."
-_CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-               "optimizer_host_bytes"}
+_CATEGORIES = {*MEMORY_PARTS, "optimizer_host_bytes"}
 _COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
 _SCALARS = {"loss": "gpudash_loss", "lr": "gpudash_learning_rate", "learning_rate": "gpudash_learning_rate",
             "grad_norm": "gpudash_grad_norm", "loss_scale": "gpudash_loss_scale",

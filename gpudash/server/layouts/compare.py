@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dash import dash_table, dcc, html
+from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.server.layouts.common import (
     base_figure,
@@ -52,12 +53,8 @@ def total_memory(memory: pd.DataFrame) -> pd.Series:
     return memory[cats].astype(float).ffill().fillna(0).sum(axis=1)
 
 
-def _rank0(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["rank"] == df["rank"].min()] if "rank" in df and len(df) else df
-
-
 def _full(v: RunView, table: str) -> pd.DataFrame:
-    return _rank0(v.full.get(table, v.frame(table)))
+    return lowest_rank(v.full.get(table, v.frame(table)))
 
 
 def _line(fig: Fig, name: str, x: pd.Series, y: pd.Series, unit: str, scale: float = 1.0) -> None:

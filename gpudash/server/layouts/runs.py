@@ -169,7 +169,8 @@ def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
             return {}, "unreadable"
         try:
             rank_meta = reader.rank_meta()
-            return merged_meta(reader, rank_meta), reader.status()
+            status = reader.status()
+            return merged_meta(reader, rank_meta, status), status
         finally:
             lock.release()
     except Exception:  # noqa: BLE001 - RunError, or a run that cannot be read at all: its summary says why
