@@ -124,3 +124,20 @@ def test_a_crashed_run_says_why_in_one_place(tmp_path: Path) -> None:
     assert run.status == view.status == "crashed"
     assert run.meta["end_reason"] == view.meta["end_reason"] == DIED
     assert view.meta["status"] == run.meta["status"] == "crashed"
+
+
+def test_the_trainers_progress_line_says_the_same_rate() -> None:
+    """The progress line once said tokens seen / time since the loop began (the first step's compilation in it
+    for the whole run); it is :func:`per_second` of its last steps, as /metrics and the run page say."""
+    pytest.importorskip("torch")
+    from gpudash.trainer.loop import _Progress
+
+    p = _Progress(300)
+    ends = 1000.0 + np.concatenate([[10.0], 10.0 + np.arange(1, 300) * 0.5])  # a 10 s first step, then 0.5 s
+    for done, end in enumerate(ends, start=1):
+        p.update(done, 2.0, 4, 256.0, end=float(end))
+    window = list(p.tokens)
+    assert len(window) == RECENT_STEPS + 1
+    rate = per_second([n for _, n in window], [t for t, _ in window])
+    assert rate == pytest.approx(256.0 / 0.5)
+    assert f"{fmt_rate(rate)} tok/s" in p.line(300, 2.0, 4, rate, now=p.start + 160.0)
