@@ -23,7 +23,7 @@ import pandas as pd
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes
 from gpudash.analysis.oom import oom_reports
 from gpudash.analysis.progress import step_period
-from gpudash.analysis.ranks import node_stragglers, rank_nodes
+from gpudash.analysis.ranks import run_stragglers
 from gpudash.analysis.stability import (
     SPIKE_WINDOW,
     loss_series,
@@ -33,7 +33,7 @@ from gpudash.analysis.stability import (
     spike_scores,
 )
 from gpudash.options import ALERT_KINDS
-from gpudash.store.run import Run, parse_json
+from gpudash.store.run import DIED, Run, parse_json
 
 __all__ = ["ALERT_EVENT", "ALERT_KINDS", "EPISODE_GAP_STEPS", "FULL_EVERY_S", "STATE_KINDS", "Alert", "AlertGate",
            "TRIGGER_COLUMNS", "Triggers", "evaluate", "recorded_alerts"]
@@ -183,7 +183,7 @@ def _stall(run: Run, now: float, factor: float, min_s: float) -> list[Alert]:
 def _stragglers(run: Run) -> list[Alert]:
     if len(run.ranks) < 2:
         return []
-    found = node_stragglers(run, rank_nodes(run.rank_meta))
+    found = run_stragglers(run)
     if not found["steps"]:
         return []
     ranks = found["ranks"]
@@ -202,7 +202,7 @@ def _crashed(run: Run) -> list[Alert]:
         return []
     s = run.steps
     last = _int(pd.to_numeric(s["step"], errors="coerce").max()) if len(s) and "step" in s else None
-    reason = str(run.meta.get("end_reason") or "the process died (no heartbeat)")
+    reason = str(run.meta.get("end_reason") or DIED)
     if reason == "KeyboardInterrupt":  # stopped by the person at the terminal: nobody to tell
         return []
     at = f" after step {last}" if last is not None else " before its first step"

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.phases import phase_columns as _phase_columns
+from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, fmt_s
 from gpudash.store.run import Run
 
@@ -158,8 +159,7 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
     steps = run.steps
     if steps.empty or "duration_s" not in steps:
         return []
-    if "rank" in steps and steps["rank"].nunique() > 1:
-        steps = steps[steps["rank"] == (rank if rank is not None else int(steps["rank"].min()))]
+    steps = lowest_rank(steps, rank)
     steps = steps.sort_values("step").reset_index(drop=True)
     cols = phase_columns(steps, run.meta)
     if not cols:

@@ -46,12 +46,11 @@ def fmt_dollars(d: float) -> str:
 
 
 def _wall_s(run: Run) -> float:
-    starts = [num(m.get("started_at")) for m in run.rank_meta.values()]
+    start = run.start
     ends = [num(m.get("ended_at")) or num(m.get("heartbeat")) for m in run.rank_meta.values()]
-    s = [x for x in starts if x is not None]
     e = [x for x in ends if x is not None]
-    if s and e and max(e) > min(s):
-        return max(e) - min(s)
+    if start is not None and e and max(e) > start:
+        return max(e) - start
     st = run.steps
     if len(st) > 1:
         return float(st["time"].max() - st["time"].min() + st["duration_s"].iloc[0])

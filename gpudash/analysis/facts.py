@@ -20,18 +20,18 @@ from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragment
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.progress import Progress, progress_text, run_progress
-from gpudash.analysis.ranks import STRAGGLER_RATIO, node_stragglers, rank_nodes
+from gpudash.analysis.ranks import STRAGGLER_RATIO, rank_nodes, run_stragglers
+from gpudash.analysis.rates import RECENT_STEPS, Throughput, fmt_mfu, fmt_rate, throughput
 from gpudash.analysis.stability import SPIKE_RATIO, SPIKE_WINDOW, SPIKE_Z, loss_spikes, nonfinite_steps
-from gpudash.store.run import Run
+from gpudash.analysis.verdict import num
+from gpudash.store.run import Run, run_start
+from gpudash.store.schema import MEMORY_CATEGORIES, MEMORY_PARTS, SAME_OOM_S
 
 __all__ = ["CATEGORY_COLUMNS", "MEASURED_PEAK_COLUMNS", "SAME_OOM_S", "Facts", "estimator_error", "headline_rows",
            "json_safe", "oom_count", "peak_memory", "run_facts", "step_count"]
 
 #: ``peak_bytes`` keys and the memory columns they are the maximum of.
-CATEGORY_COLUMNS = {"params": "params_bytes", "grads": "grads_bytes", "optimizer": "optimizer_bytes",
-                    "activations": "activations_bytes"}
-#: An exception's ``oom`` event this close to the allocator observer's one (same rank and step) is the same OOM.
-SAME_OOM_S = 10.0
+CATEGORY_COLUMNS = {c.removesuffix("_bytes"): c for c in MEMORY_CATEGORIES}
 _OOM_COUNTERS = ("num_ooms", "ooms")
 _RETRIES = ("alloc_retries", "num_alloc_retries")
 _NONFINITE_COLS = ("nonfinite", "non_finite", "skipped", "skipped_step", "skipped_steps", "found_inf")
@@ -61,7 +61,8 @@ class Facts:
     estimator_error: float | None
     """Median over steps of predicted_peak_bytes / measured peak - 1."""
     headline: dict[str, float | None]
-    """duration_s, step_time_median_s, step_time_p95_s, tokens_per_s, samples_per_s, peak_memory_bytes."""
+    """duration_s, step_time_median_s, step_time_p95_s, tokens_per_s, samples_per_s, mfu (over every step:
+    :func:`gpudash.analysis.rates.throughput`), peak_memory_bytes."""
     lights: tuple[Light, ...]
     thresholds: dict[str, float] = field(default_factory=dict)
     nodes: int = 1
@@ -87,6 +88,8 @@ class Facts:
     """How ``gpudash run`` counted the steps (optimizer steps, or backward calls without an optimizer)."""
     no_steps_reason: str | None = None
     """Why a run has no step, when it knows (``gpudash run`` says so rather than a silent "finished")."""
+    recent: Throughput = field(default_factory=Throughput)
+    """The rates over the last :data:`gpudash.analysis.rates.RECENT_STEPS` steps (what a live run does now)."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -178,7 +181,7 @@ def peak_memory(mem: pd.DataFrame, peaks: dict[str, float | None]) -> float | No
         m = _max(mem, col)
         if m is not None:
             return m
-    cats = [c for c in (*CATEGORY_COLUMNS.values(), "other_bytes") if _num(mem, c) is not None]
+    cats = [c for c in MEMORY_PARTS if _num(mem, c) is not None]
     if not cats:
         return None
     return float(mem[cats].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1).max())
@@ -191,31 +194,19 @@ def estimator_error(mem: pd.DataFrame) -> float | None:
 
 
 def _headline(run: Run, steps: pd.DataFrame) -> dict[str, float | None]:
-    out: dict[str, float | None] = {"duration_s": None, "step_time_median_s": None, "step_time_p95_s": None,
-                                    "tokens_per_s": None, "samples_per_s": None}
-    if not len(steps):
-        return out
-    t = pd.to_numeric(steps["time"], errors="coerce") if "time" in steps else None
-    dur = _num(steps, "duration_s")
-    if dur is not None:
-        out["step_time_median_s"] = float(dur.median())
-        out["step_time_p95_s"] = float(dur.quantile(0.95))
-    span = None
-    if t is not None and t.notna().any():
-        start = float((t - (dur.fillna(0.0) if dur is not None else 0.0)).min())
-        span = float(t.max()) - start
-        created = run.meta.get("created_at") or run.meta.get("started_at")
-        ended = run.meta.get("ended_at") if run.status != "live" else None
-        try:
-            t0 = float(created) if created else start
-            t1 = max(float(ended), float(t.max())) if ended else float(t.max())
-        except (TypeError, ValueError):
-            t0, t1 = start, float(t.max())
-        out["duration_s"] = t1 - min(t0, start)
-    for col in ("tokens", "samples"):
-        v = _num(steps, col)
-        if v is not None and span and span > 0:
-            out[f"{col}_per_s"] = float(v.sum()) / span
+    """The run's duration and its :func:`gpudash.analysis.rates.throughput` over every step."""
+    tp = throughput(steps, run.meta)
+    out: dict[str, float | None] = {"duration_s": None, "step_time_median_s": tp.step_time_median_s,
+                                    "step_time_p95_s": tp.step_time_p95_s, "tokens_per_s": tp.tokens_per_s,
+                                    "samples_per_s": tp.samples_per_s, "mfu": tp.mfu}
+    t = _num(steps, "time")
+    if t is not None:
+        dur = _num(steps, "duration_s")
+        first = float((t - (dur.fillna(0.0) if dur is not None else 0.0)).min())
+        t0 = run_start(run.meta, run.rank_meta)
+        ended = num(run.meta.get("ended_at")) if run.status != "live" else None
+        t1 = max(ended, float(t.max())) if ended is not None else float(t.max())
+        out["duration_s"] = t1 - min(t0 if t0 is not None else first, first)
     return out
 
 
@@ -257,7 +248,7 @@ def run_facts(run: Run) -> Facts:
     headline = _headline(run, steps)
     headline["peak_memory_bytes"] = peak_memory(mem, peaks)
     nodes = rank_nodes(run.rank_meta)
-    strag = node_stragglers(run, nodes) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
+    strag = run_stragglers(run) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
     dropped = {k: sum(_count(m.get(k)) for m in run.rank_meta.values()) for k in ("dropped_records", "dropped_values")}
     return Facts(
         dropped_records=dropped["dropped_records"], dropped_values=dropped["dropped_values"],
@@ -271,6 +262,7 @@ def run_facts(run: Run) -> Facts:
                     "straggler_ratio": STRAGGLER_RATIO},
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
+        recent=throughput(steps, run.meta, last=RECENT_STEPS),
         **_params_facts(run, peaks))
 
 
@@ -320,10 +312,12 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
         rows.append(("progress", f"{100 * facts.progress.fraction:.0f} %, " + progress_text(facts.progress)))
     if h.get("duration_s") is not None:
         rows.append(("duration", fmt_s(h["duration_s"])))
-    rates = [f"{h[k]:,.0f} {k.removesuffix('_per_s')}/s" for k in ("tokens_per_s", "samples_per_s")
+    rates = [f"{fmt_rate(h[k])} {k.removesuffix('_per_s')}/s" for k in ("tokens_per_s", "samples_per_s")
              if h.get(k) is not None]
     if rates:
         rows.append(("throughput", ", ".join(rates)))
+    if h.get("mfu") is not None:
+        rows.append(("MFU", fmt_mfu(h["mfu"])))
     if facts.phases:
         rows.append(("phases", ", ".join(facts.phases)))
     peaks = [f"{k} {fmt_bytes(v)}" for k, v in facts.peak_bytes.items() if k != "measured" and v is not None]

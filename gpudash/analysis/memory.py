@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.lights import FRAG_WARN_PCT, fragmentation_pct
+from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.verdict import Severity, Verdict, fmt_bytes, fmt_pct, num
 from gpudash.store.run import Run
 from gpudash.units import distinct_bytes
@@ -30,15 +31,9 @@ ESTIMATE_WARN = 0.25
 """An estimate off by more than this is worth a warning (the estimator's goal is ±10 %)."""
 
 
-def _one_rank(mem: pd.DataFrame) -> pd.DataFrame:
-    if "rank" in mem and mem["rank"].nunique() > 1:
-        mem = mem[mem["rank"] == mem["rank"].min()]
-    return mem
-
-
 def measured_peak(run: Run, steps: set[int] | None = None) -> tuple[float, str, int] | None:
     """(peak bytes, column, step) from the best peak column recorded (only ``steps`` when given)."""
-    mem = _one_rank(run.memory)
+    mem = lowest_rank(run.memory)
     if steps is not None:
         mem = mem[mem["step"].isin(steps)]
     for col in _PEAK_COLUMNS:
@@ -63,7 +58,7 @@ def _steps_at_micro_batch(run: Run, micro: object) -> set[int] | None:
 def estimator_errors(mem: pd.DataFrame) -> tuple[str, pd.Series] | None:
     """``predicted_peak_bytes / measured peak - 1`` per step, and the measured column's name.
     One rank (the lowest), steps after the first (step 0 has no optimizer state yet: not steady state)."""
-    mem = _one_rank(mem)
+    mem = lowest_rank(mem)
     col = next((c for c in MEASURED_PEAK_COLUMNS if c in mem and pd.to_numeric(mem[c], errors="coerce").notna().any()),
                None)
     if col is None or "predicted_peak_bytes" not in mem:
@@ -139,7 +134,7 @@ def memory_verdicts(run: Run) -> list[Verdict]:
                                      f"{fmt_bytes(est_peak[0])} ({est_peak[1]}) over {len(at or ())} steps at that "
                                      "micro-batch"],
                            numbers={"predicted_bytes": predicted, "measured_bytes": est_peak[0], "error": err}))
-    mem = _one_rank(run.memory)
+    mem = lowest_rank(run.memory)
     retries = mem["alloc_retries"].astype(float) if "alloc_retries" in mem else None
     split = mem["inactive_split_bytes"].astype(float) if "inactive_split_bytes" in mem else None
     ev = []

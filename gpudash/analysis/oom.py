@@ -27,12 +27,14 @@ import pandas as pd
 
 from gpudash.analysis.verdict import Verdict, fmt_bytes, num
 from gpudash.store.run import Run
+from gpudash.store.schema import MEMORY_PARTS
 from gpudash.units import distinct_bytes
 
 __all__ = ["CATEGORIES", "OomReport", "categories_before", "oom_reports", "oom_verdicts", "parse_oom_message",
            "snapshot_largest_free"]
 
-CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+#: The memory columns an OOM report breaks the bytes into (the store's categories and the rest).
+CATEGORIES = MEMORY_PARTS
 _CONTEXT_ALLOWANCE = 768 * 2**20  # CUDA context + NCCL live outside the allocator in every process
 _UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}

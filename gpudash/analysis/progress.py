@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.ranks import lowest_rank
 from gpudash.store.run import Run
 
 __all__ = ["RECENT_STEPS", "Progress", "fmt_eta", "eta_text", "progress", "progress_text", "run_progress",
@@ -106,7 +107,7 @@ def run_progress(run: Run, done: int) -> Progress | None:
     steps = run.steps
     cols: dict[str, Any] = {"steps": (), "times": (), "durations": None}
     if len(steps) and "step" in steps and "time" in steps:
-        rows = steps[steps["rank"] == steps["rank"].min()] if "rank" in steps else steps
+        rows = lowest_rank(steps)
         step = pd.to_numeric(rows["step"], errors="coerce")
         rows = rows.assign(_s=step).dropna(subset=["_s"]).sort_values("_s", kind="stable").tail(RECENT_STEPS + 1)
         cols = {"steps": rows["_s"].to_numpy(dtype=float),

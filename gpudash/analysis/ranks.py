@@ -19,21 +19,32 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.phases import phase_columns
+from gpudash.store.schema import MEMORY_PARTS
 
 __all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew",
-           "rank_summary", "rank_work", "straggler_summary"]
+           "lowest_rank", "rank_summary", "rank_work", "run_stragglers", "straggler_summary"]
 
 #: Memory columns compared across ranks, best first: the allocator's view on
 #: GPU, else the sum of the categories the Monitor measures on any device.
 MEMORY_COLUMNS = ("allocated_bytes", "reserved_bytes")
-_CATEGORY_COLUMNS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+
+
+def lowest_rank(df: pd.DataFrame, rank: int | None = None) -> pd.DataFrame:
+    """The rows of one rank of a several-rank frame: ``rank``, else the lowest recorded (the rank a run's loss,
+    memory, bottlenecks and progress are read from, and compare draws). A frame of one rank comes back whole."""
+    if "rank" not in df or not len(df):
+        return df
+    r = pd.to_numeric(df["rank"], errors="coerce")
+    if r.nunique() < 2:
+        return df
+    return df[r == (r.min() if rank is None else rank)]
 
 
 def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
     for col in MEMORY_COLUMNS:
         if col in memory and memory[col].notna().any():
             return memory[col].astype(float), col
-    cats = [c for c in _CATEGORY_COLUMNS if c in memory]
+    cats = [c for c in MEMORY_PARTS if c in memory]
     if cats:
         # activations are measured on sampled steps only, and ranks sample different
         # steps: carry each rank's last measurement forward so steps compare like with like
@@ -252,3 +263,10 @@ def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
     return {"measure": work.attrs.get("measure", "step time"), "steps": int(len(work)), "ranks": ranks,
             "nodes": by_node, "node_stragglers": [str(n) for n in node_list],
             "rank_stragglers": [int(r) for r in rank_list]}
+
+
+
+def run_stragglers(run: Any) -> dict[str, Any]:
+    """The run's stragglers as every surface names them (the facts, the verdicts, the alerts):
+    :func:`node_stragglers` over the nodes its ranks recorded (``run.rank_meta``). One rank: none."""
+    return node_stragglers(run, rank_nodes(getattr(run, "rank_meta", {}) or {}))

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_pct, fmt_s, num
 from gpudash.store.run import Run
+from gpudash.store.schema import MEMORY_PARTS
 
 __all__ = ["CKPT_TIME_COST", "adapter_mixes", "predict", "recommend", "run_setup"]
 
@@ -151,7 +152,7 @@ def _oom_fit(run: Run, v: Verdict) -> None:
     n = v.numbers
     act, opt = n.get("activations_bytes", 0.0), n.get("optimizer_bytes", 0.0)
     cap, need = n.get("capacity_bytes"), n.get("need_bytes") or sum(
-        n.get(k, 0.0) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes"))
+        n.get(k, 0.0) for k in MEMORY_PARTS)
     parts: list[str] = []
     saving: list[str] = []
     mb = n.get("micro_batch")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import Run
 
@@ -144,10 +145,7 @@ def _fmt_ranges(rs: list[tuple[int, int]], limit: int = 6) -> str:
 def _one_rank(steps: pd.DataFrame) -> pd.DataFrame:
     if "step" not in steps:  # no steps recorded (a run that died at once)
         return pd.DataFrame({"step": pd.Series(dtype="int64")})
-    if "rank" in steps:
-        low, high = steps["rank"].min(), steps["rank"].max()
-        if pd.notna(low) and low != high:  # more than one rank
-            steps = steps[steps["rank"] == low]
+    steps = lowest_rank(steps)
     step = steps["step"]
     if pd.api.types.is_numeric_dtype(step) and bool((np.diff(step.to_numpy()) > 0).all()):
         return steps.reset_index(drop=True)  # already in step order (as the writer stores one rank's steps)

@@ -14,7 +14,7 @@ from gpudash.analysis.oom import oom_verdicts
 from gpudash.analysis.recommend import recommend
 from gpudash.analysis.stability import stability_verdicts
 from gpudash.analysis.verdict import SEVERITY_ORDER, Verdict, fmt_pct
-from gpudash.store.run import Run
+from gpudash.store.run import DIED, Run
 
 __all__ = ["status_verdict", "straggler_verdicts", "summarize"]
 
@@ -24,7 +24,7 @@ def status_verdict(run: Run) -> Verdict:
     reason = str(run.meta.get("end_reason") or "")
     if run.status == "crashed":
         return Verdict(kind="status", title=f"Crashed after {n} steps", severity="bad",
-                       evidence=[f"end reason: {reason or 'process died (no heartbeat)'}"],
+                       evidence=[f"end reason: {reason or DIED}"],
                        steps=(0, max(n - 1, 0)))
     if run.status == "live":
         return Verdict(kind="status", title=f"Still running ({n} steps so far)", severity="ok",
@@ -40,36 +40,45 @@ def status_verdict(run: Run) -> Verdict:
 
 
 def straggler_verdicts(run: Run) -> list[Verdict]:
+    """The stragglers :class:`gpudash.analysis.facts.Facts` names (:func:`gpudash.analysis.ranks.run_stragglers`):
+    a slow node once, and the slow ranks on otherwise healthy nodes."""
     if len(run.ranks) < 2:
         return []
-    from gpudash.analysis.ranks import node_stragglers, rank_skew, straggler_summary
+    from gpudash.analysis.ranks import rank_skew, run_stragglers, straggler_summary
 
-    nodes = node_stragglers(run)
-    if nodes["node_stragglers"]:  # a slow machine: said once, not once per rank on it
-        by = nodes["nodes"]
-        return [Verdict(kind="straggler", title=f"Node {node} is a straggler (all {int(by.loc[node, 'ranks'])} of "
+    found = run_stragglers(run)
+    out = []
+    if found["node_stragglers"]:  # a slow machine: said once, not once per rank on it
+        by = found["nodes"]
+        out = [Verdict(kind="straggler", title=f"Node {node} is a straggler (all {int(by.loc[node, 'ranks'])} of "
                                                  "its ranks)", severity="warn",
                         evidence=[f"every rank on {node} ends its own work {fmt_pct(by.loc[node, 'excess_median'])} "
-                                  f"of a step after the fast ranks ({nodes['measure']}, median over "
-                                  f"{nodes['steps']} steps)",
+                                  f"of a step after the fast ranks ({found['measure']}, median over "
+                                  f"{found['steps']} steps)",
                                   "the ranks on the other nodes wait for it in the all-reduce"],
                         recommendation="one machine is slow, not one process: check that node's data path (local "
                                        "disk, network filesystem), network link, GPU clocks/throttling and other "
                                        "jobs on it",
                         numbers={"late_share_of_step": float(by.loc[node, "excess_median"])})
-                for node in nodes["node_stragglers"]]
+               for node in found["node_stragglers"]]
+    slow = found["rank_stragglers"]  # slow ranks on otherwise healthy nodes
+    if not slow:
+        return out
+    late = found["ranks"]["excess"]
     s = straggler_summary(rank_skew(run))
-    median = s.get("skew_ratio_median")
-    if not s.get("steps") or median is None or median < 0.1:
-        return []
-    return [Verdict(kind="straggler", title=f"Rank {s['slowest_rank']} is a straggler", severity="warn",
-                    evidence=[f"the slowest rank takes {fmt_pct(median)} longer than the median rank per step "
-                              f"(p95 {fmt_pct(s.get('skew_ratio_p95'))})",
-                              f"rank {s['slowest_rank']} is the slowest on {fmt_pct(s['slowest_rank_share'])} "
-                              f"of {s['steps']} steps"],
-                    recommendation="every rank waits for the slowest in the all-reduce: check that rank's data "
-                                   "loading, host and GPU clocks/throttling",
-                    numbers={"skew_ratio_median": float(median)})]
+    evidence = [f"rank {r} ends its own work {fmt_pct(late.loc[r])} of a step after the fast ranks "
+                f"({found['measure']}, median over {found['steps']} steps)" for r in slow[:8]]
+    if s.get("skew_ratio_median") is not None:
+        evidence.append(f"the slowest rank takes {fmt_pct(s['skew_ratio_median'])} longer than the median rank per "
+                        f"step (p95 {fmt_pct(s.get('skew_ratio_p95'))})")
+    title = f"Rank {slow[0]} is a straggler" if len(slow) == 1 else \
+        f"Ranks {', '.join(map(str, slow[:8]))}{' and more' if len(slow) > 8 else ''} are stragglers"
+    return [*out, Verdict(kind="straggler", title=title, severity="warn", evidence=evidence,
+                          recommendation="every rank waits for the slowest in the all-reduce: check that rank's "
+                                         "data loading, host and GPU clocks/throttling",
+                          numbers={"late_share_of_step": float(late.loc[slow[0]]),
+                                   "skew_ratio_median": float(s.get("skew_ratio_median") or 0.0),
+                                   "stragglers": float(len(slow))})]
 
 
 def summarize(run: Run, price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> list[Verdict]:

@@ -35,6 +35,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from gpudash.store.schema import SAME_OOM_S
 from gpudash.units import human_bytes
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ __all__ = ["flush_observed_oom", "note_observed_oom", "oom_message_summary", "pa
 #: monitor -> (monotonic time, the observer's numbers) of an OOM observed but not yet recorded
 _OBSERVED: weakref.WeakKeyDictionary[Any, tuple[float, dict[str, Any]]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
-_SAME_OOM_S = 10.0
 
 _UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
@@ -162,7 +162,7 @@ def record_oom(monitor: Recording, error: BaseException | str, *, message: str |
     data = parse_oom_message(text)
     source = "exception"
     seen = _take_observed(monitor)
-    if seen is not None and time.monotonic() - seen[0] < _SAME_OOM_S:
+    if seen is not None and time.monotonic() - seen[0] < SAME_OOM_S:
         data.update(seen[1])  # the allocator's own numbers beat the message's rounded ones
         source = "allocator_observer+exception"
     elif seen is not None:

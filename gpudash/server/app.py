@@ -215,7 +215,7 @@ def _install_api(server: Any, runs_dir: Path, readers: ReaderCache) -> None:
             out["problems"].append(f"{run_id}: unreadable ({damage(exc)})")
             return jsonify(out)
         out["meta"] = {k: v for k, v in view.meta.items() if k not in ("argv", "pid", "heartbeat")}
-        out["throughput"] = throughput.throughput_stats(view.frame("steps"), view.meta)
+        out["throughput"] = throughput.throughput_stats((out.get("facts") or {}).get("recent"))
         out["memory_now"] = memory.memory_at(view.frame("memory"), None)
         ev = view.frame("events")
         out["events"] = {str(k): int(v) for k, v in ev["kind"].value_counts().items()} if len(ev) else {}

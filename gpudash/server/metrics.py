@@ -11,6 +11,8 @@ the names and ``run``, ``rank``, ``node`` (the rank's host) and ``gpu`` labels::
     gpudash_memory_category_bytes{run="exp1",rank="0",node="gpu-a1",category="activations"} 2.1e9
     gpudash_device_power_watts{run="exp1",rank="0",node="gpu-a1",gpu="0"} 312.0
     gpudash_step_skew_ratio{run="ddp"} 0.18      # torchrun: the straggler indicator
+    gpudash_run_tokens_per_second{run="exp1"} 38012.0   # the run's facts: whole run, all ranks
+    gpudash_mfu_ratio{run="exp1"} 0.41          # last 100 steps (gpudash.analysis.rates)
 
 Mount it in the dashboard (``register_metrics(app.server, runs_dir)``), as a
 plain WSGI app (``metrics_wsgi_app``), or on its own port
@@ -44,6 +46,7 @@ from prometheus_client.core import Metric
 
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_nodes, rank_skew
+from gpudash.analysis.rates import RECENT_STEPS, per_second, recent_steps
 from gpudash.errors import RunError, UserError
 from gpudash.server import promnames
 from gpudash.server.access import allowed_hosts, check_bind, guard, resolve_token, serve_wsgi
@@ -51,6 +54,7 @@ from gpudash.server.promnames import LABEL_CHARS, Families, metric_name, prometh
 from gpudash.store.bounded import damage
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
 from gpudash.store.runid import list_nested_run_dirs
+from gpudash.store.schema import MEMORY_PARTS
 
 if TYPE_CHECKING:
     from werkzeug.serving import BaseWSGIServer as WSGIServer
@@ -69,8 +73,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 9479
-#: Steps read per scrape to compute rates (tokens/s over the last N steps).
-WINDOW = 20
+#: Steps read per scrape to compute rates (tokens/s over the last N steps: the run page's recent window).
+WINDOW = RECENT_STEPS
 #: New rows read per scrape and table for the carried-forward values (older ones were seen by earlier scrapes).
 CARRY_ROWS = 2000
 #: Time one run may take in a scrape (its reader busy longer, or its reads slower): the rest of it is skipped.
@@ -78,8 +82,7 @@ RUN_BUDGET_S = 20.0  # (gpudash.server.runcache.WAIT_S is the wait for a run ano
 #: Problems of one run exposed as ``gpudash_run_damaged{problem=...}`` lines.
 MAX_PROBLEMS = 5
 _DAMAGED_HELP = "1 for each problem found reading the run (the first few), named in the problem label."
-_CATEGORIES = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-               "optimizer_host_bytes"}
+_CATEGORIES = {*MEMORY_PARTS, "optimizer_host_bytes"}
 _COUNTERS = {"ooms", "alloc_retries", "cuda_mallocs", "cuda_frees"}
 _SCALARS = {"loss": "gpudash_loss", "lr": "gpudash_learning_rate", "learning_rate": "gpudash_learning_rate",
             "grad_norm": "gpudash_grad_norm", "loss_scale": "gpudash_loss_scale",
@@ -204,6 +207,17 @@ class RunsCollector:
         if facts.peak_bytes.get("measured") is not None:
             fams.add("gpudash_measured_peak_bytes", "Largest measured per-step memory peak of the run.", lab,
                      facts.peak_bytes["measured"])
+        head = facts.headline
+        for key, name, what in (("tokens_per_s", "gpudash_run_tokens_per_second", "Tokens"),
+                                ("samples_per_s", "gpudash_run_samples_per_second", "Samples")):
+            if head.get(key) is not None:
+                fams.add(name, f"{what} per second over the whole run, all ranks (as gpudash info states it).", lab,
+                         head[key])
+        if head.get("mfu") is not None:
+            fams.add("gpudash_run_mfu_ratio", "Model FLOPs utilisation over the whole run.", lab, head["mfu"])
+        if facts.recent.mfu is not None:
+            fams.add("gpudash_mfu_ratio", f"Model FLOPs utilisation over the last {RECENT_STEPS} steps, all ranks.",
+                     lab, facts.recent.mfu)
         if facts.fragmentation_pct is not None:
             fams.add("gpudash_fragmentation_ratio", "Worst share of reserved memory in inactive split blocks.",
                      lab, facts.fragmentation_pct / 100.0)
@@ -299,11 +313,13 @@ class RunsCollector:
             else:
                 fams.add("gpudash_logged_value", "Newest value of other scalars logged with Monitor.log.",
                          {**lab, "name": col}, last[col])
-        span = float(df["time"].iloc[-1] - df["time"].iloc[0]) if len(df) > 1 else float(df["duration_s"].sum())
+        recent = recent_steps(df, WINDOW)
         for col, name in (("samples", "gpudash_samples_per_second"), ("tokens", "gpudash_tokens_per_second")):
-            if col in df and df[col].notna().any() and span > 0:
-                done = df[col].iloc[1:].sum() if len(df) > 1 else df[col].sum()
-                fams.add(name, f"{col.capitalize()} per second over the last {WINDOW} steps.", lab, done / span)
+            if col in recent and "time" in recent:
+                rate = per_second(recent[col], recent["time"], recent.get("duration_s"))
+                if rate is not None:
+                    fams.add(name, f"{col.capitalize()} per second of the rank over its last {WINDOW} steps.", lab,
+                             rate)
         return df
 
     def _memory(self, fams: Families, lab: dict[str, str], rr: RankReader, key: tuple[str, int]) -> pd.DataFrame:

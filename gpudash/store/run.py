@@ -16,7 +16,10 @@ from gpudash.store.reader import RunReader
 if TYPE_CHECKING:
     from gpudash.store.snapshot import MemoryMap
 
-__all__ = ["Run", "load_run", "merged_meta", "parse_json"]
+__all__ = ["DIED", "Run", "load_run", "merged_meta", "parse_json", "run_start", "settle_status"]
+
+#: The end reason of a run whose writer stopped without saying why (its heartbeat went stale).
+DIED = "process died (no heartbeat)"
 
 
 @dataclass
@@ -42,6 +45,11 @@ class Run:
     @property
     def ranks(self) -> list[int]:
         return sorted(self.rank_meta)
+
+    @property
+    def start(self) -> float | None:
+        """When the run began (unix time): :func:`run_start`."""
+        return run_start(self.meta, self.rank_meta)
 
     def _table(self, table: str) -> pd.DataFrame:
         assert self._reader is not None
@@ -88,8 +96,29 @@ def parse_json(value: Any) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def merged_meta(reader: RunReader, rank_meta: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One meta dict for the run: rank 0's keys win over other ranks', run.json's over both."""
+def _time(v: Any) -> float | None:
+    try:
+        t = float(v)
+    except (TypeError, ValueError):
+        return None
+    return t if t > 0 and t == t and t != float("inf") else None
+
+
+def run_start(meta: dict[str, Any], rank_meta: dict[int, dict[str, Any]] | None = None) -> float | None:
+    """When the run began (unix time): the earliest of ``run.json``'s ``created_at`` (the Monitor writes it
+    before its first rank file) and every rank's ``started_at`` (its writer's start); None when neither is
+    recorded. The run page's time axis, the runs list, the run's duration and its cost all start here."""
+    found = [_time(meta.get("created_at")), _time(meta.get("started_at")),
+             *(_time(m.get("started_at")) for m in (rank_meta or {}).values())]
+    times = [t for t in found if t is not None]
+    return min(times) if times else None
+
+
+def merged_meta(reader: RunReader, rank_meta: dict[int, dict[str, Any]] | None = None,
+                status: str | None = None) -> dict[str, Any]:
+    """One meta dict for the run: rank 0's keys win over other ranks', run.json's over both. With the
+    run's ``status`` (``reader.status()``), ``meta["status"]`` says it and a crashed run's ``end_reason``
+    is its ranks' reasons, else :data:`DIED`."""
     rank_meta = reader.rank_meta() if rank_meta is None else rank_meta
     meta: dict[str, Any] = {}
     for rm in reversed(list(rank_meta.values())):
@@ -97,7 +126,18 @@ def merged_meta(reader: RunReader, rank_meta: dict[int, dict[str, Any]] | None =
     meta.update(reader.run_meta())
     if rank_meta:
         meta["world_size"] = max(int(meta.get("world_size") or 1), len(rank_meta))
+    if status is not None:
+        settle_status(meta, rank_meta, status)
     return meta
+
+
+def settle_status(meta: dict[str, Any], rank_meta: dict[int, dict[str, Any]], status: str) -> None:
+    """Put the run's ``status`` in ``meta``; a crashed run without an end reason gets its ranks' reasons,
+    else :data:`DIED` (the one place a run is said to have died)."""
+    meta["status"] = status
+    if status == "crashed" and not meta.get("end_reason"):
+        reasons = {rm.get("end_reason") for rm in rank_meta.values() if rm.get("end_reason")}
+        meta["end_reason"] = "; ".join(sorted(map(str, reasons))) or DIED
 
 
 def load_run(path: str | os.PathLike[str]) -> Run:
@@ -113,8 +153,8 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     if "data" in events:
         events["data"] = pd.Series([parse_json(v) for v in events["data"]], index=events.index, dtype=object)
     status = reader.status()
-    meta["status"] = status
-    run = Run(
+    settle_status(meta, rank_meta, status)
+    return Run(
         path=Path(path),
         meta=meta,
         status=status,
@@ -125,9 +165,3 @@ def load_run(path: str | os.PathLike[str]) -> Run:
         rank_meta=rank_meta,
         _reader=reader,
     )
-    if status == "crashed":
-        reasons = {rm.get("end_reason") for rm in rank_meta.values() if rm.get("end_reason")}
-        run.meta.setdefault("end_reason", "; ".join(sorted(map(str, reasons))) or "process died (no heartbeat)")
-    return run
-
-

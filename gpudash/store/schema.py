@@ -24,7 +24,10 @@ __all__ = [
     "ROLLUP_KEYS",
     "ROLLUP_TABLES",
     "ROLLUP_LEVELS",
+    "MEMORY_CATEGORIES",
+    "MEMORY_PARTS",
     "RUN_META_FILE",
+    "SAME_OOM_S",
     "SNAPSHOT_REQUEST_FILE",
     "TABLE_BASE_COLUMNS",
     "RESERVED_COLUMNS",
@@ -39,6 +42,15 @@ __all__ = [
 
 RUN_META_FILE = "run.json"
 SNAPSHOT_REQUEST_FILE = "snapshot.request"
+#: The bytes by category the Monitor records in the ``memory`` table (parameters, gradients, optimizer state,
+#: activations), in this order; :data:`MEMORY_PARTS` adds the rest of the allocated bytes (``other_bytes``).
+MEMORY_CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+MEMORY_PARTS = (*MEMORY_CATEGORIES, "other_bytes")
+#: One OOM seen twice: the allocator's observer and the caught exception report it within this many seconds
+#: (same rank and step). The recording side (``collectors/oom.py``) joins the two into one event when it can;
+#: the reading side (``analysis/facts.py``) counts two such events as one OOM. A fact of how OOMs are stored,
+#: so it lives here, where both sides may import it (collectors never import analysis).
+SAME_OOM_S = 10.0
 _RANK_DB = re.compile(r"^rank(\d+)\.db$")
 
 #: Base columns of each table (name, SQL type); dynamic tables add REAL/TEXT columns.

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from gpudash.analysis.progress import RECENT_STEPS, eta_text, progress
+from gpudash.analysis.rates import RECENT_STEPS as RATE_STEPS
+from gpudash.analysis.rates import fmt_rate, per_second
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
 from gpudash.collectors.env import placement
 from gpudash.collectors.oom import record_oom
@@ -436,8 +438,7 @@ class Trainer:
                     self._recover(mon, step, result, before)  # outside the except block
                 self.tokens_seen += result["tokens"]
                 if progress is not None:
-                    progress.update(step + 1, result["loss"], self.batch.micro,
-                                    self.tokens_seen / max(time.perf_counter() - t0, 1e-9))
+                    progress.update(step + 1, result["loss"], self.batch.micro, result["tokens"])
             if progress is not None:
                 progress.close()
             mon.set_meta(train_summary={"tokens": self.tokens_seen, "seconds": time.perf_counter() - t0,
@@ -462,8 +463,10 @@ class _Progress:
         self.last = 0.0
         self.start = time.monotonic()
         self.ends: deque[tuple[int, float]] = deque(maxlen=RECENT_STEPS + 1)
+        #: (end time, tokens) of the last steps: tok/s as every surface defines it (gpudash.analysis.rates)
+        self.tokens: deque[tuple[float, float]] = deque(maxlen=RATE_STEPS + 1)
 
-    def line(self, done: int, loss: float, micro: int, tok_s: float, now: float) -> str:
+    def line(self, done: int, loss: float, micro: int, tok_s: float | None, now: float) -> str:
         """``[####....] step 3/10  loss 5.139  micro 2  296 tok/s  12.0 s elapsed, ETA 28 s``"""
         width = 24
         fill = int(width * done / self.total)
@@ -472,15 +475,19 @@ class _Progress:
         eta = eta_text(p) if done < self.total else ""
         timing = f"{fmt_duration(elapsed)} elapsed" + (f", {eta}" if eta else "")
         return (f"[{'#' * fill}{'.' * (width - fill)}] step {done}/{self.total}  loss {loss:.3f}  "
-                f"micro {micro}  {tok_s:,.0f} tok/s  {timing} ")
+                f"micro {micro}  {fmt_rate(tok_s)} tok/s  {timing} ")
 
-    def update(self, done: int, loss: float, micro: int, tok_s: float, end: float | None = None) -> None:
-        """``end``: the wall time (``time.time()``) step ``done - 1`` ended, as the Monitor records it."""
-        self.ends.append((done - 1, time.time() if end is None else end))
+    def update(self, done: int, loss: float, micro: int, tokens: float, end: float | None = None) -> None:
+        """``tokens``: step ``done - 1``'s; ``end``: the wall time (``time.time()``) it ended, as the Monitor
+        records it. The line's tok/s is :func:`gpudash.analysis.rates.per_second` of the last steps."""
+        end = time.time() if end is None else end
+        self.ends.append((done - 1, end))
+        self.tokens.append((end, tokens))
         now = time.monotonic()
         if now - self.last < 0.1 and done < self.total:
             return
         self.last = now
+        tok_s = per_second([n for _, n in self.tokens], [t for t, _ in self.tokens])
         sys.stderr.write("\r" + self.line(done, loss, micro, tok_s, now))
         sys.stderr.flush()
 

@@ -109,3 +109,24 @@ def test_the_verdict_names_the_slow_node_once() -> None:
     (v,) = straggler_verdicts(run)  # type: ignore[arg-type]
     assert v.title == "Node node-b is a straggler (all 4 of its ranks)"
     assert "step time outside backward" in v.evidence[0]
+
+
+def test_the_verdict_names_the_ranks_the_facts_name() -> None:
+    """Under DDP every rank's step time is alike (the fast ones wait in backward): the verdict once judged the
+    step-time skew and said nothing of a rank the facts named a straggler. Kept: the facts' rule (own work,
+    :func:`gpudash.analysis.ranks.run_stragglers`), one answer for the facts, the verdicts and the alerts."""
+    from gpudash.analysis.ranks import rank_skew, run_stragglers, straggler_summary
+    from gpudash.analysis.summary import straggler_verdicts
+
+    run = run_of(TWO_NODES, {5: 0.02})
+    run.ranks = list(TWO_NODES)
+    assert (straggler_summary(rank_skew(run)).get("skew_ratio_median") or 0.0) < 0.1  # the old rule: nothing
+    found = run_stragglers(run)
+    assert found["rank_stragglers"] == [5] and found["node_stragglers"] == []
+    (v,) = straggler_verdicts(run)  # type: ignore[arg-type]
+    assert v.title == "Rank 5 is a straggler" and v.numbers["late_share_of_step"] > 0.1
+    # a slow node and a slow rank elsewhere: both, as the facts' headline row names them
+    run = run_of({r: f"node{r // 8:02d}" for r in range(64)}, {r: 0.015 for r in range(16, 24)} | {40: 0.02})
+    run.ranks = list(range(64))
+    assert [v.title for v in straggler_verdicts(run)] == [  # type: ignore[arg-type]
+        "Node node02 is a straggler (all 8 of its ranks)", "Rank 40 is a straggler"]

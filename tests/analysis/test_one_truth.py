@@ -24,7 +24,10 @@ from gpudash.store import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted(p.name for p in (ROOT / "sample_runs").iterdir() if (p / "run.json").exists())
-HAND_MADE = ["spikes", "nan-steps", "frag-25", "frag-35", "sparse-activations", "oom-twice-recorded", "lora"]
+HAND_MADE = ["spikes", "nan-steps", "frag-25", "frag-35", "sparse-activations", "oom-twice-recorded", "lora", "mfu",
+             "gaps"]
+#: The "mfu" run's device: a peak and a model's FLOPs per token, as the trainer's estimate records them.
+MFU_CONFIG = {"peak_flops": 1e12, "flops_per_token": 6e6}
 
 
 def _loss(step: int) -> float:
@@ -33,14 +36,19 @@ def _loss(step: int) -> float:
 
 
 def _hand_made(run_dir: Path, kind: str, steps: int = 260) -> None:
+    import time
+
     from gpudash.monitor import Monitor
 
     with Monitor(run_dir, name=kind, host_hz=0.0, device_hz=0.0, allocator=False, cuda_timing=False,
-                 flush_interval=0.05, handle_signals=False) as mon:
+                 flush_interval=0.05, handle_signals=False, config=MFU_CONFIG if kind == "mfu" else None) as mon:
         for step in range(steps):
+            if kind == "gaps" and step % 20 == 0:
+                time.sleep(0.01)  # an evaluation between steps: time the run spent, so the rates count it
             with mon.step(samples=4, tokens=64):
                 with mon.phase("data"):
-                    pass
+                    if kind in ("mfu", "gaps"):
+                        time.sleep(0.001)
                 with mon.phase("forward"):
                     pass
                 if step % 50 == 0:
@@ -234,6 +242,63 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
     if facts.phases:
         assert f"phases        {', '.join(facts.phases)}" in lines
 
+    _same_rates_everywhere(name, path, facts, truth, page, client, metrics_text, lines, html, report, info_text(path))
+
+
+def info_text(path: Path) -> str:
+    from gpudash.commands.info import summarize as info_lines
+
+    run = load_run(path)
+    try:
+        return "\n".join(info_lines(run))
+    finally:
+        run.close()
+
+
+def _same_rates_everywhere(name: str, path: Path, facts: Any, truth: dict[str, Any], page: Any, client: Any,
+                           metrics_text: str, trainer: str, html: str, report: dict[str, Any], info: str) -> None:
+    """tokens/s and MFU (issue 25): the run page, the runs list, compare, /metrics, info, the report and the
+    trainer's last lines state the run's facts (gpudash.analysis.rates), the same number in the same words."""
+    from gpudash.analysis.rates import fmt_mfu, fmt_rate
+    from gpudash.server.layouts.compare import compare_rows
+    from gpudash.server.layouts.runs import runs_table
+
+    head = facts.headline
+    tps, mfu = head["tokens_per_s"], head["mfu"]
+    assert report["facts"]["headline"]["tokens_per_s"] == truth["headline"]["tokens_per_s"]
+    if not facts.steps:
+        assert tps is None and mfu is None
+        return
+    assert tps is not None and tps > 0
+    rate = f"{fmt_rate(tps)} tokens/s"
+    for where, text in (("info", info), ("report", html), ("trainer", trainer)):
+        assert rate in text, where
+        assert (f"MFU{' ' * 11}{fmt_mfu(mfu)}" in text or f"MFU</td><td>{fmt_mfu(mfu)}" in text) == (mfu is not None), where
+    header = [_text(li) for li in _find(page, "throughput-stats").children]
+    whole = next(t for t in header if t.startswith("whole run: "))
+    assert rate in whole and (f"MFU {fmt_mfu(mfu)}" if mfu is not None else "MFU: device peak unknown") in whole
+    recent = facts.recent
+    if recent.tokens_per_s is not None:
+        assert any(f"{fmt_rate(recent.tokens_per_s)} tokens/s" in t and f"(last {recent.steps} steps)" in t
+                   for t in header)
+    # the runs list: the API's row, and the table's cells
+    row = next(r for r in client.get("/api/runs?per_page=1000").get_json()["runs"] if r["id"] == name)
+    assert (row["tokens_per_s"], row["mfu"]) == (truth["headline"]["tokens_per_s"], truth["headline"]["mfu"])
+    cells = [_text(td) for tr in _find(runs_table(path.parent, [row]), "runs-table").children[1].children
+             for td in tr.children]
+    assert fmt_rate(tps) in cells and fmt_mfu(mfu) in cells
+    # compare: the table's row for this run
+    crow = compare_rows([(name, None)], [facts])[0]
+    assert (crow["tokens/s"], crow["MFU"]) == (fmt_rate(tps), fmt_mfu(mfu))
+    # /metrics: the run's gauges are the facts; a one-rank run's recent gauge is the facts' recent rate
+    assert _metric(metrics_text, "gpudash_run_tokens_per_second", name) == pytest.approx(tps)
+    got_mfu = _metric(metrics_text, "gpudash_run_mfu_ratio", name)
+    assert (got_mfu is None) if mfu is None else got_mfu == pytest.approx(mfu)
+    if facts.ranks == 1 and recent.tokens_per_s is not None:
+        assert _metric(metrics_text, "gpudash_tokens_per_second", name, rank="0") == pytest.approx(recent.tokens_per_s)
+        recent_mfu = _metric(metrics_text, "gpudash_mfu_ratio", name)
+        assert (recent_mfu is None) if recent.mfu is None else recent_mfu == pytest.approx(recent.mfu)
+
 
 def test_the_hand_made_runs_say_what_happened(runs_dir: Path) -> None:
     def facts(name: str) -> Any:
@@ -251,6 +316,18 @@ def test_the_hand_made_runs_say_what_happened(runs_dir: Path) -> None:
     assert facts("oom-twice-recorded").oom_count == 2  # step 40 recorded twice (one OOM), step 90 once
     f = facts("lora")
     assert (f.trainable_params_bytes, f.frozen_params_bytes, f.peak_bytes["params"]) == (100, 900, 1000)
+
+
+def test_the_rates_runs_say_what_happened(runs_dir: Path) -> None:
+    f = shared_cache().get(runs_dir / "mfu").facts
+    tps, mfu = f.headline["tokens_per_s"], f.headline["mfu"]
+    assert mfu == pytest.approx(tps * MFU_CONFIG["flops_per_token"] / MFU_CONFIG["peak_flops"])
+    assert f.recent.mfu == pytest.approx(f.recent.tokens_per_s * 6e6 / 1e12)
+    assert shared_cache().get(runs_dir / "spikes").facts.headline["mfu"] is None  # no peak known: no MFU
+    # 13 pauses of 10 ms between steps: wall time, so the rate is below tokens over the summed step times
+    g = shared_cache().get(runs_dir / "gaps")
+    steps = g.run.steps
+    assert g.facts.headline["tokens_per_s"] < float(steps["tokens"].sum()) / float(steps["duration_s"].sum()) * 0.9
 
 
 def test_fragmentation_verdict_follows_the_light(runs_dir: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpudash import load_run
+from gpudash.analysis.rates import RECENT_STEPS
 from gpudash.server.metrics import MetricsServer, prometheus_name, register_metrics, serve_metrics
 
 
@@ -64,9 +65,13 @@ def test_scrape_live_run_over_http(live_run: Any) -> None:
     assert _get(s, "gpudash_loss", **lab) == pytest.approx(last["loss"])
     assert _get(s, "gpudash_learning_rate", **lab) == pytest.approx(1e-2)
     assert _get(s, "gpudash_phase_duration_seconds", **lab, phase="forward") == pytest.approx(last["forward_s"])
-    tail = run.steps.tail(20)
-    tokens_s = tail["tokens"].iloc[1:].sum() / (tail["time"].iloc[-1] - tail["time"].iloc[0])
+    # tokens over wall time, from the window's first step's start to its last step's end (gpudash.analysis.rates):
+    # the whole run here (12 steps), so the facts' rate, which the run-level gauge states
+    tail = run.steps.tail(RECENT_STEPS)
+    tokens_s = tail["tokens"].sum() / (tail["time"].max() - (tail["time"] - tail["duration_s"]).min())
     assert _get(s, "gpudash_tokens_per_second", **lab) == pytest.approx(tokens_s)
+    assert _get(s, "gpudash_run_tokens_per_second", run="exp1") == pytest.approx(tokens_s)
+    assert ("gpudash_run_mfu_ratio", frozenset({("run", "exp1")})) not in s  # a CPU run: no device peak
     mem = run.memory.iloc[-1]
     for cat in ("params", "grads", "optimizer"):
         assert _get(s, "gpudash_memory_category_bytes", **lab, category=cat) == mem[f"{cat}_bytes"]

@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dash import dash_table, dcc, html
+from gpudash.analysis.ranks import lowest_rank
+from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.server.layouts.common import (
     base_figure,
     byte_unit,
     fmt_bytes,
-    fmt_num,
     fmt_s,
     hover_template,
     note,
@@ -52,12 +53,8 @@ def total_memory(memory: pd.DataFrame) -> pd.Series:
     return memory[cats].astype(float).ffill().fillna(0).sum(axis=1)
 
 
-def _rank0(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["rank"] == df["rank"].min()] if "rank" in df and len(df) else df
-
-
 def _full(v: RunView, table: str) -> pd.DataFrame:
-    return _rank0(v.full.get(table, v.frame(table)))
+    return lowest_rank(v.full.get(table, v.frame(table)))
 
 
 def _line(fig: Fig, name: str, x: pd.Series, y: pd.Series, unit: str, scale: float = 1.0) -> None:
@@ -124,7 +121,9 @@ def compare_rows(views: list[tuple[str, RunView]], facts: list[Any], baseline: i
         row.update({"peak memory": fmt_bytes(peak if np.isfinite(peak) else None),
                     "peak vs baseline": rel(peak, b["peak_memory_bytes"]),
                     "median step": fmt_s(med), "step time vs baseline": rel(med, b["step_time_median_s"]),
-                    "tokens/s": fmt_num(tps), "tokens/s vs baseline": rel(tps, b["tokens_per_s"]),
+                    "tokens/s": fmt_rate(tps if np.isfinite(tps) else None),
+                    "tokens/s vs baseline": rel(tps, b["tokens_per_s"]),
+                    "MFU": fmt_mfu(None if f is None else f.headline.get("mfu")),
                     "loss spikes": "-" if f is None else str(len(f.loss_spike_steps))})
         rows.append(row)
     return rows

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from gpudash.server.layouts.downsample import MAX_POINTS, downsample_indices
 from gpudash.store.reader import RunReader
-from gpudash.store.run import merged_meta, parse_json
+from gpudash.store.run import merged_meta, parse_json, run_start, settle_status
 from gpudash.store.schema import NUMERIC_TABLES
 
 __all__ = ["RAW_LIMIT", "STEP_TABLES", "RunView", "downsample_frame", "load_view", "order_key", "parse_json", "rolled_frame", "run_meta"]
@@ -115,7 +115,8 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
     step tables (:data:`STEP_TABLES`) already read from these same files, used instead of reading them again."""
     reader.refresh()
     cursor = {f"{rank}/{t}": r.max_rowid(t) for rank, r in reader.ranks.items() for t in LIVE_TABLES}
-    meta = run_meta(reader)
+    rank_meta = reader.rank_meta()
+    meta = merged_meta(reader, rank_meta)
     frames: dict[str, pd.DataFrame] = {}
     levels: dict[str, int] = {}
     full: dict[str, pd.DataFrame] = {}
@@ -150,13 +151,12 @@ def load_view(reader: RunReader, max_points: int = MAX_POINTS, raw_limit: int = 
             vals = pd.to_numeric(g[key], errors="coerce")
             if vals.notna().any():
                 last[f"{rank}/{table}"] = float(vals.max())
-    t0 = float(meta.get("created_at") or meta.get("started_at") or 0.0)
+    t0 = run_start(meta, rank_meta) or 0.0
     if not t0:
         bounds = reader.time_bounds("steps")
         t0 = bounds[0] if bounds else 0.0
     status = reader.status()
-    if status == "crashed" and not meta.get("end_reason"):
-        meta["end_reason"] = "process died (no heartbeat)"
+    settle_status(meta, rank_meta, status)
     problems = reader.all_problems()
     problems += [p for p in (known or {}).get("problems", ()) if p not in problems]
     return RunView(path=reader.path, meta=meta, status=status, frames=frames, levels=levels,

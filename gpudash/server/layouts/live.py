@@ -183,11 +183,11 @@ class TickView:
 
 
 def tick_view(reader: RunReader, lock: threading.Lock, state: dict[str, Any], facts: Any = None,
-              drawn: Iterable[str] = (), smooth: float = 0.0, mfu: dict[str, float] | None = None) -> TickView:
+              drawn: Iterable[str] = (), smooth: float = 0.0) -> TickView:
     """One live tick of the run page: rows since ``state['cursor']`` read under ``lock``, the figures that must
     be rebuilt built from the run as it is now. ``facts``: the run's facts (phases, loss spikes); ``drawn``: the
-    charts the page has drawn (a lazy one drawn after the page is rebuilt once, then extended like the others);
-    ``mfu``: ``peak_flops`` / ``flops_per_token`` for the MFU line. ``state`` is a checked ``live-state``."""
+    charts the page has drawn (a lazy one drawn after the page is rebuilt once, then extended like the others).
+    ``state`` is a checked ``live-state``."""
     rank = int(state.get("rank", 0))
     phases = {"phases": list(facts.phases)} if facts is not None else None
     with lock:
@@ -208,9 +208,6 @@ def tick_view(reader: RunReader, lock: threading.Lock, state: dict[str, Any], fa
             new["specs"][g] = [s.as_dict() for s in specs]
             new["points"][g] = max((len(t["x"]) for t in fig.data), default=0)
         out.events = (events.events_figure(view.frame("events")), events.event_rows(view.frame("events")))
-    if res.frames.get("steps") is not None:
-        # the stats' window reaches back past this tick's rows: the tails the state keeps
-        tail = pd.DataFrame(dict((new.get("tails") or {}).get(f"{new.get('rank', 0)}/steps", {})))
-        steps = pd.concat([tail, res.frames["steps"]], ignore_index=True)
-        out.stats = throughput.stats_lines(throughput.throughput_stats(steps, mfu or {}))
+    if res.frames.get("steps") is not None and facts is not None:  # the run's facts, as the summary says
+        out.stats = throughput.stats_lines(facts)
     return out

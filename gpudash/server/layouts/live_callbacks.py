@@ -13,7 +13,7 @@ import dash
 from dash import Input, Output, State, html, no_update
 from dash.exceptions import PreventUpdate
 from gpudash.server.layouts import run_page, stability
-from gpudash.server.layouts.inputs import BadInput, as_float, as_int, live_state
+from gpudash.server.layouts.inputs import BadInput, as_int, live_state
 from gpudash.server.layouts.live import tick_view
 from gpudash.server.layouts.pages import facts_for
 from gpudash.server.layouts.readers import ReaderCache
@@ -31,12 +31,6 @@ LIVE_OUTPUTS: tuple[tuple[str, str], ...] = (
 _DUPLICATE = {*((g, "figure") for g in run_page.LIVE_GRAPHS), ("cursor-slider", "value")}
 
 
-def _mfu_meta(page: dict[str, Any] | None) -> dict[str, float]:
-    mfu = (page or {}).get("mfu_meta") or {}
-    return {k: as_float(v, k) for k, v in mfu.items() if k in ("peak_flops", "flops_per_token")} \
-        if isinstance(mfu, dict) else {}
-
-
 def live_outputs(n: Any, state: Any, cursor: Any, slider_max: Any, page: Any, smooth: Any, drawn: Any, *,
                  readers: ReaderCache) -> list[Any]:
     """One tick: ``live-interval.n_intervals``, then the states ``live-state``, the cursor slider's value and
@@ -49,11 +43,10 @@ def live_outputs(n: Any, state: Any, cursor: Any, slider_max: Any, page: Any, sm
     n = 0 if n is None else as_int(n, "n_intervals", lo=0)
     if page is not None and not isinstance(page, dict):
         raise BadInput("page-run must be an object")
-    mfu = _mfu_meta(page)
     reader, lock = readers.get_or_skip(state["run"])
     prev_status = state.get("status")
     facts = facts_for(reader.path)  # the one run cache: re-judged as the run grows, so lights move
-    tick = tick_view(reader, lock, state, facts, drawn if isinstance(drawn, list) else (), smoothing_of(smooth), mfu)
+    tick = tick_view(reader, lock, state, facts, drawn if isinstance(drawn, list) else (), smoothing_of(smooth))
     new = tick.state
     graphs = run_page.LIVE_GRAPHS
     last = new.get("last_step")

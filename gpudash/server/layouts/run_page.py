@@ -310,7 +310,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
     # the header's step is the run's facts (the summary says the same), the view's only before they exist
     last = facts.steps - 1 if facts is not None and facts.steps else view.last_step
     first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
-    stats = throughput.throughput_stats(view.frame("steps"), meta)
+    stats = throughput.throughput_stats(facts.recent if facts is not None else None)
     lights = stability.stability_lights(extra.get("facts"))
     device_name = device_label(meta)
     cap = meta.get("device_capacity_bytes")
@@ -386,7 +386,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                  id="activations-box"),
     ], "memory-view")
     tp_section = _section("Throughput", [
-        html.Ul([html.Li(t) for t in throughput.stats_lines(stats)], id="throughput-stats", className="stats"),
+        html.Ul([html.Li(t) for t in throughput.stats_lines(facts)], id="throughput-stats", className="stats"),
         _view("step-time-graph", view, None, figs, specs),
         html.Div([html.Div(_view("rates-graph", view, None, figs, specs), className="half"),
                   html.Div(_view("phases-graph", view, None, figs, specs), className="half")], className="row"),
@@ -420,8 +420,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         dcc.Store(id="live-state", data=state),
         dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in state.get("specs", {})]),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
-        dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1,
-                                       "mfu_meta": throughput.mfu_meta(meta)}),
+        dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1}),
         dcc.Interval(id="summary-timer", interval=1200, max_intervals=1),
         dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),
     ], id="run-page")

@@ -9,7 +9,6 @@ summarised (:func:`cached_summary`: the run loaded once, its facts kept in memor
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,15 +17,16 @@ from typing import Any
 
 from dash import dcc, html
 from gpudash.analysis.progress import Progress
+from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.errors import RunError
-from gpudash.server.layouts.common import fmt_bytes, fmt_num, fmt_s, note
+from gpudash.server.layouts.common import fmt_bytes, fmt_s, note
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.progressbar import progress_cell
 from gpudash.server.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.server.runcache import run_stamp as _run_stamp
 from gpudash.store.bounded import damage
 from gpudash.store.reader import read_run_json
-from gpudash.store.run import merged_meta
+from gpudash.store.run import merged_meta, run_start
 from gpudash.store.runid import list_run_dirs
 from gpudash.store.schema import rank_from_db_name
 from gpudash.store.summarystore import summary_store
@@ -43,14 +43,6 @@ REFRESH_MS = 1000
 PER_PAGE = 50
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 def device_label(meta: dict[str, Any]) -> str:
     """``NVIDIA H100 80GB HBM3`` on a GPU, ``cpu`` on a CPU run."""
     device = str(meta.get("device") or "")
@@ -64,7 +56,7 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
     loaded it, its headline numbers from :class:`gpudash.analysis.facts.Facts` (``"facts"`` holds them all)."""
     out: dict[str, Any] = {"id": run_id, "name": run_id, "status": "unreadable", "device": "?", "started": None,
                            "duration_s": None, "steps": 0, "peak_bytes": None, "tokens_per_s": None,
-                           "samples_per_s": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None,
+                           "samples_per_s": None, "mfu": None, "ranks": 0, "end_reason": None, "problems": [], "facts": None,
                            "progress": None}
     try:
         loaded = shared_cache().get(path, timeout=WAIT_S)
@@ -81,10 +73,10 @@ def run_summary(run_id: str, path: Path) -> dict[str, Any]:
     meta = run.meta
     head = facts.to_json()["headline"]
     out.update(name=str(meta.get("name") or run_id), status=facts.status, ranks=facts.ranks,
-               device=device_label(meta), started=_num(meta.get("created_at") or meta.get("started_at")),
+               device=device_label(meta), started=run.start,
                end_reason=meta.get("end_reason") if isinstance(meta.get("end_reason"), str) else None,
                steps=facts.steps, peak_bytes=head["peak_memory_bytes"], duration_s=head["duration_s"],
-               tokens_per_s=head["tokens_per_s"], samples_per_s=head["samples_per_s"],
+               tokens_per_s=head["tokens_per_s"], samples_per_s=head["samples_per_s"], mfu=head.get("mfu"),
                problems=list(run.problems), facts=facts.to_json())
     out["progress"] = out["facts"]["progress"]
     return out
@@ -177,7 +169,8 @@ def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
             return {}, "unreadable"
         try:
             rank_meta = reader.rank_meta()
-            return merged_meta(reader, rank_meta), reader.status()
+            status = reader.status()
+            return merged_meta(reader, rank_meta, status), status
         finally:
             lock.release()
     except Exception:  # noqa: BLE001 - RunError, or a run that cannot be read at all: its summary says why
@@ -195,7 +188,7 @@ def read_meta(entry: RunEntry) -> RunEntry:
     entry.device = device_label(meta) if meta else "?"
     entry.name = str(meta.get("name") or entry.name)
     if entry.started is None:
-        entry.started = _num(meta.get("created_at") or meta.get("started_at"))
+        entry.started = run_start(meta)
     return entry
 
 
@@ -215,7 +208,7 @@ def scan_runs(runs_dir: Path) -> list[RunEntry]:
         if entry is None or entry.stamp != stamp or entry.id != run_id:
             meta = _run_json(path)
             entry = RunEntry(id=run_id, path=path, stamp=stamp, name=str(meta.get("name") or run_id),
-                             started=_num(meta.get("created_at") or meta.get("started_at")))
+                             started=run_start(meta))
             if entry.started is None and _has_rank_files(stamp):
                 read_meta(entry)  # the start time is only in the rank files
             _ENTRIES[path] = entry
@@ -296,7 +289,7 @@ def filter_runs(rows: list[dict[str, Any]], query: str | None = None, status: st
 def row_signature(rows: list[dict[str, Any]]) -> list[list[Any]]:
     """What the table shows of each row: the table is redrawn only when this changes."""
     keys = ("id", "name", "status", "device", "started", "duration_s", "steps", "peak_bytes", "tokens_per_s",
-            "samples_per_s", "end_reason", "progress")
+            "samples_per_s", "mfu", "end_reason", "progress")
     return [[r.get(k) for k in keys] for r in rows]
 
 
@@ -315,7 +308,7 @@ def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | No
         return note(f"no runs in {runs_dir} yet (start one: gpudash demo, or wrap a loop in Monitor); "
                     "this list updates by itself")
     head = ["", "run", "status", "device", "started", "duration", "steps", "progress", "peak memory", "tokens/s",
-            "samples/s"]
+            "samples/s", "MFU"]
     body = []
     for r in rows:
         body.append(html.Tr([
@@ -330,8 +323,9 @@ def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | No
             html.Td(f"{r['steps']:,}"),
             html.Td(progress_cell(Progress.from_json(r.get("progress")), r.get("status")), className="progress-cell"),
             html.Td(fmt_bytes(r.get("peak_bytes"))),
-            html.Td(fmt_num(r.get("tokens_per_s"))),
-            html.Td(fmt_num(r.get("samples_per_s"))),
+            html.Td(fmt_rate(r.get("tokens_per_s"))),
+            html.Td(fmt_rate(r.get("samples_per_s"))),
+            html.Td(fmt_mfu(r.get("mfu"))),
         ], className="run-row", id={"type": "run-row", "run": r["id"]}))
     return html.Table([html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(body)], id="runs-table",
                       className="runs-table")

@@ -1,27 +1,29 @@
 """Throughput views: step time (median and p95 over a window), samples/s, tokens/s, MFU and
-the phase breakdown, so an input-bound run looks different from a compute-bound one."""
+the phase breakdown, so an input-bound run looks different from a compute-bound one.
+
+The numbers in the header are the run's facts (:mod:`gpudash.analysis.rates`, via ``facts.recent`` and
+``facts.headline``); this module only draws and words them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from gpudash.analysis.phases import phase_columns
-from gpudash.server.layouts.common import base_figure, fmt_num, fmt_s, time_unit, unit_axis, waiting_figure
+from gpudash.analysis.rates import Throughput, fmt_mfu, fmt_rate
+from gpudash.server.layouts.common import base_figure, fmt_s, time_unit, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.series import WINDOW, Series, add_series, series_xy
 
 __all__ = [
     "PHASE_COLORS",
-    "device_peak_flops",
-    "mfu_meta",
     "phase_figure",
     "phase_series",
     "rate_series",
     "rates_figure",
     "step_time_figure",
     "step_time_series",
+    "stats_lines",
     "throughput_stats",
 ]
 
@@ -123,96 +125,48 @@ def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -
     return fig
 
 
-def _meta_num(meta: dict[str, Any], *keys: str) -> float | None:
-    for src in (meta, meta.get("estimate") or {}, meta.get("config") or {}):
-        if not isinstance(src, dict):
-            continue
-        for k in keys:
-            try:
-                v = float(src[k])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if np.isfinite(v) and v > 0:
-                return v
-    return None
-
-
-#: Dense bf16 tensor-core peak FLOP/s by device name (vendor data sheets; SXM parts where two exist).
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
-    ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12),
-)
-
-
-def device_peak_flops(meta: dict[str, Any]) -> float | None:
-    """The device's bf16 peak from the run's meta or the table above (None on a CPU or unknown card)."""
-    peak = _meta_num(meta, "peak_flops", "device_peak_flops")
-    if peak:
-        return peak
-    if not str(meta.get("device") or "").startswith("cuda"):
-        return None
-    name = str(meta.get("device_name") or "")
-    return next((p for key, p in PEAK_BF16_FLOPS if key in name), None)
-
-
-def mfu_meta(meta: dict[str, Any]) -> dict[str, float]:
-    """The two numbers MFU needs from the run's meta (device peak FLOP/s, FLOPs per token), when known."""
-    out = {}
-    peak = device_peak_flops(meta)
-    fpt = _meta_num(meta, "flops_per_token")
-    if peak:
-        out["peak_flops"] = peak
-    if fpt:
-        out["flops_per_token"] = fpt
-    return out
-
-
-def throughput_stats(steps: pd.DataFrame, meta: dict[str, Any], window: int = WINDOW * 2) -> dict[str, Any]:
-    """Headline numbers over the last ``window`` steps (of rank 0): medians, rates, MFU, phase shares."""
-    s = steps
-    if "rank" in s and len(s):
-        s = s[s["rank"] == s["rank"].min()]
-    s = s.tail(window)
-    out: dict[str, Any] = {"window": len(s)}
-    if not len(s) or "duration_s" not in s:
+def throughput_stats(recent: Throughput | dict[str, Any] | None) -> dict[str, Any]:
+    """The run's recent :class:`gpudash.analysis.rates.Throughput` (``facts.recent``, or its JSON) in the
+    shape ``/api/runs/<id>/summary`` has always answered (``window``, ``median_s``, ``p95_s``, rates, ``mfu``,
+    phases)."""
+    if isinstance(recent, dict):
+        recent = Throughput(**recent)
+    if recent is None or not recent.steps:
+        return {"window": 0}
+    out: dict[str, Any] = {"window": recent.steps}
+    if recent.step_time_median_s is None:
         return out
-    dur = s["duration_s"].astype(float)
-    out["median_s"] = float(dur.median())
-    out["p95_s"] = float(dur.quantile(0.95))
-    total = float(dur.sum())
-    for col in ("samples", "tokens"):
-        if col in s and s[col].notna().any() and total > 0:
-            out[f"{col}_per_s"] = float(s[col].sum()) / total
-    if "mfu" in s and s["mfu"].notna().any():
-        out["mfu"] = float(s["mfu"].median())
-    else:
-        peak = device_peak_flops(meta)
-        fpt = _meta_num(meta, "flops_per_token")
-        if peak and fpt and out.get("tokens_per_s"):
-            out["mfu"] = out["tokens_per_s"] * fpt / peak
-    phases = phase_columns(s, meta)
-    if phases and total > 0:
-        out["phases"] = {c.removesuffix("_s"): float(s[c].sum()) / total for c in phases}
+    out.update(median_s=recent.step_time_median_s, p95_s=recent.step_time_p95_s)
+    for key in ("samples_per_s", "tokens_per_s", "mfu"):
+        if getattr(recent, key) is not None:
+            out[key] = getattr(recent, key)
+    if recent.phases:
+        out["phases"] = dict(recent.phases)
     return out
 
 
-def stats_lines(stats: dict[str, Any]) -> list[str]:
-    """The stats as short text items for the throughput header."""
+def stats_lines(facts: Any) -> list[str]:
+    """The throughput header's items, rendered from the run's :class:`gpudash.analysis.facts.Facts`: the
+    recent window (``facts.recent``) and the whole run's rates and MFU (``facts.headline``, as the runs
+    list, ``gpudash info`` and the report state them)."""
+    stats = throughput_stats(getattr(facts, "recent", None))
     if "median_s" not in stats:
         return ["no steps yet"]
     items = [f"step time median {fmt_s(stats['median_s'])}, p95 {fmt_s(stats['p95_s'])} "
              f"(last {stats['window']} steps)"]
-    if "samples_per_s" in stats:
-        items.append(f"{fmt_num(stats['samples_per_s'])} samples/s")
-    if "tokens_per_s" in stats:
-        items.append(f"{fmt_num(stats['tokens_per_s'])} tokens/s")
-    items.append(f"MFU {100 * stats['mfu']:.1f} %" if "mfu" in stats else "MFU: device peak unknown")
+    recent = [f"{fmt_rate(stats[k])} {k.removesuffix('_per_s')}/s" for k in ("samples_per_s", "tokens_per_s") if k in stats]
+    if "mfu" in stats:
+        recent.append(f"MFU {fmt_mfu(stats['mfu'])}")
+    if recent:
+        items.append(", ".join(recent) + f" (last {stats['window']} steps)")
+    head = facts.headline
+    run = [f"{fmt_rate(head[k])} {k.removesuffix('_per_s')}/s" for k in ("samples_per_s", "tokens_per_s")
+           if head.get(k) is not None]
+    run.append(f"MFU {fmt_mfu(head['mfu'])}" if head.get("mfu") is not None else "MFU: device peak unknown")
+    items.append("whole run: " + ", ".join(run))
     if stats.get("phases"):
         top = max(stats["phases"].items(), key=lambda kv: kv[1])
         items.append(f"largest phase: {top[0]} {100 * top[1]:.0f} %")
         if stats["phases"].get("data", 0) > 0.3:
             items.append("input-bound: data loading takes over 30 % of the step")
     return items
-
-
-__all__ += ["stats_lines"]
