@@ -126,7 +126,7 @@ def _warm(app: Any, token: str | None, runs_dir: Path, head_start: bool) -> None
     """While no browser waits for it: compress plotly.js into the cache (its first request answers at once).
     With ``head_start`` (``gpudash serve``'s own process, never a training process or a notebook's kernel):
     also finish the imports the pages need (numpy and pandas, which ``serve`` deferred) and read the newest
-    run's facts into the run cache (its page then builds in about half the time), the browser's requests
+    run's facts and snapshots into the caches (its page then builds in about half the time), the browser's requests
     meanwhile getting the interpreter every 1 ms, not 5. Not the pages themselves: a page being built holds its
     run's lock, and the browser's first request would wait for it. Only a head start: a failure here leaves it
     to the first request."""
@@ -146,12 +146,12 @@ def _warm(app: Any, token: str | None, runs_dir: Path, head_start: bool) -> None
         try:
             finish("numpy")
             finish("pandas")
-            from gpudash.server.layouts.pages import facts_for
+            from gpudash.server.layouts.pages import warm_run
             from gpudash.store.runid import list_run_dirs
 
             newest = max(list_run_dirs(runs_dir), key=lambda r: r[1].stat().st_mtime, default=None)
             if newest is not None:
-                facts_for(newest[1])
+                warm_run(newest[1])
         finally:
             sys.setswitchinterval(switch)
     except Exception:  # noqa: BLE001 - only a head start: the first browser pays for it otherwise

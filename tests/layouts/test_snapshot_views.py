@@ -192,3 +192,22 @@ def test_bands_fit_the_bar_budget() -> None:
     assert 20 < len(tight.bands) < 200 and tight.merged == whole.merged + 200 - len(tight.bands)
     fig = snapshot_views.alloc_timeline_figure(mm, tight)
     assert len(fig.data[0].x) <= pieces // 2
+
+
+def test_serve_head_start_decodes_the_newest_snapshot(tmp_path: Path) -> None:
+    """``gpudash serve`` warms the newest run before a browser asks: its snapshots decoded and the shown one's
+    whole-trace timeline built, so the first visit reads them from the caches (a 1M-entry snapshot decodes in seconds)."""
+    from gpudash.server.layouts import snapshot_views
+    from gpudash.server.layouts.pages import warm_run
+    from gpudash.server.runcache import shared_cache
+
+    run = tmp_path / "imported"
+    assert cli(["import-snapshot", str(REAL), str(run)]) == 0
+    snapshot_views._SNAP_CACHE.clear()
+    snapshot_views._FIGURES.clear()
+    warm_run(run)
+    reader, _ = shared_cache().reader(run)
+    maps = snapshot_views.load_snapshots(reader)
+    assert len(snapshot_views._SNAP_CACHE) == 1 and len(maps) == 1  # decoded by the head start, read back
+    warm_fig = snapshot_views._FIGURES[id(maps[-1])][1]
+    assert snapshot_views.alloc_timeline_figure(maps[-1]) is warm_fig  # the page gets the figure already built

@@ -26,12 +26,14 @@ from gpudash.server.layouts.run_page import (
 from gpudash.server.layouts.snapshot_page import is_snapshot_only, snapshot_page
 from gpudash.server.layouts.snapshot_views import (
     alloc_timeline_child,
+    alloc_timeline_figure,
     alloc_timeline_view,
     load_snapshots,
     map_key,
     pick_snapshot,
     segment_map_view,
     snapshot_options,
+    timeline_of,
 )
 from gpudash.server.layouts.xaxis import XAxis, x_origin
 from gpudash.store.reader import RunReader
@@ -105,6 +107,20 @@ def facts_for(path: Any) -> Any | None:
         return None
 
 
+def warm_run(path: Any) -> None:
+    """A head start on a run's page before anyone asks for it (``gpudash serve`` does it for the newest run): its
+    facts, and its snapshots decoded with the newest one's whole-trace timeline built, into the caches the first
+    request reads (a million-entry snapshot takes seconds to decode). Errors are left to that request."""
+    from gpudash.server.runcache import shared_cache
+
+    facts_for(path)
+    reader, lock = shared_cache().reader(path)
+    with lock:
+        maps = load_snapshots(reader)
+    if maps and timeline_of(maps[-1]) is not None:
+        alloc_timeline_figure(maps[-1])
+
+
 def known_tables(path: Any) -> dict[str, Any] | None:
     """The step tables of a finished run as the run cache read them, when no file of the run changed since:
     a page then reads a million-step run once (for the analysis), not once more for its charts. None for a
@@ -124,8 +140,13 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
                    smooth: float = 0.0, xmode: str = "step") -> html.Div:
     """The run page; ``cursor``, ``xrange`` (a step range) and ``xmode`` (the step graphs' x axis) come from
     the page's address, so a link reproduces the view it was copied from."""
-    facts = facts_for(reader.path)
     view = view if view is not None else load_view(reader, known=known_tables(reader.path))
+    problems = list(view.problems)
+    maps = load_snapshots(reader, problems)
+    view.problems = problems
+    if is_snapshot_only(view, maps):  # an imported snapshot: its views, none of a training run's empty ones
+        return snapshot_page(run_id, view, maps, GRAPH_CONFIG)
+    facts = facts_for(reader.path)
     x = XAxis(xmode, x_origin(xmode, view.full.get("steps", view.frame("steps"))))
     if rank not in view.ranks:
         rank = view.ranks[0]
@@ -145,11 +166,6 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         else:  # drawn when scrolled to (gpudash.server.layouts.lazy); its series say whether it has anything to draw
             specs[g] = graph_specs(g, (zoomed if g in STEP_GRAPHS else view).frames, rank, view.meta, smooth)
             figs[g] = placeholder(g, specs[g])
-    problems = list(view.problems)
-    maps = load_snapshots(reader, problems)
-    view.problems = problems
-    if is_snapshot_only(view, maps):  # an imported snapshot: its views, none of a training run's empty ones
-        return snapshot_page(run_id, view, maps, GRAPH_CONFIG)
     mem_now = memory.memory_at(view.full.get("memory", view.frame("memory")), cursor, rank)
     extra: dict[str, Any] = {
         "cursor": cursor,
