@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,13 +44,12 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layouts"))
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A dashboard on a free loopback port over two finished runs (``rich`` and ``plain``)."""
-    from runmaker import HOSTILE, train
+    from helpers.runmaker import HOSTILE, train
 
     from gpudash.server.app import serve_in_thread
 

@@ -5,52 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.browser import full_screenshot, rendered, severe_logs, wait_for
 
 pytestmark = pytest.mark.browser
 
 RUN_VIEWS = ("memory-graph", "memory-at-graph", "segment-map", "activations-graph", "step-time-graph", "rates-graph",
              "phases-graph", "host-graph", "loss-graph", "signals-graph", "events-graph")
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshot-run-page.png"
-
-
-def wait_for(fn: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.time() + timeout
-    last: Any = None
-    while time.time() < deadline:
-        try:
-            last = fn()
-        except Exception:  # noqa: BLE001 - the page is still rendering
-            last = None
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
-def severe_logs(driver: Any) -> list[str]:
-    return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-
-
-def rendered(driver: Any, graph_id: str) -> bool:
-    """``graph_id`` drawn with its data; scrolled to first (a chart below the fold is drawn when in view)."""
-    return bool(driver.execute_script(
-        "const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
-        "if (g && g.layout && g.layout.meta === 'gpudash-lazy') { g.scrollIntoView({block: 'center'}); }"
-        "return !!(g && g._fullLayout && g.querySelector('.main-svg') && g.layout.meta !== 'gpudash-lazy');",
-        graph_id))
-
-
-def full_screenshot(driver: Any, path: Path) -> None:
-    height = driver.execute_script("return document.body.scrollHeight")
-    driver.set_window_size(1400, min(int(height) + 40, 8000))
-    time.sleep(0.8)
-    driver.save_screenshot(str(path))
-    driver.set_window_size(1400, 1000)
 
 
 def test_runs_page(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
@@ -211,7 +176,7 @@ def test_replay_cursor_jumps_to_events(driver: Any, served: tuple[str, Path], ar
 
 
 def test_last_step_advances_live(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     url, root = served
     with LiveRun(root / "live", delay=0.05, name="live-run"):
@@ -279,7 +244,7 @@ def test_no_horizontal_scroll_on_a_laptop(driver: Any, served: tuple[str, Path])
 @pytest.mark.skipif(not os.environ.get("GPUDASH_UPDATE_SCREENSHOT"), reason="set GPUDASH_UPDATE_SCREENSHOT=1 to redo it")
 def test_docs_screenshot(driver: Any, tmp_path: Path, artifacts: Path) -> None:
     """The README's picture of the run page: GPUDASH_UPDATE_SCREENSHOT=1 pytest tests/browser -k docs."""
-    from runmaker import train
+    from helpers.runmaker import train
 
     from gpudash.server.app import serve_in_thread
 

@@ -4,15 +4,12 @@ run keeps extending a chart drawn late."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_dashboard import severe_logs, wait_for  # the existing browser helpers
+from helpers.browser import severe_logs, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -98,7 +95,7 @@ def test_lazy_charts_follow_the_address(driver: Any, served: tuple[str, Path]) -
 
 
 def test_live_run_extends_a_chart_drawn_late(driver: Any, served: tuple[str, Path]) -> None:
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     url, root = served
     with LiveRun(root / "live-lazy", delay=0.05, name="live-lazy"):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_dashboard import rendered, severe_logs, wait_for  # the browser tests' helpers
+from helpers.browser import rendered, severe_logs, wait_for
 
 
 def _record(run_dir: Path, ranks: int = 64, steps: int = 30) -> None:

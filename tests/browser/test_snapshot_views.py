@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_dashboard import rendered, severe_logs, wait_for  # the existing browser helpers
+from helpers.browser import rendered, severe_logs, wait_for
 
 pytestmark = pytest.mark.browser
 

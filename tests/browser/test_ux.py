@@ -3,15 +3,12 @@ names, no label drawn over another or cut off at the figure's edge."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_dashboard import rendered, severe_logs, wait_for  # the existing browser helpers
+from helpers.browser import rendered, severe_logs, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -109,7 +106,7 @@ def test_no_label_overlaps_or_clipping(driver: Any, served: tuple[str, Path], ar
 def test_long_run_drawn_whole_with_spike(driver: Any, tmp_path: Path, artifacts: Path) -> None:
     """200,000 short steps: the charts start at step 0 and show the spike at step 150,000; the header says the
     run's last step."""
-    from runmaker import long_run
+    from helpers.runmaker import long_run
 
     from gpudash.server.app import serve_in_thread
 
@@ -138,7 +135,7 @@ def test_long_run_drawn_whole_with_spike(driver: Any, tmp_path: Path, artifacts:
 
 def test_runs_list_is_live_with_search_and_filter(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
     """A run started after the page opened appears by itself; its steps move; search and status filter the rows."""
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     url, root = served
     driver.get(url)

@@ -4,15 +4,12 @@ the address, the device panel's reason on this machine without a GPU."""
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_dashboard import rendered, severe_logs, wait_for  # the existing browser helpers
+from helpers.browser import rendered, severe_logs, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -23,7 +20,7 @@ def _text(driver: Any, element_id: str) -> str:
 
 
 def test_progress_and_eta_move_on_a_live_run(driver: Any, served: tuple[str, Path], artifacts: Path) -> None:
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     url, root = served
     with LiveRun(root / "progressing", delay=0.05, name="progressing", total_steps=100_000):
@@ -50,7 +47,7 @@ def test_progress_and_eta_move_on_a_live_run(driver: Any, served: tuple[str, Pat
 
 def test_device_reason_while_live_without_gpu(driver: Any, served: tuple[str, Path]) -> None:
     """This machine has no GPU: the live run's device panel says what the collector noted, not 'waiting'."""
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     from gpudash.store.run import load_run
 
@@ -200,7 +197,7 @@ def datetime_ms(value: Any) -> float:
 
 
 def test_x_axis_time_mode_keeps_growing_live(driver: Any, served: tuple[str, Path]) -> None:
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     url, root = served
     with LiveRun(root / "timed", delay=0.05, name="timed"):

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import http.server
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.hostile_cases import healthy
 
 from gpudash.server.app import serve_in_thread
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import healthy
 
 pytestmark = pytest.mark.browser
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -18,9 +18,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
 
-from hostile_cases import CASES, healthy  # noqa: E402
+from helpers.hostile_cases import CASES, healthy  # noqa: E402
 
 #: Each surface answers within this (the issue's bound); the whole probe gets a surface's worth per surface.
 SURFACE_S = 30.0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers.hostile_cases import ENDLESS, events_recursive_view, healthy
 from prometheus_client import generate_latest
 
 from gpudash.server import metrics, runcache
@@ -20,9 +20,6 @@ from gpudash.server.runcache import shared_cache
 from gpudash.store import bounded
 from gpudash.store.bounded import UnsafeFile, connect, read_regular
 from gpudash.store.reader import RunReader
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import ENDLESS, events_recursive_view, healthy
 
 
 def test_every_query_has_a_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.hostile_cases import colliding_prometheus_names, healthy
 from prometheus_client import generate_latest
 
 from gpudash.server import promnames
 from gpudash.server.metrics import metric_name, metrics_registry
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import colliding_prometheus_names, healthy
 
 
 def _scrape(runs: Path) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers.hostile_cases import healthy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
@@ -22,9 +22,6 @@ from gpudash.server.metrics import metrics_registry
 from gpudash.store import load_run
 from gpudash.store.reader import RunReader
 from gpudash.store.schema import quote_ident
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import healthy
 
 _TEMPLATE: list[Path] = []
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -4,19 +4,16 @@ never printed, and every answer says ``Referrer-Policy: no-referrer`` and which 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.hostile_cases import healthy
 
 from gpudash.cli import main as cli
 from gpudash.commands import serve as serve_command
 from gpudash.errors import UserError
 from gpudash.server import app as app_module
 from gpudash.server.access import FRAME_ANCESTORS, security_headers
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_cases import healthy
 
 SECRET = "env-secret-0123456789abcdef"
 

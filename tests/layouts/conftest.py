@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from runmaker import HOSTILE, train
+from helpers.runmaker import HOSTILE, train
 
 
 @pytest.fixture(scope="session")

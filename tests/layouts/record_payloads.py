@@ -58,7 +58,7 @@ def _drawn(d: Any, graph: str) -> bool:
 
 
 def scenario(d: Any, url: str, root: Path) -> None:
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     d.get(url)
     _wait(lambda: d.find_elements("css selector", "#runs-table-box a"))
@@ -150,11 +150,11 @@ def keep(bodies: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def main() -> None:
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parents[1]))  # run as a script: tests/ (its helpers) as pytest's pythonpath has it
     sys.path.insert(0, str(HERE.parent / "browser"))
     from conftest import make_driver  # tests/browser's Chromium
     from flask import request
-    from runmaker import HOSTILE, train
+    from helpers.runmaker import HOSTILE, train
 
     from gpudash.server.access import serve_wsgi
     from gpudash.server.app import create_app

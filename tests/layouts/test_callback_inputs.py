@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashpost import post
+from helpers.dashpost import post
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,7 +132,7 @@ _SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Heal
                                     "memory-graph.figure", "live-state.data", "ranks-box.children",
                                     "summary-panel.children", "snapshot-requested.children", "compare-link.href"])
 def test_any_json_is_never_a_500(app: Any, output: str) -> None:
-    from dashpost import callback_key
+    from helpers.dashpost import callback_key
 
     spec = app.callback_map[callback_key(app, output)]
     names = [f"{i['id']}.{i['property']}" for i in spec["inputs"] + spec["state"]]

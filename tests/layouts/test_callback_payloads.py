@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from dash import Patch, no_update
 from dash.exceptions import PreventUpdate
-from dashpost import callback_key
-from runmaker import train
+from helpers.dashpost import callback_key
+from helpers.runmaker import train
 
 from gpudash.server.app import create_app
 from gpudash.server.layouts import run_page

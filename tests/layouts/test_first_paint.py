@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dashpost import payload
+from helpers.dashpost import payload
 
 from gpudash.server.layouts.fig import F4_TOLERANCE, Fig, decode_array, encode_array, wire
 
@@ -235,7 +235,7 @@ def test_finished_run_read_once(runs_dir: Path, tmp_path: Path) -> None:
     import time
 
     import pandas as pd
-    from runmaker import LiveRun
+    from helpers.runmaker import LiveRun
 
     from gpudash.server.layouts.data import load_view
     from gpudash.server.layouts.pages import facts_for, known_tables

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashpost import post
+from helpers.dashpost import post
 
 PREFIX = "/user/alice/proxy/8050/"
 

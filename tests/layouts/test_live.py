@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runmaker import LiveRun
+from helpers.runmaker import LiveRun
 
 from gpudash.server.layouts import run_page
 from gpudash.server.layouts.data import load_view

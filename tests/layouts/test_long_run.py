@@ -9,7 +9,7 @@ from typing import Any
 
 import plotly
 import pytest
-from runmaker import long_run
+from helpers.runmaker import long_run
 
 from gpudash.server.layouts import run_page
 from gpudash.server.layouts.data import load_view

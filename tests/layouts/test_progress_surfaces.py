@@ -101,7 +101,7 @@ def test_same_eta_in_header_runs_list_and_terminal(live_run: Any) -> None:
 def test_progress_callback_follows_the_live_tick(live_run: Any) -> None:
     import json
 
-    from dashpost import post
+    from helpers.dashpost import post
 
     from gpudash.server.app import create_app
 

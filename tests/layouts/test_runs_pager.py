@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashpost import post
+from helpers.dashpost import post
 
 from gpudash.server.app import create_app
 from gpudash.server.layouts import runs

@@ -84,7 +84,7 @@ def _json_children(children: list[Any]) -> str:
 
 
 def test_a_run_with_steps_keeps_its_page_and_gets_the_diff_picker(tmp_path: Path) -> None:
-    from runmaker import train
+    from helpers.runmaker import train
 
     train(tmp_path / "rich", 12, rich=True)
     page = _json(build_run_page("rich", RunReader(tmp_path / "rich")))

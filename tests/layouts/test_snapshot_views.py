@@ -123,7 +123,7 @@ def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
 
 
 def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
-    from dashpost import post
+    from helpers.dashpost import post
 
     from gpudash.server.app import create_app
 
@@ -153,7 +153,7 @@ def test_timeline_callback_follows_the_chosen_snapshot(tmp_path: Path) -> None:
 def test_zoom_redraws_the_window_from_the_zoom_store(tmp_path: Path) -> None:
     """The server hears zooms from ``alloc-timeline-zoom`` (the browser passes on only x changes of the
     timeline's relayoutData: an ``{"autosize": true}`` no longer supersedes a zoom being answered)."""
-    from dashpost import post
+    from helpers.dashpost import post
 
     from gpudash.server.app import create_app
     from gpudash.server.layouts.snapshot_views import ZOOM_JS

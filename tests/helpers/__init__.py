@@ -1,0 +1,7 @@
+"""Helpers the tests share, imported as ``helpers.<module>`` (pytest's ``pythonpath`` holds ``tests/``):
+
+- ``runmaker``: recorded runs for the dashboard's tests (a rich run, a live run, a long run);
+- ``dashpost``: a Dash callback posted the way the browser posts it (the app's test client);
+- ``hostile_cases``: crafted run folders (tests/hostile) and a healthy run beside them;
+- ``browser``: waiting in a real Chromium, its console, a chart drawn.
+"""
