@@ -33,7 +33,7 @@ from gpudash.analysis.alerts import (
 from gpudash.analysis.memory import capacity_bytes
 from gpudash.options import AlertOptions
 from gpudash.store.reader import RunReader
-from gpudash.store.run import Run, merged_meta, parse_json
+from gpudash.store.run import Run, merged_meta, parse_json, settle_status
 
 __all__ = ["KEEP_ROWS", "AlertWatcher", "RunWatch", "ServeAlerts", "start_alerts"]
 
@@ -166,12 +166,10 @@ class RunWatch:
             self._meta = merged_meta(self.reader, self._rank_meta)
             self._meta["status"] = st
             self._meta_at = now
-        meta = dict(self._meta, status=st)
+        meta = dict(self._meta)
         if reason:
             meta["end_reason"] = reason
-        elif st == "crashed" and not meta.get("end_reason"):
-            reasons = {m.get("end_reason") for m in self._rank_meta.values() if m.get("end_reason")}
-            meta["end_reason"] = "; ".join(sorted(map(str, reasons))) or "process died (no heartbeat)"
+        settle_status(meta, self._rank_meta, st)  # a crashed run's reason, said as everywhere else
         f = self.frames
         return Run(path=self.path, meta=meta, status=st, steps=f["steps"], memory=f["memory"], events=f["events"],
                    rank_meta=self._rank_meta)

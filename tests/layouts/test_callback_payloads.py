@@ -484,3 +484,40 @@ def test_run_page_snapshot_diff(readers: ReaderCache) -> None:
         snapshot_pick("0", None, None, None, readers=readers)
     with pytest.raises(BadInput):
         snapshot_pick("0", None, ["rich"], None, readers=readers)
+
+
+def test_lazy_charts_and_tables_drawn_when_scrolled_to(readers: ReaderCache) -> None:
+    from gpudash.server.layouts.lazy import LAZY, TABLES, lazy_outputs
+
+    boxes = [box for box, _ in TABLES]
+    for p in recorded("rates-graph.figure--lazy-seen"):
+        v = values(p)
+        rows = tuple(v.get(f"{rows_id}.data") for _, rows_id in TABLES)
+        seen, drawn = v["lazy-seen.data"], v["lazy-drawn.data"]
+        try:
+            out = lazy_outputs(seen, drawn, v["page-run.data"], v["url.search"], v["cursor-slider.value"],
+                               v["cursor-follow.data"], v["smoothing.value"], rows, readers=readers)
+        except PreventUpdate:  # everything it saw was drawn already
+            assert all(g in (drawn or []) for g in seen or [])
+            continue
+        figs, tables, now_drawn = out[:len(LAZY)], out[len(LAZY):-1], out[-1]
+        wanted = [g for g in [*LAZY, *boxes] if g in (seen or []) and g not in (drawn or [])]
+        assert all(g in now_drawn for g in wanted)
+        assert all((f is not no_update) == (g in wanted) for g, f in zip(LAZY, figs, strict=True))
+        assert all((t is not no_update) == (b in wanted) for b, t in zip(boxes, tables, strict=True))
+    with pytest.raises(BadInput):
+        lazy_outputs("all", [], {"run": "rich"}, "", None, None, None, (None,) * len(TABLES), readers=readers)
+
+
+def test_progress_bar_refreshed_after_a_tick(runs: Path) -> None:
+    from gpudash.server.layouts.pages import facts_for
+    from gpudash.server.layouts.progressbar import progress_refresh
+
+    for p in recorded("run-progress.children--last-step"):
+        page = values(p)["page-run.data"]
+        bar = progress_refresh(page, facts_of=lambda run_id: facts_for(runs / run_id))
+        assert isinstance(bar, list)
+    with pytest.raises(PreventUpdate):
+        progress_refresh(None, facts_of=lambda run_id: None)
+    with pytest.raises(PreventUpdate):
+        progress_refresh({"run": "rich"}, facts_of=lambda run_id: None)

@@ -27,7 +27,7 @@ from gpudash.server.layouts.fig import Fig, wire
 from gpudash.server.layouts.inputs import BadInput, as_int, page_run
 from gpudash.server.layouts.run_page import EAGER, LAZY, PLACEHOLDER, TABLES, build_table, page_graph, placeholder
 
-__all__ = ["EAGER", "LAZY", "OBSERVE_JS", "PLACEHOLDER", "fill", "page_graph", "placeholder", "register_lazy_callbacks",
+__all__ = ["EAGER", "LAZY", "OBSERVE_JS", "PLACEHOLDER", "fill", "lazy_outputs", "page_graph", "placeholder", "register_lazy_callbacks",
            "wire_tree"]  # EAGER, LAZY, PLACEHOLDER, page_graph and placeholder live in run_page (the page builds them)
 
 #: Runs when the run page mounts and after each fill: watches the charts not drawn yet and names those in
@@ -104,36 +104,43 @@ def fill(readers: Any, wanted: list[str], page: Any, search: str, cursor: int | 
     return {g: page_graph(g, view, zoomed, rank, at, xrange, spikes, smooth, x)[0] for g in wanted}
 
 
-def register_lazy_callbacks(app: dash.Dash, readers: Any) -> None:
+def lazy_outputs(seen: Any, drawn: Any, page: Any, search: Any, cursor: Any, follow: Any, smooth: Any,
+                 table_rows: tuple[Any, ...], *, readers: Any) -> list[Any]:
+    """The charts and tables the page has scrolled to (``lazy-seen``) and not drawn yet (``lazy-drawn``), drawn as
+    the page shows the run (address, cursor, smoothing), to :data:`LAZY`'s figures, the tables' boxes and the new
+    ``lazy-drawn``; ``table_rows``: the rows each table box has."""
     from gpudash.server.layouts.viewstate import smoothing_of
 
+    boxes = [box for box, _ in TABLES]
+    if not isinstance(seen, list | None) or not isinstance(drawn, list | None) \
+            or not isinstance(search, str | None) or not isinstance(follow, dict | None):
+        raise BadInput("lazy-seen and lazy-drawn must be lists, the search a string, cursor-follow an object")
+    if not all(isinstance(r, list | None) and all(isinstance(x, dict) for x in r or []) for r in table_rows):
+        raise BadInput("table rows must be lists of objects")
+    lazy = [*LAZY, *boxes]
+    done = [g for g in lazy if g in (drawn or [])]
+    wanted = [g for g in lazy if g in (seen or []) and g not in done]
+    if not wanted or not page:
+        raise PreventUpdate
+    graphs = [g for g in wanted if g in LAZY]
+    figs = fill(readers, graphs, page, search or "", None if cursor is None else as_int(cursor, "cursor"),
+                bool((follow or {}).get("follow")), smoothing_of(smooth)) if graphs else {}
+    tables = {box: build_table(box, rows or []) for box, rows in zip(boxes, table_rows, strict=True)
+              if box in wanted}
+    return [*(wire(figs[g]) if g in figs else no_update for g in LAZY),
+            *(no_update if tables.get(box) is None else tables[box] for box in boxes),
+            [g for g in (drawn or []) if g not in lazy] + done + wanted]
+
+
+def register_lazy_callbacks(app: dash.Dash, readers: Any) -> None:
     app.clientside_callback(OBSERVE_JS, Output("lazy-seen", "data"), Input("lazy-drawn", "data"))
 
-    boxes = [box for box, _ in TABLES]
-
     @app.callback([*(Output(g, "figure", allow_duplicate=True) for g in LAZY),
-                   *(Output(box, "children") for box in boxes), Output("lazy-drawn", "data")],
+                   *(Output(box, "children") for box, _ in TABLES), Output("lazy-drawn", "data")],
                   Input("lazy-seen", "data"), State("lazy-drawn", "data"), State("page-run", "data"),
                   State("url", "search"), State("cursor-slider", "value"), State("cursor-follow", "data"),
                   State("smoothing", "value"), *(State(rows, "data") for _, rows in TABLES),
                   prevent_initial_call=True)
     def draw_lazy(seen: Any, drawn: Any, page: Any, search: Any, cursor: Any, follow: Any, smooth: Any,
                   *table_rows: Any) -> list[Any]:
-        if not isinstance(seen, list | None) or not isinstance(drawn, list | None) \
-                or not isinstance(search, str | None) or not isinstance(follow, dict | None):
-            raise BadInput("lazy-seen and lazy-drawn must be lists, the search a string, cursor-follow an object")
-        if not all(isinstance(r, list | None) and all(isinstance(x, dict) for x in r or []) for r in table_rows):
-            raise BadInput("table rows must be lists of objects")
-        lazy = [*LAZY, *boxes]
-        done = [g for g in lazy if g in (drawn or [])]
-        wanted = [g for g in lazy if g in (seen or []) and g not in done]
-        if not wanted or not page:
-            raise PreventUpdate
-        graphs = [g for g in wanted if g in LAZY]
-        figs = fill(readers, graphs, page, search or "", None if cursor is None else as_int(cursor, "cursor"),
-                    bool((follow or {}).get("follow")), smoothing_of(smooth)) if graphs else {}
-        tables = {box: build_table(box, rows or []) for box, rows in zip(boxes, table_rows, strict=True)
-                  if box in wanted}
-        return [*(wire(figs[g]) if g in figs else no_update for g in LAZY),
-                *(no_update if tables.get(box) is None else tables[box] for box in boxes),
-                [g for g in (drawn or []) if g not in lazy] + done + wanted]
+        return lazy_outputs(seen, drawn, page, search, cursor, follow, smooth, table_rows, readers=readers)

@@ -11,7 +11,7 @@ from dash.exceptions import PreventUpdate
 from gpudash.analysis.progress import Progress, eta_text, progress_text
 from gpudash.server.layouts.inputs import page_run
 
-__all__ = ["progress_bar", "progress_cell", "register_progress_callbacks"]
+__all__ = ["progress_bar", "progress_cell", "progress_refresh", "register_progress_callbacks"]
 
 
 def progress_bar(p: Progress | None) -> list[Any]:
@@ -32,16 +32,19 @@ def progress_cell(p: Progress | None, status: str | None) -> str:
     return f"{100 * p.fraction:.0f} %" + (f" · {eta}" if eta and status == "live" else "")
 
 
-def register_progress_callbacks(app: dash.Dash, facts_of: Any) -> None:
-    """``facts_of(run_id)``: the run's facts (the one run cache), None when it cannot be read."""
+def progress_refresh(page: Any, *, facts_of: Any) -> list[Any]:
+    """The header's progress bar again, after a live tick moved the step and once when the run ends (the ETA
+    goes); ``facts_of(run_id)``: the run's facts (the one run cache), None when it cannot be read."""
+    if not page:
+        raise PreventUpdate
+    facts = facts_of(page_run(page)[0])
+    if facts is None:
+        raise PreventUpdate
+    return progress_bar(facts.progress)
 
+
+def register_progress_callbacks(app: dash.Dash, facts_of: Any) -> None:
     @app.callback(Output("run-progress", "children"), Input("last-step", "children"),
                   Input("run-status", "children"), State("page-run", "data"), prevent_initial_call=True)
-    def progress_refresh(_step: Any, _status: Any, page: Any) -> list[Any]:
-        # after each live tick that moved the step, and once when the run ends (the ETA goes)
-        if not page:
-            raise PreventUpdate
-        facts = facts_of(page_run(page)[0])
-        if facts is None:
-            raise PreventUpdate
-        return progress_bar(facts.progress)
+    def progress_update(_step: Any, _status: Any, page: Any) -> list[Any]:
+        return progress_refresh(page, facts_of=facts_of)
