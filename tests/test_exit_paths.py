@@ -52,6 +52,19 @@ def _read_until(proc: subprocess.Popen[str], step: int) -> tuple[int, float]:
     raise AssertionError(f"child ended early: {proc.stderr.read() if proc.stderr else ''}")
 
 
+def _ended(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The child's stdout once it has exited; one that does not exit in ``timeout`` fails the test with its
+    threads' stacks (py-spy) and its stderr, so a hang says where it hangs."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        dump = subprocess.run(["py-spy", "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60)
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the child did not exit within {timeout:g} s:\n{dump.stdout}{dump.stderr}\n"
+                             f"stderr: {err[-3000:]}") from None
+
+
 def test_sigkill_loses_at_most_one_second(tmp_path: Path) -> None:
     proc = _spawn(tmp_path / "r", "loop")
     _read_until(proc, 300)
@@ -69,7 +82,7 @@ def test_signals_flush_everything(tmp_path: Path, sig: int, reason: str) -> None
     proc = _spawn(tmp_path / "r", "loop")
     _read_until(proc, 100)
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=30)
+    out = _ended(proc, 30)
     last = max([int(line.split()[0]) for line in out.splitlines()] + [100])
     run = gpudash.load_run(tmp_path / "r")
     assert run.status == "crashed" and run.meta["end_reason"] == reason
