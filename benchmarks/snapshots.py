@@ -83,6 +83,10 @@ def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, usage.ru_maxrss / 1024.0, out
 
 
+#: --head-start: also time a first visit after gpudash serve's head start
+HEAD_START = False
+
+
 def measure(n: int, work: Path, repeats: int, env: dict[str, str], browser: bool) -> dict[str, Any]:
     # written by a child: a forked child's peak RSS starts at its parent's, so this process stays small
     snap = work / f"snapshot-{n}.pickle"
@@ -111,14 +115,19 @@ def measure(n: int, work: Path, repeats: int, env: dict[str, str], browser: bool
     }
     if browser:
         out["browser_s"] = _browser_draw(work, run)
+        if HEAD_START:
+            out["head_start"] = _browser_draw(work, run, head_start=True)
     snap.unlink()
     return out
 
 
-def _browser_draw(work: Path, run: Path, visits: int = 3) -> list[float] | None:
+def _browser_draw(work: Path, run: Path, visits: int = 3, head_start: bool = False) -> list[float] | None:
     """Seconds from navigation to ``#alloc-timeline`` drawn (its bars: the bands; and the merged band's fill) in
     headless Chromium, for each of ``visits`` navigations: the first finds the server's caches cold (the
-    snapshot read and decoded, its timeline worked out), the others warm (None without Chromium)."""
+    snapshot read and decoded, its timeline worked out), the others warm (None without Chromium). With
+    ``head_start`` the server starts as ``gpudash serve`` does (the newest run's snapshots decoded while no one
+    asks) and the first navigation waits until that is done: the first visit of someone who opens the page a
+    few seconds after starting the server; ``[warm-up seconds, visits...]``."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.options import Options
@@ -128,8 +137,17 @@ def _browser_draw(work: Path, run: Path, visits: int = 3) -> list[float] | None:
     if not Path("/usr/bin/chromium").exists():
         return None
     from gpudash.server.app import serve_in_thread
+    from gpudash.server.layouts import snapshot_views
 
-    url, stop = serve_in_thread(run.parent, "127.0.0.1", 0)
+    snapshot_views._SNAP_CACHE.clear()
+    snapshot_views._FIGURES.clear()
+    started = time.perf_counter()
+    url, stop = serve_in_thread(run.parent, "127.0.0.1", 0, head_start=head_start)
+    warmed: list[float] = []
+    if head_start:
+        while time.perf_counter() - started < 120 and not snapshot_views._FIGURES:
+            time.sleep(0.05)
+        warmed.append(time.perf_counter() - started)
     opts = Options()
     opts.binary_location = "/usr/bin/chromium"
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"):
@@ -153,7 +171,7 @@ def _browser_draw(work: Path, run: Path, visits: int = 3) -> list[float] | None:
             while time.perf_counter() - t < 120 and not driver.execute_script(drawn_js):
                 time.sleep(0.02)
             times.append(time.perf_counter() - t)
-        return times
+        return warmed + times
     finally:
         driver.quit()
         stop()
@@ -183,12 +201,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--browser", action="store_true", help="also time the first draw in headless Chromium")
     ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    ap.add_argument("--head-start", action="store_true",
+                    help="with --browser: also time the first visit after the server's head start (gpudash serve)")
     args = ap.parse_args()
+    global HEAD_START
+    HEAD_START = args.head_start
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory(prefix="gpudash-snapbench-") as tmp:
         rows = [measure(n, Path(tmp), args.repeats, env, args.browser) for n in args.sizes]
     text = table(rows)
     print(text)
+    for r in rows:
+        if r.get("head_start"):
+            h = r["head_start"]
+            print(f"{r['entries']:,} entries, after the head start ({h[0]:.2f} s from the server's start): "
+                  f"first visit {h[1]:.2f} s, again {statistics.median(h[2:]):.2f} s")
     if args.write:
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
         results.write_section(TITLE, f"{TITLE}\n\n{dt.date.today()}, {machine}; "
