@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.browser import wait_for
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("jupyter_server")
@@ -117,19 +118,6 @@ def _driver() -> Any:
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
 
 
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = pred()
-        except Exception:  # noqa: BLE001 - the page is still loading
-            value = None
-        if value:
-            return value
-        time.sleep(0.25)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_notebook_dashboard_through_the_jupyter_proxy(jupyter: tuple[int, Path]) -> None:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.skip("chromium and chromedriver are not installed")
@@ -159,7 +147,7 @@ def test_notebook_dashboard_through_the_jupyter_proxy(jupyter: tuple[int, Path])
         hub = f"http://{HUB_NAME}:{port}"
         driver.get(f"{hub}{BASE}api/status?token={JTOKEN}")  # log in to Jupyter (its cookie)
         driver.get(hub + url)  # as the IFrame does, relative to the notebook page's origin
-        _wait(lambda: driver.find_element("id", "run-name").text, 60, "the run page through the proxy")
+        wait_for(lambda: driver.find_element("id", "run-name").text, 60, "the run page through the proxy")
         assert driver.current_url.startswith(f"{hub}{BASE}proxy/{dash_port}/run/notebook-")
         assert "token=" not in driver.current_url  # moved into the cookie
         assert driver.find_element("id", "run-status").text == "live"
@@ -169,9 +157,9 @@ def test_notebook_dashboard_through_the_jupyter_proxy(jupyter: tuple[int, Path])
             status, step = (driver.find_element("id", i).text.strip() for i in ("run-status", "last-step"))
             return status == "live" and step.isdigit() and int(step) < 199
 
-        _wait(live_step, 120, "a live step")
+        wait_for(live_step, 120, "a live step")
         # the closed run: its last step arrives with the tick after the one that sees it finished
-        _wait(lambda: driver.find_element("id", "run-status").text == "finished"
+        wait_for(lambda: driver.find_element("id", "run-status").text == "finished"
               and driver.find_element("id", "last-step").text == "199", 240, "the run's last step, finished")
         out = ""
         while True:  # the cell's own check: the dashboard answered (from the kernel's machine) while training
