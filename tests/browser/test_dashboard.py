@@ -90,7 +90,7 @@ def test_run_page_every_view(driver: Any, served: tuple[str, Path], artifacts: P
 
 def test_run_page_ranks_section(driver: Any, tmp_path: Path, artifacts: Path) -> None:
     """A two-rank run (rank 1 straggles in its data phase) shows its ranks side by side and names the straggler."""
-    from test_ranks_view import STEPS, record_two_ranks
+    from helpers.ranks import STEPS, record_two_ranks
 
     from gpudash.server.app import serve_in_thread
 
@@ -122,7 +122,7 @@ def test_ranks_section_refreshes_live(driver: Any, tmp_path: Path) -> None:
     """While a two-rank run is live the Ranks section catches up (every few ticks), and once after it ends."""
     import threading
 
-    from test_ranks_view import record_two_ranks
+    from helpers.ranks import record_two_ranks
 
     from gpudash.server.app import serve_in_thread
 

@@ -3,5 +3,6 @@
 - ``runmaker``: recorded runs for the dashboard's tests (a rich run, a live run, a long run);
 - ``dashpost``: a Dash callback posted the way the browser posts it (the app's test client);
 - ``hostile_cases``: crafted run folders (tests/hostile) and a healthy run beside them;
-- ``browser``: waiting in a real Chromium, its console, a chart drawn.
+- ``browser``: waiting in a real Chromium, its console, a chart drawn;
+- ``ranks``: a two-rank run with a straggler, recorded in two threads.
 """
