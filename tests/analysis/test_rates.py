@@ -130,9 +130,9 @@ def test_the_trainers_progress_line_says_the_same_rate() -> None:
     """The progress line once said tokens seen / time since the loop began (the first step's compilation in it
     for the whole run); it is :func:`per_second` of its last steps, as /metrics and the run page say."""
     pytest.importorskip("torch")
-    from gpudash.trainer.loop import _Progress
+    from gpudash.trainer.progressline import ProgressLine
 
-    p = _Progress(300)
+    p = ProgressLine(300)
     ends = 1000.0 + np.concatenate([[10.0], 10.0 + np.arange(1, 300) * 0.5])  # a 10 s first step, then 0.5 s
     for done, end in enumerate(ends, start=1):
         p.update(done, 2.0, 4, 256.0, end=float(end))

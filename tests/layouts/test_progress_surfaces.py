@@ -61,7 +61,7 @@ def live_run(tmp_path: Path) -> Any:
 def test_same_eta_in_header_runs_list_and_terminal(live_run: Any) -> None:
     from gpudash.server.layouts import runs
     from gpudash.server.layouts.pages import build_run_page
-    from gpudash.trainer.loop import _Progress
+    from gpudash.trainer.progressline import ProgressLine
 
     root, ends = live_run
     shared_cache().clear()
@@ -91,7 +91,7 @@ def test_same_eta_in_header_runs_list_and_terminal(live_run: Any) -> None:
     assert f"{'progress':<13} 6 %, step 30 of 500 · {want}" in summarize(run)
     run.close()
 
-    term = _Progress(500)
+    term = ProgressLine(500)
     for s, t in enumerate(ends):
         term.update(s + 1, 1.0, 1, 100.0, end=t)
     line = term.line(30, 1.0, 1, 100.0, now=term.start + 60.0)

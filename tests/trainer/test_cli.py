@@ -90,9 +90,9 @@ def test_estimate_takes_any_model_shape(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_progress_line_has_elapsed_and_eta() -> None:
-    from gpudash.trainer.loop import _Progress
+    from gpudash.trainer.progressline import ProgressLine
 
-    p = _Progress(10)
+    p = ProgressLine(10)
     p.start = 100.0
     for done, end in ((1, 1010.0), (2, 1013.0), (3, 1016.0), (4, 1019.0)):  # a 10 s first step, then 3 s each
         p.update(done, 5.0, 2, 300.0, end=end)
