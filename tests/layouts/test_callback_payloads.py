@@ -30,6 +30,7 @@ from gpudash.server.layouts.replay_callbacks import (
 )
 from gpudash.server.layouts.routing import route_page
 from gpudash.server.layouts.run_callbacks import (
+    RANKS_EVERY,
     ranks_refresh,
     smoothing_redraw,
     summary_panel,
@@ -96,7 +97,7 @@ def test_fixtures_are_small_and_cover_the_callbacks() -> None:
     names = {f.stem for f in files}
     for want in ("page.children--url", "live-state.data--live-interval", "cursor-slider.value--play-interval",
                  "cursor-label.children--cursor-slider", "url.search--cursor-slider", "loss-graph.figure--smoothing",
-                 "loss-graph.figure--loss-graph", "ranks-box.children--live-interval",
+                 "loss-graph.figure--loss-graph", "ranks-box.children--ranks-tick",
                  "summary-panel.children--summary-timer", "snapshot-requested.children--snapshot-request"):
         assert want in names
 
@@ -348,15 +349,17 @@ def test_zoom_requeries_a_downsampled_chart(readers: ReaderCache) -> None:
 
 
 def test_ranks_refresh_waits_for_its_tick(readers: ReaderCache) -> None:
-    every, ended = recorded("ranks-box.children--live-interval")[:2]
-    for p in (every, ended):  # one rank: no Ranks section to refresh
-        v = values(p)
-        with pytest.raises(PreventUpdate):
-            ranks_refresh(v["live-interval.n_intervals"], v["page-run.data"], trigger=trigger(p), readers=readers)
+    every = recorded("ranks-box.children--ranks-tick")[0]  # the 10th tick, as the page's filter passed it on
+    v = values(every)
+    assert v["ranks-tick.data"] % RANKS_EVERY == 0
+    with pytest.raises(PreventUpdate):  # one rank: no Ranks section to refresh
+        ranks_refresh(v["ranks-tick.data"], v["page-run.data"], trigger=trigger(every), readers=readers)
+    with pytest.raises(PreventUpdate):  # a tick between refreshes (a crafted request: the page never sends one)
+        ranks_refresh(7, v["page-run.data"], trigger="ranks-tick", readers=readers)
     with pytest.raises(BadInput):
-        ranks_refresh("x", values(every)["page-run.data"], trigger="live-interval", readers=readers)
+        ranks_refresh("x", v["page-run.data"], trigger="ranks-tick", readers=readers)
     with pytest.raises(BadInput):
-        ranks_refresh(10, {"run": 5}, trigger="live-interval", readers=readers)
+        ranks_refresh(10, {"run": 5}, trigger="ranks-tick", readers=readers)
 
 
 def test_summary_panel(runs: Path) -> None:
@@ -462,10 +465,10 @@ def test_alloc_timeline_on_the_cursor(readers: ReaderCache) -> None:
     with pytest.raises(PreventUpdate):  # the same snapshot as drawn: the timeline stays
         alloc_timeline_box(v["cursor-slider.value"], v["snapshot-pick.value"], v["page-run.data"], key,
                            readers=readers)
-    zoom = values(recorded("alloc-timeline.figure--alloc-timeline")[0])
-    with pytest.raises(PreventUpdate):  # drawn (autosize): no window to draw again
-        alloc_timeline_zoom(zoom["alloc-timeline.relayoutData"], key, zoom["page-run.data"], readers=readers)
-    fig = alloc_timeline_zoom({"xaxis.autorange": True}, key, zoom["page-run.data"], readers=readers)
+    page = v["page-run.data"]
+    with pytest.raises(PreventUpdate):  # the chart's own relayout after its first draw: no window to draw again
+        alloc_timeline_zoom({"autosize": True}, key, page, readers=readers)
+    fig = alloc_timeline_zoom({"xaxis.autorange": True}, key, page, readers=readers)
     assert fig["data"]
     for bad in ({"step": "x"}, {"pick": 3}):
         args = {"step": v["cursor-slider.value"], "pick": None, **bad}

@@ -22,7 +22,7 @@ from gpudash.server.layouts.readers import ReaderCache
 from gpudash.server.layouts.viewstate import smoothing_of, view_search
 from gpudash.store.runid import InvalidRunId, resolve_run_dir
 
-__all__ = ["RANKS_EVERY", "ZOOM_GRAPHS", "ranks_refresh", "register_run_callbacks", "smoothing_redraw",
+__all__ = ["RANKS_EVERY", "RANKS_TICK_JS", "ZOOM_GRAPHS", "ranks_refresh", "register_run_callbacks", "smoothing_redraw",
            "summary_panel", "view_address", "zoom_redraw"]
 
 #: The graphs a zoom re-queries, and their x axis ("step": the step graphs, whose axis may be in time).
@@ -30,6 +30,8 @@ ZOOM_GRAPHS = {"memory-graph": "step", "step-time-graph": "step", "loss-graph": 
                "rates-graph": "step", "signals-graph": "step", "device-graph": "elapsed", "host-graph": "elapsed"}
 #: Live ticks (500 ms each) between refreshes of the ranks section.
 RANKS_EVERY = 10
+#: Passes on every RANKS_EVERY-th live tick only (the browser side of the ranks refresh).
+RANKS_TICK_JS = ("function(n) { return (n && n % " + str(RANKS_EVERY) + " === 0) ? n : window.dash_clientside.no_update; }")
 
 
 def _spikes(facts: Any) -> list[int] | None:
@@ -107,9 +109,10 @@ def zoom_redraw(graph_id: str, relayout: Any, state: Any, cursor: Any, smooth: A
 
 def ranks_refresh(n: Any, page: Any, *, trigger: Any, readers: ReaderCache) -> Any:
     """The Ranks section of a run with several ranks: every :data:`RANKS_EVERY` live ticks (the skew reads
-    both ranks' tables), and once when the run ends (``trigger`` is then ``run-status``)."""
+    both ranks' tables; ``n`` the tick, from ``ranks-tick``), and once when the run ends (``trigger`` is then
+    ``run-status``)."""
     n = 0 if n is None else as_int(n, "n_intervals", lo=0)
-    if not page or (trigger == "live-interval" and n % RANKS_EVERY):
+    if not page or (trigger in ("ranks-tick", "live-interval") and n % RANKS_EVERY):
         raise PreventUpdate
     reader, lock = readers.get_or_skip(page_run(page)[0])
     with lock:
@@ -160,7 +163,13 @@ def register_run_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache)
     for graph_id in ZOOM_GRAPHS:
         _register_zoom(app, readers, graph_id)
 
-    @app.callback(Output("ranks-box", "children"), Input("live-interval", "n_intervals"),
+    # every RANKS_EVERY-th tick reaches the server through ranks-tick: fed each tick, the callback's slow answer
+    # (both ranks' tables read) was dropped by Dash as outdated when the next tick came first, so on a loaded
+    # server the section never refreshed while live
+    app.clientside_callback(RANKS_TICK_JS, Output("ranks-tick", "data"), Input("live-interval", "n_intervals"),
+                            prevent_initial_call=True)
+
+    @app.callback(Output("ranks-box", "children"), Input("ranks-tick", "data"),
                   Input("run-status", "children"), State("page-run", "data"), prevent_initial_call=True)
     def ranks_box(n: Any, _status: Any, page: Any) -> Any:
         return ranks_refresh(n, page, trigger=dash.ctx.triggered_id, readers=readers)

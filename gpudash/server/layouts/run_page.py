@@ -420,6 +420,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         dcc.Store(id="live-state", data=state),
         dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in state.get("specs", {})]),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
+        dcc.Store(id="ranks-tick"),  # every RANKS_EVERY-th live tick (run_callbacks)
         dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1}),
         dcc.Interval(id="summary-timer", interval=1200, max_intervals=1),
         dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),
