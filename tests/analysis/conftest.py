@@ -147,7 +147,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
     cache: dict[str, Path] = {}
     script = load_script()
     base = tmp_path_factory.mktemp("analysis-runs")
-    shorter = {"healthy": {"steps": 30}, "oom-recovered": {"steps": 50}, "input-bound": {"steps": 20},
+    # input-bound: a longer data sleep than the sample's 150 ms, so that a loaded machine's slower compute (CI
+    # runs two workers on two cores) does not bring the data phase's share below the verdict's threshold
+    shorter = {"healthy": {"steps": 30}, "oom-recovered": {"steps": 50},
+               "input-bound": {"steps": 12, "slow_data_ms": 400},
                "precision-fallback": {"steps": 28}}
 
     def get(name: str, loop: dict[str, Any] | None = None) -> Any:

@@ -51,7 +51,12 @@ OBSERVE_JS = """function (drawn) {
   }, {rootMargin: '300px 0px'});
   window.__gpudashLazy = obs;
   var tries = 0;
-  (function attach() {  // once its empty frame is drawn (the charts above have their height by then)
+  (function attach() {  // once its empty frame and the first screen's charts are drawn (the page has its height)
+    var first = EAGER_IDS.every(function (id) {
+      var el = document.getElementById(id);
+      return !el || el.querySelector('.main-svg') || !el.getClientRects().length;  // absent or folded away
+    });
+    if (!first) { if (tries++ < 600) { setTimeout(attach, 100); } return; }
     var left = want.filter(function (id) {
       var el = document.getElementById(id);
       var ready = el && (TABLE_BOXES.indexOf(id) >= 0 || el.querySelector('.main-svg'));
@@ -63,7 +68,7 @@ OBSERVE_JS = """function (drawn) {
   })();
   return window.dash_clientside.no_update;
 }""".replace("LAZY_IDS", repr([*LAZY, *(box for box, _ in TABLES)])).replace(
-    "TABLE_BOXES", repr([box for box, _ in TABLES]))
+    "TABLE_BOXES", repr([box for box, _ in TABLES])).replace("EAGER_IDS", repr(list(EAGER)))
 
 
 def wire_tree(node: Any) -> Any:

@@ -228,12 +228,15 @@ def build_table(box: str, rows: list[dict[str, Any]]) -> Any | None:
     raise KeyError(box)
 
 
-def _graph(graph_id: str, fig: Fig) -> dcc.Graph:
-    # its height before plotly.js has drawn it: the page does not jump, and what is below the fold stays there
+def _graph(graph_id: str, fig: Fig) -> html.Div:
+    # its height before plotly.js has drawn it: the page does not jump, and what is below the fold stays there.
+    # The box around the graph holds it: until Dash's graph script has loaded, the graph is a bare div of no
+    # height (its style is not applied yet), and a lazy chart below would be in view for that moment.
     height = fig.layout.get("height") if isinstance(fig, Fig) else None
     style = {"minHeight": f"{height}px"} if isinstance(height, int | float) else {}
-    return dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, style=style,
-                     className=f"graph {DRAW_FIRST}" if graph_id in EAGER else "graph")
+    return html.Div(dcc.Graph(id=graph_id, figure=fig, config=GRAPH_CONFIG, style=style,
+                              className=f"graph {DRAW_FIRST}" if graph_id in EAGER else "graph"),
+                    style=style, className="graph-box")
 
 
 #: Sources a collector gives up on at the start (no GPU, no NVML, no psutil): a live run says why at once.
