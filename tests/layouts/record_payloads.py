@@ -105,7 +105,7 @@ def scenario(d: Any, url: str, root: Path) -> None:
         time.sleep(1.0)
         d.get(url + "run/live")
         _wait(lambda: _drawn(d, "step-time-graph"))
-        time.sleep(3.0)
+        time.sleep(6.5)  # past the 10th live tick (500 ms each): the one the ranks filter passes on
         d.find_element("id", "snapshot-request").click()
         time.sleep(1.0)
     time.sleep(2.0)

@@ -70,7 +70,7 @@ CRAFTED = [
       "page-run.data": {"run": "rich"}, "events-rows.data": [{"step": 1e308}]}, "next-event.n_clicks"),
     ("cursor-slider.value", {"events-graph.clickData": {"points": [{"customdata": float("inf")}]}},
      {"cursor-slider.value": 0, "cursor-slider.min": 0, "cursor-slider.max": 9}, "events-graph.clickData"),
-    ("memory-graph.figure", {"memory-graph.relayoutData": {"xaxis.range[0]": "a", "xaxis.range[1]": 2}},
+    ("memory-graph.figure", {"memory-graph-zoom.data": {"xaxis.range[0]": "a", "xaxis.range[1]": 2}},
      {"live-state.data": {"run": "rich", "downsampled": True}}, None),
     ("live-state.data", {"live-interval.n_intervals": 1},
      {"live-state.data": {"run": "rich", "rank": "abc", "cursor": {"0/steps": 1e308}}}, None),
@@ -120,7 +120,7 @@ def test_real_page_state_round_trips(app: Any) -> None:
              {"live-state.data": state, "page-run.data": stores["page-run"], "cursor-slider.value": 1,
               "cursor-slider.max": 39})
     assert r.status_code == 200
-    r = post(client, app, "memory-graph.figure", {"memory-graph.relayoutData": {"xaxis.range": [2, 20]}},
+    r = post(client, app, "memory-graph.figure", {"memory-graph-zoom.data": {"xaxis.range": [2, 20]}},
              {"live-state.data": dict(state, downsampled=True)})
     assert r.status_code == 200
 

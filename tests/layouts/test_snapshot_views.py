@@ -156,7 +156,7 @@ def test_zoom_redraws_the_window_from_the_zoom_store(tmp_path: Path) -> None:
     from helpers.dashpost import post
 
     from gpudash.server.app import create_app
-    from gpudash.server.layouts.snapshot_views import ZOOM_JS
+    from gpudash.server.layouts.viewstate import ZOOM_JS
 
     run = tmp_path / "imported"
     assert cli(["import-snapshot", str(REAL), str(run), "--step", "3"]) == 0

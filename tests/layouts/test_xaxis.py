@@ -132,13 +132,13 @@ def test_zoom_on_a_time_axis_rereads_the_steps_in_it(tmp_path: Path) -> None:
 
     relayout = {"xaxis.range[0]": date(50.0), "xaxis.range[1]": date(100.0)}  # steps 99..199 ended then
     key = next(k for k in app.callback_map if k.startswith("loss-graph.figure@")
-               and app.callback_map[k]["inputs"][0]["id"] == "loss-graph")
+               and app.callback_map[k]["inputs"][0]["id"] == "loss-graph-zoom")
     body = {"output": key, "outputs": {"id": "loss-graph", "property": "figure"},
-            "inputs": [{"id": "loss-graph", "property": "relayoutData", "value": relayout}],
+            "inputs": [{"id": "loss-graph-zoom", "property": "data", "value": relayout}],
             "state": [{"id": "live-state", "property": "data", "value": state},
                       {"id": "cursor-slider", "property": "value", "value": None},
                       {"id": "smoothing", "property": "value", "value": 0}],
-            "changedPropIds": ["loss-graph.relayoutData"]}
+            "changedPropIds": ["loss-graph-zoom.data"]}
     resp = client.post("/_dash-update-component", json=body)
     assert resp.status_code == 200, resp.data[:300]
     fig = resp.get_json()["response"]["loss-graph"]["figure"]
@@ -148,12 +148,12 @@ def test_zoom_on_a_time_axis_rereads_the_steps_in_it(tmp_path: Path) -> None:
     url_key = next(k for k in app.callback_map if "url.search" in k and any(
         i["id"] == "cursor-slider" for i in app.callback_map[k]["inputs"]))
     spec = app.callback_map[url_key]
-    values = {"loss-graph.relayoutData": relayout, "live-state.data": state, "url.search": "?x=relative",
+    values = {"loss-graph-zoom.data": relayout, "live-state.data": state, "url.search": "?x=relative",
               "run-status.children": "finished"}
     props = lambda items: [{"id": i["id"], "property": i["property"],  # noqa: E731
                             "value": values.get(f"{i['id']}.{i['property']}")} for i in items]
     resp = client.post("/_dash-update-component", json={
         "output": url_key, "outputs": {"id": "url", "property": "search"}, "inputs": props(spec["inputs"]),
-        "state": props(spec["state"]), "changedPropIds": ["loss-graph.relayoutData"]})
+        "state": props(spec["state"]), "changedPropIds": ["loss-graph-zoom.data"]})
     assert resp.status_code == 200, resp.data[:300]
     assert json.dumps(resp.get_json()).count("x0=99&x1=199") == 1

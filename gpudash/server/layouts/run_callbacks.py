@@ -19,7 +19,7 @@ from gpudash.server.layouts.fig import wire
 from gpudash.server.layouts.inputs import BadInput, as_int, live_state, page_run
 from gpudash.server.layouts.pages import facts_for, range_view, verdicts_for
 from gpudash.server.layouts.readers import ReaderCache
-from gpudash.server.layouts.viewstate import smoothing_of, view_search
+from gpudash.server.layouts.viewstate import ZOOM_JS, smoothing_of, view_search, zoom_store
 from gpudash.store.runid import InvalidRunId, resolve_run_dir
 
 __all__ = ["RANKS_EVERY", "RANKS_TICK_JS", "ZOOM_GRAPHS", "ranks_refresh", "register_run_callbacks", "smoothing_redraw",
@@ -120,7 +120,8 @@ def ranks_refresh(n: Any, page: Any, *, trigger: Any, readers: ReaderCache) -> A
         if len(reader.ranks) < 2:
             raise PreventUpdate
         view = load_view(reader)
-    return ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()))
+    return ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()),
+                           view.full_frames())
 
 
 def summary_panel(page: Any, *, runs_dir: Path) -> tuple[Any, dict[str, str]]:
@@ -144,13 +145,14 @@ def register_run_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache)
 
     @app.callback(Output("url", "search"),
                   Input("cursor-slider", "value"), Input("smoothing", "value"),
-                  *(Input(g, "relayoutData") for g in run_page.STEP_GRAPHS),
+                  *(Input(zoom_store(g), "data") for g in run_page.STEP_GRAPHS),
                   State("url", "search"), State("run-status", "children"), State("cursor-slider", "max"),
                   State("live-state", "data"), prevent_initial_call=True)
     def view_to_url(cursor: Any, smooth: Any, *rest: Any) -> str:
         *relayouts, search, status, hi, state = rest
-        return view_address(cursor, smooth, relayouts, search, status, hi, state, trigger=dash.ctx.triggered_id,
-                            readers=readers)
+        zoomed = {zoom_store(g): g for g in run_page.STEP_GRAPHS}
+        trigger = zoomed.get(dash.ctx.triggered_id, dash.ctx.triggered_id)  # a zoom store: its graph
+        return view_address(cursor, smooth, relayouts, search, status, hi, state, trigger=trigger, readers=readers)
 
     @app.callback(Output("loss-graph", "figure", allow_duplicate=True),
                   Output("rates-graph", "figure", allow_duplicate=True),
@@ -182,7 +184,12 @@ def register_run_callbacks(app: dash.Dash, runs_dir: Path, readers: ReaderCache)
 
 
 def _register_zoom(app: dash.Dash, readers: ReaderCache, graph_id: str) -> None:
-    @app.callback(Output(graph_id, "figure", allow_duplicate=True), Input(graph_id, "relayoutData"),
+    # a chart's own {"autosize": true} right after a zoom would re-fire the zoom's callback while its answer was
+    # in flight, and Dash would drop the answer: only x-range changes pass, through the graph's zoom store
+    app.clientside_callback(ZOOM_JS, Output(zoom_store(graph_id), "data"), Input(graph_id, "relayoutData"),
+                            prevent_initial_call=True)
+
+    @app.callback(Output(graph_id, "figure", allow_duplicate=True), Input(zoom_store(graph_id), "data"),
                   State("live-state", "data"), State("cursor-slider", "value"), State("smoothing", "value"),
                   prevent_initial_call=True)
     def requery(relayout: Any, state: Any, cursor: Any, smooth: Any = None) -> Any:

@@ -19,6 +19,7 @@ from gpudash.server.layouts.runs import device_label
 from gpudash.server.layouts.series import SMOOTHING, Series, series_xy
 from gpudash.server.layouts.snapshot_diff_view import diff_options, largest_children
 from gpudash.server.layouts.style import DRAW_FIRST
+from gpudash.server.layouts.viewstate import zoom_store
 from gpudash.server.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
 
 __all__ = ["EAGER", "LAZY", "PLACEHOLDER", "TABLES", "TABLE_PLACEHOLDER", "build_table", "table_placeholder", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
@@ -424,6 +425,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in state.get("specs", {})]),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
         dcc.Store(id="ranks-tick"),  # every RANKS_EVERY-th live tick (run_callbacks)
+        *(dcc.Store(id=zoom_store(g)) for g in LIVE_GRAPHS),  # their zooms, resizes left out (viewstate.ZOOM_JS)
         dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1}),
         dcc.Interval(id="summary-timer", interval=1200, max_intervals=1),
         dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),

@@ -17,7 +17,6 @@ from gpudash.server.layouts.readers import ReaderCache
 from gpudash.server.layouts.snapshot_diff_view import diff_children, largest_children
 from gpudash.server.layouts.snapshot_page import pick_pair, snapshot_parts
 from gpudash.server.layouts.snapshot_views import (
-    ZOOM_JS,
     alloc_timeline_child,
     alloc_timeline_figure,
     alloc_timeline_view,
@@ -27,6 +26,7 @@ from gpudash.server.layouts.snapshot_views import (
     shown_map,
     zoom_window,
 )
+from gpudash.server.layouts.viewstate import ZOOM_JS
 
 __all__ = ["alloc_timeline_box", "alloc_timeline_zoom", "register_snapshot_callbacks", "run_page_diff",
            "snapshot_pick"]

@@ -33,7 +33,7 @@ from gpudash.server.layouts.viewstate import relayout_range
 from gpudash.store.reader import RunReader
 from gpudash.units import fmt_duration
 
-__all__ = ["ZOOM_JS", "alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
+__all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
            "pick_snapshot", "segment_map_view", "shown_map", "snapshot_options",
            "timeline_of", "zoom_window"]
 
@@ -44,18 +44,6 @@ _MERGED = "rgba(150,150,150,0.55)"
 _NO_FRAMES = "no Python frames (allocated from C++, e.g. in autograd's backward)"
 _NO_TRACE = ("this snapshot holds no allocation history: call torch.cuda.memory._record_memory_history() "
              "before the snapshot (gpudash's snapshot_every does)")
-
-#: The timeline's ``relayoutData`` to ``alloc-timeline-zoom``, in the browser: only an x change (a zoom, a pan, a
-#: reset: the payloads :func:`gpudash.server.layouts.viewstate.relayout_range` reads) goes on to the server. Dash
-#: drops the answer of a callback whose input changed while it was being answered, and every chart sends
-#: ``{"autosize": true}`` about 100 ms after its first draw (later on a busy page): passed on, that resize
-#: superseded a zoom made just before it and the zoomed figure never came.
-ZOOM_JS = """function (relayout) {
-  var r = relayout || {};
-  if (r['xaxis.autorange'] || ('xaxis.range[0]' in r && 'xaxis.range[1]' in r)
-      || (Array.isArray(r['xaxis.range']) && r['xaxis.range'].length === 2)) { return r; }
-  return window.dash_clientside.no_update;
-}"""
 
 _SNAP_CACHE: dict[tuple[str, int], list[Any]] = {}
 _TIMELINES: dict[int, tuple[Any, TraceModel | None, AllocTimeline | None]] = {}

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlencode
 from gpudash.server.layouts.inputs import BadInput, as_float, as_int
 from gpudash.server.layouts.series import SMOOTHING
 
-__all__ = ["XMODES", "mode_of", "smoothing_of", "view_params", "view_search", "with_xmode", "relayout_range", "xmode_of", "zoom_range"]
+__all__ = ["XMODES", "ZOOM_JS", "zoom_store", "mode_of", "smoothing_of", "view_params", "view_search", "with_xmode", "relayout_range", "xmode_of", "zoom_range"]
 
 
 #: The step graphs' x axis choices: (value, label) (drawn by :mod:`gpudash.server.layouts.xaxis`).
@@ -100,6 +100,24 @@ def relayout_range(relayout: dict[str, Any] | None) -> tuple[Any, Any] | bool | 
     if isinstance(rng, list) and len(rng) == 2:
         return rng[0], rng[1]
     return None
+
+
+#: A chart's ``relayoutData`` to its zoom store (:func:`zoom_store`), in the browser: only an x change (a zoom, a
+#: pan, a reset: the payloads :func:`relayout_range` reads) goes on to the server. Dash drops the answer of a
+#: callback whose input changed while it was being answered, and every chart sends ``{"autosize": true}``
+#: about 100 ms after its first draw (later on a busy page) and on each resize: passed on, that resize
+#: superseded a zoom made just before it and the zoomed figure never came.
+ZOOM_JS = """function (relayout) {
+  var r = relayout || {};
+  if (r['xaxis.autorange'] || ('xaxis.range[0]' in r && 'xaxis.range[1]' in r)
+      || (Array.isArray(r['xaxis.range']) && r['xaxis.range'].length === 2)) { return r; }
+  return window.dash_clientside.no_update;
+}"""
+
+
+def zoom_store(graph_id: str) -> str:
+    """The id of the store a chart's zooms reach the server through (:data:`ZOOM_JS`)."""
+    return f"{graph_id}-zoom"
 
 
 def zoom_range(relayout: dict[str, Any] | None) -> tuple[float, float] | bool | None:
