@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.phases import phase_columns
+from gpudash.analysis.rates import rate_of
 from gpudash.store.schema import MEMORY_PARTS
 
 __all__ = ["MEMORY_COLUMNS", "STRAGGLER_RATIO", "WAIT_PHASE", "node_stragglers", "rank_nodes", "rank_skew",
@@ -142,7 +143,9 @@ def straggler_summary(skew: pd.DataFrame, threshold: float = 0.1) -> dict[str, A
 
 def rank_summary(run: Any) -> pd.DataFrame:
     """One row per rank: steps recorded, median and p95 step time, median of each
-    phase, peak memory, and how often this rank was the slowest (``slowest_share``)."""
+    phase, peak memory, samples/s and tokens/s (``samples_per_s``, ``tokens_per_s``: wall time, as
+    :func:`gpudash.analysis.rates.rate_of`) and how often this rank was the slowest (``slowest_share``).
+    Every row counts: pass the full steps, not a downsampled frame."""
     steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
     memory: pd.DataFrame = getattr(run, "memory", pd.DataFrame())
     if steps.empty or "rank" not in steps or "duration_s" not in steps:
@@ -165,6 +168,11 @@ def rank_summary(run: Any) -> pd.DataFrame:
     if not skew.empty:
         share = skew["slowest_rank"].value_counts() / len(skew)
         out["slowest_share"] = share.reindex(out.index).fillna(0.0)
+    for col in ("samples", "tokens"):  # each rank's own wall-time rate, as the job's (analysis.rates)
+        if col in steps:
+            rates = {rank: rate_of(g_rows, col) for rank, g_rows in g}
+            if any(v is not None for v in rates.values()):
+                out[f"{col}_per_s"] = pd.Series(rates, dtype="float64")
     out.index = out.index.astype("int64")
     out.index.name = "rank"
     return out

@@ -24,7 +24,7 @@ import pandas as pd
 from gpudash.analysis.phases import phase_columns
 
 __all__ = ["PEAK_BF16_FLOPS", "RECENT_STEPS", "Throughput", "device_peak_flops", "flops_per_token", "fmt_mfu",
-           "fmt_rate", "mfu", "mfu_inputs", "per_second", "recent_steps", "throughput"]
+           "fmt_rate", "mfu", "mfu_inputs", "per_second", "rate_of", "recent_steps", "throughput"]
 
 #: Steps the "recent" rates are taken over (the run page's header, ``/metrics``, the trainer's progress line).
 RECENT_STEPS = 100
@@ -117,7 +117,9 @@ def _num(df: pd.DataFrame, col: str) -> pd.Series | None:
     return v if v.notna().any() else None
 
 
-def _rate(steps: pd.DataFrame, col: str) -> float | None:
+def rate_of(steps: pd.DataFrame, col: str) -> float | None:
+    """``col`` (samples, tokens) per second of wall time over ``steps`` (:func:`per_second`); None when the
+    steps did not record it."""
     v, t = _num(steps, col), _num(steps, "time")
     if v is None or t is None:
         return None
@@ -166,7 +168,7 @@ def throughput(steps: pd.DataFrame, meta: Mapping[str, Any] | None = None, last:
         return Throughput()
     ranks = int(s["rank"].nunique()) if "rank" in s else 1
     n = int(pd.to_numeric(s["step"], errors="coerce").nunique()) if "step" in s else len(s)
-    tps = _rate(s, "tokens")
+    tps = rate_of(s, "tokens")
     dur = _num(s, "duration_s")
     phases: dict[str, float] = {}
     if dur is not None and float(dur.sum()) > 0:
@@ -174,7 +176,7 @@ def throughput(steps: pd.DataFrame, meta: Mapping[str, Any] | None = None, last:
         phases = {c.removesuffix("_s"): float(pd.to_numeric(s[c], errors="coerce").sum()) / total
                   for c in phase_columns(s, meta)}
     return Throughput(
-        steps=n, ranks=ranks, tokens_per_s=tps, samples_per_s=_rate(s, "samples"),
+        steps=n, ranks=ranks, tokens_per_s=tps, samples_per_s=rate_of(s, "samples"),
         mfu=mfu(tps, meta, ranks, _num(s, "mfu")),
         step_time_median_s=None if dur is None else float(dur.median()),
         step_time_p95_s=None if dur is None else float(dur.quantile(0.95)), phases=phases)

@@ -48,6 +48,31 @@ def test_rank_rows_side_by_side(two_ranks: Path) -> None:
     assert [c["id"] for c in table.columns][:2] == ["rank", "steps"]
 
 
+def test_downsampled_page_shows_every_rows_numbers(two_ranks: Path) -> None:
+    """Drawn from frames downsampled for the charts, the ranks table and lights still say what every row says:
+    each rank's tokens/s is its wall-time rate (analysis.rates, as the job's), not a ratio of the rows kept."""
+    import gpudash
+    from gpudash.analysis.ranks import rank_summary
+    from gpudash.analysis.rates import fmt_rate, rate_of
+    from gpudash.server.layouts.common import fmt_num
+
+    run = gpudash.load_run(two_ranks)
+    whole = ranks.rank_rows(run.steps, run.memory)
+    kept = run.steps.iloc[::3], run.memory.iloc[::3]  # a third of the rows, as a long run's charted frames
+    assert ranks.rank_rows(*kept) != whole
+    box = ranks.ranks_children(*kept, None, (run.steps, run.memory))
+    table = next(c.children for c in box if getattr(c, "className", "") == "ranks-table")
+    assert table.data == whole
+    summary = rank_summary(run)
+    for rank, row in zip((0, 1), whole, strict=True):
+        rate = rate_of(run.steps[run.steps["rank"] == rank], "tokens")
+        assert rate is not None and summary.loc[rank, "tokens_per_s"] == rate
+        assert row["tokens_s"] == fmt_num(rate)
+    job = rate_of(run.steps, "tokens")  # the two ranks ran side by side: each did about half the job's tokens
+    assert job is not None and fmt_rate(job) != "-"
+    assert 0.4 * job < summary["tokens_per_s"].min() <= summary["tokens_per_s"].max() < 0.6 * job
+
+
 def test_straggler_lights_name_the_rank_and_phase(two_ranks: Path) -> None:
     steps, memory = _frames(two_ranks)
     lights = {name: (color, detail) for name, color, detail in ranks.straggler_lights(steps, memory)}

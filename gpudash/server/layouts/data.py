@@ -58,6 +58,11 @@ class RunView:
     def frame(self, table: str) -> pd.DataFrame:
         return self.frames.get(table, pd.DataFrame())
 
+    def full_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Steps and memory at full resolution (their downsampled frames where not read whole): what numbers
+        are taken over, where :attr:`frames` are what charts draw."""
+        return self.full.get("steps", self.frame("steps")), self.full.get("memory", self.frame("memory"))
+
     @property
     def last_step(self) -> int | None:
         s = self.full.get("steps", self.frame("steps"))

@@ -182,7 +182,8 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
         "activations": memory.activations_figure(view.frame("activations"), cursor, rank),
         "event_rows": events.event_rows(view.frame("events")),
         "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
-        "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta())),
+        "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()),
+                                 view.full_frames()),
         "facts": facts,
         "x": x,
     }

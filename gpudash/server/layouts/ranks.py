@@ -1,8 +1,9 @@
 """The ranks view of a torchrun run: ranks side by side, step time per rank, a straggler indicator.
 
-Pure builders over the ``steps`` and ``memory`` frames of a view (any number of
-rows per rank; the run page passes its downsampled frames). The numbers come
-from :mod:`gpudash.analysis.ranks`; this module only formats and draws them.
+Pure builders over the ``steps`` and ``memory`` frames of a view. The numbers
+(table, lights, stragglers) come from :mod:`gpudash.analysis.ranks` over every
+row (the view's full frames); the charts are drawn from the downsampled ones.
+This module only formats and draws them.
 A run with one rank has no ranks view: :func:`ranks_children` returns ``[]``.
 """
 
@@ -43,14 +44,6 @@ def rank_count(steps: pd.DataFrame) -> int:
     return int(steps["rank"].nunique()) if len(steps) and "rank" in steps else 0
 
 
-def _rate(g: pd.DataFrame, col: str) -> float | None:
-    if col not in g or "duration_s" not in g:
-        return None
-    both = g[[col, "duration_s"]].apply(pd.to_numeric, errors="coerce").dropna()
-    total = float(both["duration_s"].sum())
-    return float(both[col].sum()) / total if total > 0 and len(both) else None
-
-
 def _num(v: Any) -> float | None:
     try:
         f = float(v)
@@ -68,23 +61,23 @@ def _order(ranks_: Any, nodes: dict[int, str] | None) -> list[int]:
 def rank_rows(steps: pd.DataFrame, memory: pd.DataFrame,
               nodes: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """One row of text per rank: steps, median / p95 step time, phases, samples/s, tokens/s, peak memory and
-    how often the rank was the slowest (a column no rank recorded is left out). With ranks on several
-    ``nodes`` (rank -> node name) the rows are grouped by node and carry a ``node`` column."""
+    how often the rank was the slowest (a column no rank recorded is left out), from every row given
+    (:func:`gpudash.analysis.ranks.rank_summary`). With ranks on several ``nodes`` (rank -> node name) the
+    rows are grouped by node and carry a ``node`` column."""
     summary = rank_summary(SimpleNamespace(steps=steps, memory=memory))
     phases = [c.removesuffix("_s") for c in phase_columns(steps)] if len(steps) else []
     rows: list[dict[str, Any]] = []
     several = several_nodes(nodes)
     for rank in _order(summary.index, nodes) if several else summary.index.astype(int):
         r = summary.loc[rank]
-        g = steps[steps["rank"] == rank]
         row: dict[str, Any] = {"node": (nodes or {}).get(int(rank), "?")} if several else {}
         row |= {"rank": int(rank), "steps": int(r["steps"]),
                                "step_median": fmt_s(_num(r.get("step_median_s"))),
                                "step_p95": fmt_s(_num(r.get("step_p95_s")))}
         for ph in phases:
             row[f"{ph}_median"] = fmt_s(_num(r.get(f"{ph}_median_s")))
-        row["samples_s"] = fmt_num(_rate(g, "samples"))
-        row["tokens_s"] = fmt_num(_rate(g, "tokens"))
+        row["samples_s"] = fmt_num(_num(r.get("samples_per_s")))
+        row["tokens_s"] = fmt_num(_num(r.get("tokens_per_s")))
         row["memory_peak"] = fmt_bytes(_num(r.get("memory_peak_bytes")))
         share = _num(r.get("slowest_share"))
         row["slowest_share"] = "-" if share is None else f"{100 * share:.0f} %"
@@ -191,17 +184,21 @@ def rank_heatmap_figure(steps: pd.DataFrame, nodes: dict[int, str] | None = None
     return fig
 
 
-def ranks_children(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, str] | None = None) -> list[Any]:
+def ranks_children(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, str] | None = None,
+                   full: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[Any]:
     """The ranks section's contents, or ``[]`` for a run with fewer than two ranks. ``nodes`` (rank -> node
     name, :func:`gpudash.analysis.ranks.rank_nodes`) groups the ranks by machine. Above
-    :data:`HEATMAP_RANKS` ranks step time is a heat map and the top stragglers are listed by name."""
+    :data:`HEATMAP_RANKS` ranks step time is a heat map and the top stragglers are listed by name. ``full``:
+    the steps and memory at full resolution when ``steps``/``memory`` are downsampled for the charts (the
+    numbers are taken over every row)."""
     n = rank_count(steps)
     if n < 2:
         return []
-    rows = rank_rows(steps, memory, nodes)
-    out: list[Any] = [html.Div(lights_row(straggler_lights(steps, memory, nodes)), id="straggler-lights",
+    all_steps, all_memory = full if full is not None else (steps, memory)
+    rows = rank_rows(all_steps, all_memory, nodes)
+    out: list[Any] = [html.Div(lights_row(straggler_lights(all_steps, all_memory, nodes)), id="straggler-lights",
                                className="lights")]
-    st = node_stragglers(SimpleNamespace(steps=steps, memory=memory), nodes or {})
+    st = node_stragglers(SimpleNamespace(steps=all_steps, memory=all_memory), nodes or {})
     if several_nodes(nodes) and len(st["nodes"]):
         out.append(html.Div(dash_table.DataTable(  # type: ignore[attr-defined]
             id="nodes-table", data=node_rows(st), sort_action="native",
@@ -226,9 +223,11 @@ def ranks_children(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, s
     return out
 
 
-def ranks_box(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, str] | None = None) -> list[Any]:
-    """Children of the page's ``ranks-box``: the "Ranks" section, or nothing for a single-rank run."""
-    children = ranks_children(steps, memory, nodes)
+def ranks_box(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, str] | None = None,
+              full: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[Any]:
+    """Children of the page's ``ranks-box``: the "Ranks" section, or nothing for a single-rank run (``full``:
+    as :func:`ranks_children`)."""
+    children = ranks_children(steps, memory, nodes, full)
     if not children:
         return []
     return [html.Section([html.H3("Ranks"), *children], id="ranks-view", className="view")]
