@@ -6,7 +6,8 @@ a live WAL database over NFS can read stale or torn pages. So when a run
 directory is on a network or FUSE filesystem each rank keeps its live
 database on node-local storage (``$GPUDASH_LOCAL_DIR``, else ``$TMPDIR``) and
 :class:`Publisher` puts a checkpointed copy of it into the run directory every
-``interval`` seconds (and when the run ends): copied aside, flushed to disk,
+``interval`` seconds, or less often once a copy of a big run takes longer than
+a tenth of that (and when the run ends): copied aside, flushed to disk,
 then renamed over ``rankN.db``, so a reader anywhere sees either the previous
 complete copy or the new one, never a torn file. The copies are in rollback
 journal mode with no ``-wal`` beside them, so readers open them read-only and
@@ -28,15 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["LOCAL_DIR_ENV", "PUBLISH_INTERVAL_S", "SHARED_ENV", "SHARED_FS_TYPES", "Publisher", "mount_of",
+__all__ = ["LOCAL_DIR_ENV", "PUBLISH_INTERVAL_S", "PUBLISH_SHARE", "SHARED_ENV", "SHARED_FS_TYPES", "Publisher", "mount_of",
            "shared_mode"]
 
 #: ``1`` forces shared-filesystem mode, ``0`` turns it off (e.g. a FUSE mount only this host uses).
 SHARED_ENV = "GPUDASH_SHARED_FS"
 #: Where the live databases go in shared mode (default: the temporary folder, ``$TMPDIR``).
 LOCAL_DIR_ENV = "GPUDASH_LOCAL_DIR"
-#: Seconds between published copies.
+#: Seconds between published copies (at least: see :data:`PUBLISH_SHARE`).
 PUBLISH_INTERVAL_S = 3.0
+#: Each copy is of the whole database: a big run's copies are spaced so that copying takes at most this share
+#: of the time (a copy that took 2 s waits 20 s for the next), and the disk and network are not kept busy.
+PUBLISH_SHARE = 0.1
 #: Filesystem types (as ``/proc/self/mountinfo`` names them) that other hosts may share.
 SHARED_FS_TYPES = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "ceph", "cifs", "smb3", "smbfs", "9p", "afs", "beegfs", "glusterfs",
@@ -125,15 +129,34 @@ class Publisher:
         self.live_dir = Path(tempfile.mkdtemp(prefix=f"gpudash-{dest.stem}-", dir=base))
         self.live_path = self.live_dir / dest.name
         self.published_at = 0.0
+        #: seconds the last copy took (copying the whole database grows with the run)
+        self.last_cost_s = 0.0
+        #: the spacing the copies say they keep (``publish_interval`` in their meta: a reader calls a run whose
+        #: copy is three of these old crashed); never exceeded
+        self.advertised = self.interval
+
+    def wanted(self) -> float:
+        """The spacing to advertise in the next copy: twice what the last copy's cost asks for, so a run that
+        grows a little before the copy after still keeps its word (the writer sets :attr:`advertised`)."""
+        if self.interval <= 0:  # every flush (tests)
+            return 0.0
+        return max(self.interval, 2.0 * self.last_cost_s / PUBLISH_SHARE)
+
+    @property
+    def spacing(self) -> float:
+        """Seconds from one copy to the next: :attr:`interval`, or longer once copies take more than
+        :data:`PUBLISH_SHARE` of that (at most what the last copy said, :attr:`advertised`)."""
+        return min(self.advertised, max(self.interval, self.last_cost_s / PUBLISH_SHARE))
 
     def due(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) - self.published_at >= self.interval
+        return (time.time() if now is None else now) - self.published_at >= self.spacing
 
     def publish(self, conn: sqlite3.Connection) -> None:
         """Copy the database behind ``conn`` (committed pages only) into ``dest`` by write-then-rename.
         The copy is made with SQLite's backup API on local storage, turned into a rollback-journal
         database, then copied to a hidden name beside ``dest``, flushed and renamed over it: SQLite never
         locks anything on the shared filesystem."""
+        began = time.monotonic()
         snap = self.live_dir / "publish.db"
         snap.unlink(missing_ok=True)
         out = sqlite3.connect(snap)
@@ -156,6 +179,7 @@ class Publisher:
             snap.unlink(missing_ok=True)
         _fsync_dir(self.dest.parent)
         self.published_at = time.time()
+        self.last_cost_s = time.monotonic() - began
 
     def cleanup(self) -> None:
         """Remove the live copy (call after the last :meth:`publish`)."""

@@ -215,6 +215,8 @@ class Recorder:
                 serving = self._req_seq
                 asked = serving > self._done_seq  # flush() waits: store the roll-ups too
             publishing = self._publisher is not None and (stopping or self._publisher.due())
+            if publishing:
+                self._plan_publish()
             try:
                 self._flush_once(final=stopping, everything=stopping or asked or publishing)
             except BaseException as exc:  # noqa: BLE001 - the writer outlives anything a record does
@@ -234,6 +236,16 @@ class Recorder:
             os.utime(self._wal)
         except OSError:
             pass  # no log yet, or none any more (closed): the heartbeat in meta says when the writer was last seen
+
+    def _plan_publish(self) -> None:
+        """The spacing of the copies, written into the one about to be made where it changed (a big run's
+        copies come less often: readers must not call it crashed between two)."""
+        pub = self._publisher
+        assert pub is not None
+        want = round(pub.wanted(), 1)
+        if want != pub.advertised and abs(want - pub.advertised) >= 0.25 * pub.advertised:  # small: no meta row
+            pub.advertised = want
+            self.put_meta(publish_interval=want)
 
     def _publish(self) -> None:
         """Shared-filesystem mode: a consistent copy of the live database into the run folder."""

@@ -129,6 +129,48 @@ def test_a_copy_lagging_by_the_publish_interval_is_still_live(tmp_path: Path) ->
         r.close()
 
 
+def test_copies_of_a_big_run_come_less_often_and_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each copy is the whole database: once copying takes more than PUBLISH_SHARE of the time, copies are
+    spaced out, and the copy says its new spacing first, so readers do not call the run crashed between two."""
+    monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
+    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setattr(sharedfs, "PUBLISH_INTERVAL_S", 0.2)
+    real = sharedfs._fsync_dir
+
+    def slow(folder: Path) -> None:  # each copy's last flush: a big database on a slow mount
+        time.sleep(0.1)
+        real(folder)
+
+    monkeypatch.setattr(sharedfs, "_fsync_dir", slow)
+    run_dir = tmp_path / "run"
+    copies: list[float] = []
+    with Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
+        pub = mon.recorder._publisher
+        assert pub is not None and pub.interval == 0.2
+        deadline = time.time() + 15
+        while len(copies) < 3 and time.time() < deadline:
+            _record(mon, range(len(copies), len(copies) + 1))
+            if pub.published_at and (not copies or pub.published_at != copies[-1]):
+                copies.append(pub.published_at)
+            time.sleep(0.02)
+        assert len(copies) == 3, copies
+        assert pub.last_cost_s >= 0.1 and pub.advertised >= 2 * 0.1 / sharedfs.PUBLISH_SHARE  # 2 s at least
+        assert copies[2] - copies[1] >= 0.1 / sharedfs.PUBLISH_SHARE * 0.9  # spaced by the cost, not 0.2 s
+        reader = RunReader(run_dir)
+        try:
+            meta = reader.rank_meta()[0]
+            assert meta["publish_interval"] == pub.advertised  # the copies say how far apart they come
+            assert reader.status() == "live"
+            rank = RankReader(run_dir / "rank0.db")
+            try:  # a reader waiting for the next copy: live for three of its spacings
+                assert rank.status(meta, float(meta["heartbeat"]) + 2.5 * pub.advertised) == "live"
+            finally:
+                rank.close()
+        finally:
+            reader.close()
+    assert load_run(run_dir).status == "finished"
+
+
 def test_a_failed_publish_is_said_once_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
