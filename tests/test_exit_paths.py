@@ -16,7 +16,12 @@ import pytest
 import gpudash
 
 CHILD = textwrap.dedent("""
-    import sys, time, gpudash
+    import faulthandler, signal, sys, time, gpudash
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks of a hang
+    # Ctrl-C as a script started from a terminal gets it: a shell without job control starts background
+    # commands with SIGINT ignored, which their children inherit (so did this child when the suite was
+    # started with `cmd &` from a script: Ctrl-C then does nothing, with or without gpudash)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     run_dir, mode, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
     mon = gpudash.Monitor(run_dir, rank=rank, world_size=2 if mode == "rank" else 1, host_hz=5)
     if mode == "with":
@@ -55,14 +60,22 @@ def _read_until(proc: subprocess.Popen[str], step: int) -> tuple[int, float]:
 def _ended(proc: subprocess.Popen[str], timeout: float) -> str:
     """The child's stdout once it has exited; one that does not exit in ``timeout`` fails the test with its
     threads' stacks (py-spy) and its stderr, so a hang says where it hangs."""
+    from gpudash.collectors.stacks import find_py_spy
+
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
-        dump = subprocess.run(["py-spy", "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60)
+        spy = find_py_spy()  # with native frames; needs ptrace, which a container may refuse
+        dump = subprocess.run([spy, "dump", "--native", "--pid", str(proc.pid)], capture_output=True, text=True,
+                              timeout=60) if spy else None
+        proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's Python stack, on stderr
+        time.sleep(1.0)
         proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"the child did not exit within {timeout:g} s:\n{dump.stdout}{dump.stderr}\n"
-                             f"stderr: {err[-3000:]}") from None
+        out, err = proc.communicate()
+        lines = out.splitlines()
+        raise AssertionError(f"the child did not exit within {timeout:g} s (it printed {len(lines)} more lines, "
+                             f"the last {lines[-1:]}):\npy-spy: {dump.stdout + dump.stderr if dump else 'not found'}"
+                             f"\nstderr: {err[-6000:]}") from None
 
 
 def test_sigkill_loses_at_most_one_second(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
+from gpudash.store.schema import MEMORY_CATEGORIES
 from gpudash.trainer.estimator import OFFLOADS, PRECISIONS, estimate, explain, fmt_gb, what_fits
 from gpudash.trainer.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
 from gpudash.trainer.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
@@ -28,6 +29,8 @@ from gpudash.units import fmt_duration
 __all__ = ["add_arguments", "run"]
 
 _TIME = StepTimeModel()
+#: The estimate's numbers a run prints, one line each: the memory categories, then the peak and the host RAM.
+_PRINTED = (*MEMORY_CATEGORIES, "peak_bytes", "host_bytes")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.preset}: {shape.n_params() / 1e6:,.1f} M parameters, micro-batch {args.batch} x {seq} tokens, "
           f"ckpt {args.ckpt}, {args.precision}, offload {args.offload}, weights {args.weights}")
-    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes", "host_bytes"):
+    for key in _PRINTED:
         extra = ""
         if key == "host_bytes" and est.host_bytes and host_ram:
             extra = f"  (this machine has {fmt_gb(host_ram)}{'' if est.host_bytes <= host_ram else ': too little'})"
@@ -222,7 +225,7 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
           + (f" r={est.lora_r} on {','.join(est.lora_targets)}" if est.lora_r else "")
           + f", weights {est.weights}, {args.precision}, {args.optimizer}, attn {args.attn}, ckpt {args.ckpt}, "
             f"micro-batch {args.batch} x {seq} tokens")
-    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes", "host_bytes"):
+    for key in _PRINTED:
         print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
     for note in notes:
         print(_wrap(note))

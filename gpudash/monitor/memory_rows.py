@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["CATEGORIES", "MemoryRow", "with_other_bytes"]
+from gpudash.store.schema import MEMORY_CATEGORIES as CATEGORIES
 
-CATEGORIES = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+__all__ = ["CATEGORIES", "MemoryRow", "with_other_bytes"]
 
 
 def with_other_bytes(mem: dict[str, Any]) -> dict[str, Any]:

@@ -72,27 +72,22 @@ def preset(name: str, **overrides: Any) -> GPTConfig:
 
 
 def parse_fields(items: list[str], cls: Any, flag: str, what: str = "FIELD") -> dict[str, Any]:
-    """``["n_layer=48", "bias=true"]`` -> values for fields of dataclass ``cls``, converted
-    by the field's declared type; ValueError names the flag, the item and the valid fields."""
-    kinds = {f.name: str(f.type) for f in fields(cls)}
+    """``["n_layer=48", "bias=true"]`` -> values for fields of dataclass ``cls``, converted by the field's
+    declared type as every flag is (:func:`gpudash.options.from_text`); ValueError names the flag, the item
+    and the valid fields, or what the value should have been."""
+    from gpudash.options import field_types, from_text
+
+    types = {f.name: field_types(cls)[f.name] for f in fields(cls)}
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in kinds:
-            raise ValueError(f"{flag} {item!r}: expected {what}=VALUE with {what} one of {', '.join(kinds)}")
-        kind = kinds[key]
+        if not sep or key not in types:
+            raise ValueError(f"{flag} {item!r}: expected {what}=VALUE with {what} one of {', '.join(types)}")
         try:
-            if "bool" in kind:
-                out[key] = value.strip().lower() in ("1", "true", "yes", "on")
-            elif "int" in kind:
-                out[key] = int(value)
-            elif "float" in kind:
-                out[key] = float(value)
-            else:
-                out[key] = value.strip()
-        except ValueError:
-            raise ValueError(f"{flag} {item!r}: {value!r} is not a valid {kind}") from None
+            out[key] = from_text(types[key], value)
+        except ValueError as exc:
+            raise ValueError(f"{flag} {item!r}: {exc}") from None
     return out
 
 

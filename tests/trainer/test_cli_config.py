@@ -119,6 +119,8 @@ def test_help_says_every_flag_with_its_fields_doc(capsys: pytest.CaptureFixture[
     (["--batch", "lots"], "--batch must be 'auto' or a positive integer"),
     (["--batch", "0"], "--batch must be >= 1"),
     (["--model", "depth=2"], "--model 'depth=2': expected FIELD=VALUE"),
+    (["--model", "tie_embeddings=maybe"], "--model 'tie_embeddings=maybe': expected on or off, got 'maybe'"),
+    (["--model", "n_layer=x"], "--model 'n_layer=x': expected a whole number, got 'x'"),
     (["--alert", "cooldown_s=soon"], "--alert 'cooldown_s=soon': expected a number"),
     (["--threads", "-1"], "--threads must be >= 0"),
     (["--weights", "bf16"], "--weights bf16 needs --offload"),

@@ -17,6 +17,7 @@ import pandas as pd
 from gpudash.server.layouts.common import base_figure, byte_unit, fmt_bytes, plot_text, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.series import Series, add_series, series_xy
+from gpudash.store.schema import MEMORY_PARTS
 from gpudash.units import human_bytes
 
 __all__ = [
@@ -54,8 +55,7 @@ def _memory_top(memory: pd.DataFrame) -> float | None:
     """The largest byte value the memory chart draws: the stack's top or a peak line, whichever is higher."""
     if not len(memory):
         return None
-    cols = [c for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-                        "non_pytorch_bytes") if c in memory]
+    cols = [c for c in (*MEMORY_PARTS, "non_pytorch_bytes") if c in memory]
     tops = [float(np.nanmax(np.nansum(memory[cols].to_numpy(dtype=float), axis=1), initial=0.0))] if cols else []
     for c in ("reserved_bytes", "allocated_bytes", *(c for c, *_ in PEAK_LINES)):
         if c in memory and memory[c].notna().any():

@@ -92,12 +92,7 @@ def rates_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -
     fig.update_layout(yaxis2={"title": {"text": "tokens/s"}, "overlaying": "y", "side": "right", "showgrid": False,
                               "automargin": True, "zeroline": False, "rangemode": "tozero"},
                       yaxis={"rangemode": "tozero"})
-    for s in specs:
-        add_series(fig, s, *series_xy(s, steps))
-    if not specs:
-        waiting_figure(fig, "waiting for the first records..." if live else
-                       "samples/tokens not recorded (pass monitor.step(samples=..., tokens=...))")
-    return fig
+    return _drawn(fig, steps, specs, live, "samples/tokens not recorded (pass monitor.step(samples=..., tokens=...))")
 
 
 #: Above this many steps on screen the phase bars become a stacked area (bars of one pixel cost far more to draw).
@@ -117,11 +112,15 @@ def phase_figure(steps: pd.DataFrame, specs: list[Series], live: bool = False) -
     fig = base_figure("Phase breakdown per step", yaxis_title="time in phase")
     _seconds_axis(fig, specs)
     fig.update_layout(barmode="stack", bargap=0)
+    return _drawn(fig, steps, specs, live, "no phases recorded (wrap parts of the step in monitor.phase(name))")
+
+
+def _drawn(fig: Fig, steps: pd.DataFrame, specs: list[Series], live: bool, missing: str) -> Fig:
+    """``fig`` with ``specs`` drawn from ``steps``; with none, says why: still waiting (``live``) or ``missing``."""
     for s in specs:
         add_series(fig, s, *series_xy(s, steps))
     if not specs:
-        waiting_figure(fig, "waiting for the first records..." if live else
-                       "no phases recorded (wrap parts of the step in monitor.phase(name))")
+        waiting_figure(fig, "waiting for the first records..." if live else missing)
     return fig
 
 
