@@ -152,6 +152,9 @@ class MonitorOptions:
     """py-spy samples per second of this process (0: off)."""
     handle_signals: bool = True
     """Install a SIGTERM handler that flushes and records why the run ended."""
+    eval_splits: tuple[str, ...] = ()
+    """gpudash run: names of the equal, consecutive groups of batches one evaluation runs (train,val for
+    nanoGPT's estimate_loss): each group's mean loss is recorded as eval_loss_NAME beside eval_loss (all)."""
     alerts: Any = dataclasses.field(default=None, metadata={"cli": {"skip": "the --alert flags"}})
     """Alerts during the run (AlertOptions; also True, a webhook URL or a dict of its fields; None: off)."""
 
@@ -167,6 +170,11 @@ class MonitorOptions:
             raise ValueError("memory_every must be >= 1")
         if self.activations_every < 0 or self.snapshot_every < 0:
             raise ValueError("activations_every and snapshot_every must be >= 0")
+        self.eval_splits = tuple(self.eval_splits)
+        bad = [n for n in self.eval_splits if not (isinstance(n, str) and n.isidentifier() and len(n) <= 32)]
+        if bad or len(self.eval_splits) > 8 or len(set(self.eval_splits)) < len(self.eval_splits):
+            raise ValueError(f"eval_splits must be up to 8 different names of letters, digits and _ "
+                             f"(e.g. train,val), got {','.join(map(str, self.eval_splits))!r}")
         self.alerts = alert_options(self.alerts)
 
 

@@ -9,7 +9,7 @@
   ``backward()``: without a ``torch.optim`` optimizer that is where one step ends and the next begins,
   and micro-batches that accumulate into the same gradients stay one step.
 - :func:`loss_of`: the loss a root module's call returned (``.loss``, ``["loss"]``, a 0-d tensor in a tuple),
-  and :func:`mean_loss`: an evaluation's ``eval_loss``.
+  and :func:`eval_metrics`: an evaluation's ``eval_loss`` (and per split, ``eval_splits``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import weakref
 from collections import ChainMap
 from typing import Any
 
-__all__ = ["STEPS_FROM_BACKWARD", "STEPS_FROM_OPTIMIZER", "GradMarks", "Session", "Watched", "loss_of", "mean_loss"]
+__all__ = ["STEPS_FROM_BACKWARD", "STEPS_FROM_OPTIMIZER", "GradMarks", "Session", "Watched", "eval_metrics", "loss_of",
+           "mean_loss"]
 
 STEPS_FROM_OPTIMIZER = ("optimizer steps: a step is one step of the first torch.optim optimizer seen stepping "
                         "(its micro-batches included)")
@@ -127,6 +128,25 @@ def mean_loss(losses: list[Any]) -> float | None:
     """The mean of one evaluation's losses (read here: evaluation already waited for the device)."""
     vals = [float(t.detach().float().item()) for t in losses]
     return sum(vals) / len(vals) if vals else None
+
+
+def eval_metrics(losses: list[Any], splits: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One evaluation's numbers: ``eval_loss`` (the mean of every batch's loss) and ``eval_batches``; with
+    ``splits`` (MonitorOptions.eval_splits) and batches that fall into that many equal consecutive groups,
+    ``eval_loss_<name>`` per group, in order (nanoGPT's estimate_loss: its train batches, then its val
+    batches). Batches that do not split evenly say so in ``eval_splits`` (text) instead of guessing."""
+    mean = mean_loss(losses)
+    if mean is None:
+        return {}
+    out: dict[str, Any] = {"eval_loss": mean, "eval_batches": len(losses)}
+    k = len(splits)
+    if k and len(losses) % k == 0:
+        size = len(losses) // k
+        for i, name in enumerate(splits):
+            out[f"eval_loss_{name}"] = mean_loss(losses[i * size:(i + 1) * size])
+    elif k:
+        out["eval_splits"] = f"{len(losses)} batches do not split into {k} equal groups ({','.join(splits)})"
+    return out
 
 
 class Session:
@@ -241,12 +261,15 @@ class Session:
         if d.phase_name == "eval":
             d.phase(None)
         self.evals += 1
-        mean = mean_loss(losses)
-        if mean is not None:
+        metrics = eval_metrics(losses, self.monitor.options.eval_splits)
+        uneven = metrics.pop("eval_splits", None)
+        if uneven:  # said once, in the run's meta and events; eval_loss is still recorded
+            self.monitor.unavailable("eval_splits", uneven)
+        if metrics:
             # without an optimizer a step ends when the next begins: an evaluation after a backward and
             # its update comes after that step
             done = self.monitor.step_index + (1 if self.mode != "optimizer" and self.backwards else 0)
-            d.evaluation({"eval_loss": mean, "eval_batches": len(losses)}, step=done)
+            d.evaluation(metrics, step=done)
 
     # ---- backward and the optimizer --------------------------------------------------------
     def before_backward(self, loss: Any) -> None:

@@ -35,6 +35,7 @@ SAMPLES: dict[str, tuple[list[str], Any]] = {
     "batch": (["4"], 4),
     "inject_nan_at_steps": (["3,4"], (3, 4)),
     "inject_spike_at_steps": (["5"], (5,)),
+    "eval_splits": (["train,val"], ("train", "val")),
 }
 
 

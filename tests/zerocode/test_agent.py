@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,61 @@ def test_a_run_without_a_step_says_why(agent: Agent, tmp_path: Path) -> None:
         assert status.title == "Finished without a step" and status.severity == "warn" and why in status.evidence
     finally:
         run.close()
+
+
+def test_eval_splits_name_consecutive_equal_groups_of_batches() -> None:
+    from gpudash.zerocode.steps import eval_metrics
+
+    losses = [torch.tensor(v) for v in (1.0, 2.0, 3.0, 5.0, 7.0, 9.0)]
+    assert eval_metrics(losses) == {"eval_loss": pytest.approx(27 / 6), "eval_batches": 6}
+    split = eval_metrics(losses, ("train", "val"))
+    assert split["eval_loss_train"] == pytest.approx(2.0) and split["eval_loss_val"] == pytest.approx(7.0)
+    assert split["eval_loss"] == pytest.approx(27 / 6)  # the mean of all stays what it was
+    uneven = eval_metrics(losses[:5], ("train", "val"))  # no guess: said, and only the mean of all
+    assert "eval_loss_train" not in uneven and uneven["eval_splits"] == "5 batches do not split into 2 equal groups " \
+        "(train,val)"
+    assert eval_metrics([], ("train", "val")) == {}
+
+
+@pytest.mark.parametrize("bad", [("train", "train"), ("a b",), ("x",) * 9, ("",), (3,)])
+def test_eval_splits_are_a_few_different_names(bad: tuple[object, ...]) -> None:
+    with pytest.raises(ValueError, match="eval_splits must be"):
+        MonitorOptions(eval_splits=bad)  # type: ignore[arg-type]
+
+
+class _WithLoss(torch.nn.Module):
+    """Returns ``(logits, loss)`` as nanoGPT's GPT does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+
+    def forward(self, x: Any, y: Any) -> tuple[Any, Any]:
+        out = self.lin(x)
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def test_eval_splits_from_the_options_and_an_uneven_eval_said_once(tmp_path: Path) -> None:
+    agent = Agent(str(tmp_path / "run"), {"host_hz": 0, "handle_signals": False, "eval_splits": ["train", "val"]})
+    agent.install(torch)
+    model = _WithLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        for batches in (4, 3, 3):  # four batches: two groups of two; three: not two equal groups
+            model(torch.randn(4, 3), torch.zeros(4, 1))[1].backward()
+            opt.step()
+            opt.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                for _ in range(batches):
+                    model(torch.randn(4, 3), torch.zeros(4, 1))
+            model.train()
+    finally:
+        agent.stop()
+    run = load_run(tmp_path / "run")
+    metrics = [d["metrics"] for d in run.events.loc[run.events["kind"] == "evaluation", "data"]]
+    assert [m["eval_batches"] for m in metrics] == [4, 3, 3]
+    assert {"eval_loss_train", "eval_loss_val"} <= set(metrics[0]) and "eval_loss_train" not in metrics[1]
+    assert "do not split into 2 equal groups" in run.meta["unavailable_eval_splits"]
+    said = run.events[run.events["kind"] == "collector_unavailable"]
+    assert len(said[said["message"].str.startswith("eval_splits")]) == 1

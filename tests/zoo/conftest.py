@@ -22,9 +22,9 @@ def zoo_env() -> dict[str, str]:
     return env
 
 
-def gpudash_run(run_dir: Path, *command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``gpudash run --run-dir RUN_DIR -- COMMAND`` in ``cwd``; asserts it exited 0."""
-    proc = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(run_dir), "--", *command],
+def gpudash_run(run_dir: Path, *command: str, cwd: Path, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``gpudash run --run-dir RUN_DIR FLAGS -- COMMAND`` in ``cwd``; asserts it exited 0."""
+    proc = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(run_dir), *flags, "--", *command],
                           cwd=cwd, env=zoo_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

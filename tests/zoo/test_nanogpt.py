@@ -73,8 +73,9 @@ def nanogpt(tmp_path_factory: pytest.TempPathFactory, zoo: Any) -> dict[str, Any
     work = tmp_path_factory.mktemp("nanogpt")
     vocab = _prepare(work, zoo)
     args = [f"--{k}={v}" for k, v in CONFIG.items()]
+    # estimate_loss runs eval_iters batches of train, then of val: named, each half's mean is recorded
     proc = zoo.run(work / "run", sys.executable, str(zoo.dir / "probe.py"), str(work / "probe.json"), "train.py",
-                   *args, cwd=work)
+                   *args, cwd=work, flags=("--eval-splits", "train,val"))
     return {"work": work, "vocab": vocab, "out": proc.stdout, "probe": json.loads((work / "probe.json").read_text())}
 
 
@@ -121,9 +122,13 @@ def test_eval_and_checkpoint_are_phases_and_eval_loss_is_recorded(nanogpt: dict[
         assert ev["step"].tolist() == [0, 5, 10]
         for step, data in zip(ev["step"], ev["data"], strict=True):
             train, val = evals[int(step)]
-            # the root module's losses under no_grad: eval_iters batches of each split, one mean
-            assert data["metrics"]["eval_batches"] == 2 * CONFIG["eval_iters"]
-            assert data["metrics"]["eval_loss"] == pytest.approx((train + val) / 2, abs=1e-4)
+            # the root module's losses under no_grad: eval_iters batches of each split, one mean of all, and
+            # (--eval-splits train,val) each split's mean: the two numbers nanoGPT prints
+            m = data["metrics"]
+            assert m["eval_batches"] == 2 * CONFIG["eval_iters"]
+            assert m["eval_loss"] == pytest.approx((train + val) / 2, abs=1e-4)
+            assert f"{m['eval_loss_train']:.4f}" == f"{train:.4f}" and f"{m['eval_loss_val']:.4f}" == f"{val:.4f}"
+        assert "unavailable_eval_splits" not in run.meta
 
         from gpudash.analysis.bottleneck import phase_shares
 
