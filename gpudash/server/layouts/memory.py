@@ -290,7 +290,12 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
         fig.add_annotation(x=(float(big["_offset"]) + float(big[size_c]) / 2) / scale, y=labels[int(big["_seg"])],
                            text=f"largest free block {fmt_bytes(float(big[size_c]))}",
                            showarrow=True, arrowhead=2, ax=40, ay=-30)
-    fig.update_yaxes(autorange="reversed")
+    # fixed margins, no automargin (Plotly draws a figure whose margins it grows twice: half of this chart's
+    # draw): room for the longest segment label on the left, the ticks, axis title and legend below
+    fig.update_layout(margin={"l": 16 + 7 * max((len(v) for v in labels.values()), default=8), "r": 30, "t": 74,
+                              "b": 84})
+    fig.update_xaxes(automargin=False)
+    fig.update_yaxes(autorange="reversed", automargin=False)
     return fig
 
 
