@@ -20,6 +20,7 @@ from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, on_gpu
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.phases import phase_columns
+from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.summary import summarize
 from gpudash.analysis.verdict import Verdict, fmt_bytes
 from gpudash.store.run import Run
@@ -149,8 +150,7 @@ def _markers(run: Run, facts: Facts) -> list[Marker]:
 
 
 def _one_rank(df: pd.DataFrame) -> pd.DataFrame:
-    if "rank" in df and df["rank"].nunique() > 1:
-        df = df[df["rank"] == df["rank"].min()]
+    df = lowest_rank(df)  # the rank every surface reads a several-rank run's charts from
     return df.sort_values("step") if "step" in df else df
 
 
