@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.frames import numeric as _num
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
@@ -114,13 +115,6 @@ def json_safe(v: Any) -> Any:
     if isinstance(v, (float, np.floating)):
         return float(v) if math.isfinite(float(v)) else None
     return v
-
-
-def _num(df: pd.DataFrame, col: str) -> pd.Series | None:
-    if col not in df:
-        return None
-    v = pd.to_numeric(df[col], errors="coerce")
-    return v if v.notna().any() else None
 
 
 def _max(df: pd.DataFrame, col: str) -> float | None:

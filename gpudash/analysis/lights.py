@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gpudash.analysis.frames import numeric as _col
+
 __all__ = ["FRAG_BAD_PCT", "FRAG_WARN_PCT", "NONFINITE_BAD_SHARE", "RETRIES_BAD", "SPIKES_BAD", "Light",
            "fragmentation_pct", "stability_lights"]
 
@@ -33,13 +35,6 @@ class Light:
 
     def as_dict(self) -> dict[str, str]:
         return {"signal": self.signal, "light": self.light, "detail": self.detail}
-
-
-def _col(df: pd.DataFrame, col: str) -> pd.Series | None:
-    if col not in df:
-        return None
-    v = pd.to_numeric(df[col], errors="coerce")
-    return v if v.notna().any() else None
 
 
 def fragmentation_pct(memory: pd.DataFrame) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.frames import numeric as _num
 from gpudash.analysis.phases import phase_columns
 
 __all__ = ["PEAK_BF16_FLOPS", "RECENT_STEPS", "Throughput", "device_peak_flops", "flops_per_token", "fmt_mfu",
@@ -108,13 +109,6 @@ def recent_steps(steps: pd.DataFrame, n: int = RECENT_STEPS) -> pd.DataFrame:
     if not np.isfinite(top):
         return steps.tail(n)
     return steps[s > top - n]
-
-
-def _num(df: pd.DataFrame, col: str) -> pd.Series | None:
-    if col not in df:
-        return None
-    v = pd.to_numeric(df[col], errors="coerce")
-    return v if v.notna().any() else None
 
 
 def rate_of(steps: pd.DataFrame, col: str) -> float | None:

@@ -1,0 +1,16 @@
+"""Reading the recorded frames as numbers: the one rule every fact uses for a column."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["numeric"]
+
+
+def numeric(df: pd.DataFrame, col: str) -> pd.Series | None:
+    """``df[col]`` as numbers (text and damaged cells read as NaN); None when the column is absent or holds no
+    number at all (a source that recorded nothing, not a zero)."""
+    if col not in df:
+        return None
+    v = pd.to_numeric(df[col], errors="coerce")
+    return v if v.notna().any() else None
