@@ -13,7 +13,7 @@ import pytest
 from helpers.hostile_cases import ENDLESS, events_recursive_view, healthy
 from prometheus_client import generate_latest
 
-from gpudash.server import metrics, runcache
+from gpudash.server import runcache, scrape
 from gpudash.server.layouts import runs as runs_page
 from gpudash.server.metrics import metrics_registry
 from gpudash.server.runcache import shared_cache
@@ -98,7 +98,7 @@ def _hold(lock: threading.Lock, release: threading.Event) -> threading.Thread:
 
 
 def test_metrics_serves_the_others_while_a_run_hangs(two_runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "RUN_BUDGET_S", 0.5)
+    monkeypatch.setattr(scrape, "RUN_BUDGET_S", 0.5)
     registry = metrics_registry(two_runs, facts=False)
     _, lock = shared_cache().reader(two_runs / "stuck")
     release = threading.Event()
