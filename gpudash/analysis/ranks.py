@@ -141,11 +141,13 @@ def straggler_summary(skew: pd.DataFrame, threshold: float = 0.1) -> dict[str, A
     return out
 
 
-def rank_summary(run: Any) -> pd.DataFrame:
+def rank_summary(run: Any, skew_from: Any = None) -> pd.DataFrame:
     """One row per rank: steps recorded, median and p95 step time, median of each
     phase, peak memory, samples/s and tokens/s (``samples_per_s``, ``tokens_per_s``: wall time, as
     :func:`gpudash.analysis.rates.rate_of`) and how often this rank was the slowest (``slowest_share``).
-    Every row counts: pass the full steps, not a downsampled frame."""
+    Every row counts: pass the full steps, not a downsampled frame. ``skew_from``: the frames the slowest-rank
+    share is read from instead (a step-by-step comparison of the ranks: a downsampled view keeps it cheap on a
+    long run; the other columns are sums, medians and peaks, cheap over every row)."""
     steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
     memory: pd.DataFrame = getattr(run, "memory", pd.DataFrame())
     if steps.empty or "rank" not in steps or "duration_s" not in steps:
@@ -164,7 +166,7 @@ def rank_summary(run: Any) -> pd.DataFrame:
         values, source = mem
         out["memory_peak_bytes"] = values.groupby(memory["rank"]).max()
         out.attrs["memory_source"] = source
-    skew = rank_skew(run)
+    skew = rank_skew(run if skew_from is None else skew_from)
     if not skew.empty:
         share = skew["slowest_rank"].value_counts() / len(skew)
         out["slowest_share"] = share.reindex(out.index).fillna(0.0)
