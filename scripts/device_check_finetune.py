@@ -41,8 +41,8 @@ def one(optim: str, batch: int, seq: int, tmp: Path) -> dict[str, Any]:
     import torch
     import transformers
 
-    from gpudash.trainer.finetune import estimate_hf
-    from gpudash.trainer.hf_arch import HFArch
+    from gpudash.memmodel.finetune import estimate_hf
+    from gpudash.memmodel.hf_arch import HFArch
 
     bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)

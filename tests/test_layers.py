@@ -25,6 +25,8 @@ RULES = {
     "testing.py": {"dash", "plotly"},
     # alerts: the Monitor (a training process) and `gpudash serve` both run them
     "alerts": {"torch", "pynvml", "dash", "plotly"},
+    # the memory model is arithmetic: the dashboard's advice and `gpudash estimate` run it without torch
+    "memmodel": {"torch", "pynvml", "dash", "plotly", "flask", "pandas"},
 }
 
 
@@ -187,8 +189,9 @@ def test_the_server_opens_runs_in_one_place() -> None:
 #: commands or the dashboard's libraries, however many modules lie between.
 TRAINING_SIDE = ("gpudash.monitor", "gpudash.collectors", "gpudash.trainer", "gpudash.integrations",
                  "gpudash.zerocode", "gpudash.testing", "gpudash.options", "gpudash.errors", "gpudash.units")
-#: Read side shared by both: the store, analysis, the report's renderers and alerts reach neither side's top.
-SHARED = ("gpudash.store", "gpudash.analysis", "gpudash.report", "gpudash.alerts")
+#: Read side shared by both: the store, analysis, the report's renderers, alerts and the memory model (below
+#: analysis, the trainer builds on it) reach neither side's top.
+SHARED = ("gpudash.store", "gpudash.analysis", "gpudash.report", "gpudash.alerts", "gpudash.memmodel")
 BANNED_REACH = {
     TRAINING_SIDE: ("gpudash.server", "gpudash.commands", "gpudash.cli", "dash", "plotly", "flask"),
     SHARED: ("gpudash.server", "gpudash.commands", "gpudash.cli", "gpudash.monitor", "gpudash.collectors",
@@ -246,6 +249,53 @@ def test_reach_follows_imports_through_modules_on_the_way() -> None:
     assert bad == ["gpudash.monitor -> gpudash.store.a -> gpudash.units -> gpudash.server.app reaches gpudash.server"]
     graph["gpudash.units"] = set()
     assert _reach_violations(graph, external, {("gpudash.monitor",): ("gpudash.server", "dash")}) == []
+
+
+def test_the_server_never_reaches_the_trainer() -> None:
+    """The dashboard process runs no trainer code: its advice comes from the memory model below analysis."""
+    graph, external = _graph()
+    bad = _reach_violations(graph, external, {("gpudash.server",): ("gpudash.trainer", "torch")})
+    assert not bad, "\n".join(bad)
+
+
+def _string_imports(path: Path) -> list[str]:
+    """``importlib.import_module(...)`` / ``__import__(...)`` calls whose argument names a gpudash module
+    (a literal or an f-string starting with it): imports the layer tests above cannot see."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+        if name not in ("import_module", "__import__") or not node.args:
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.JoinedStr):
+            arg = arg.values[0] if arg.values else arg
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("gpudash"):
+            out.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {name}({arg.value!r}...)")
+    return out
+
+
+def test_no_gpudash_module_is_imported_by_a_string() -> None:
+    """Only the CLI loads modules by name (its command table, each command when it runs); elsewhere a string
+    import hides a dependency from every test here (issue 35: analysis reached the trainer that way)."""
+    bad = [hit for name, path in MODULES.items() if name != "gpudash.cli" for hit in _string_imports(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_string_import_finder_sees_literals_and_fstrings(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text('import importlib\nimportlib.import_module("gpudash.trainer.x")\n'
+                 'k = "y"\nimportlib.import_module(f"gpudash.store.{k}")\n__import__("gpudash.a")\n'
+                 'importlib.import_module("pandas")\n')
+    saved = PKG
+    try:
+        globals()["PKG"] = tmp_path / "gpudash"
+        hits = _string_imports(f)
+    finally:
+        globals()["PKG"] = saved
+    assert len(hits) == 3, hits
 
 
 def test_only_the_cli_imports_commands() -> None:

@@ -4,17 +4,19 @@
 puts the predicted effect in ``numbers`` (``saving_fraction``: share of the
 run's time a fix would save, negative when it costs time; ``saving_bytes``).
 
-Memory predictions come from the trainer's estimator when the run recorded
-the model shape and the estimator imports here (it is plain arithmetic, no
-torch); otherwise from the measured categories and a stated rule of thumb.
+Memory predictions come from the memory model (:mod:`gpudash.memmodel`, plain
+arithmetic, no torch) when the run recorded the model shape; otherwise from the
+measured categories and a stated rule of thumb.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_pct, fmt_s, num
+from gpudash.memmodel import estimator as est
+from gpudash.memmodel import finetune as ft
+from gpudash.memmodel.hf_arch import HFArch
 from gpudash.store.run import Run
 from gpudash.store.schema import MEMORY_PARTS
 
@@ -59,13 +61,6 @@ def run_setup(run: Run) -> dict[str, Any]:
     return cfg
 
 
-def _estimator() -> Any:
-    try:
-        return importlib.import_module("gpudash.trainer.estimator")
-    except Exception:  # noqa: BLE001 - a laptop without the trainer still gets rule-of-thumb numbers
-        return None
-
-
 def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, float] | None:
     """The estimator's prediction for this run's shape (at micro-batch ``batch``,
     default the run's last) with ``change`` applied (e.g. ``ckpt="block"``), as a
@@ -73,8 +68,7 @@ def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, floa
     cfg = run_setup(run)
     if batch is not None:
         cfg["micro_batch"] = batch
-    est = _estimator()
-    if est is None or not all(isinstance(cfg.get(k), int) for k in _SHAPE_KEYS):
+    if not all(isinstance(cfg.get(k), int) for k in _SHAPE_KEYS):
         return None
     seq = cfg.get("seq_len") or cfg.get("block_size")
     batch = cfg.get("micro_batch")
@@ -87,7 +81,7 @@ def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, floa
     try:
         shape = est.ModelShape(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], int(hidden),
                                cfg.get("mlp") == "swiglu", n_params)
-        kw = {k: str(cfg[k]) for k in ("ckpt", "precision", "offload") if isinstance(cfg.get(k), str)}
+        kw: dict[str, Any] = {k: str(cfg[k]) for k in ("ckpt", "precision", "offload") if isinstance(cfg.get(k), str)}
         kw.update(change)
         e = est.estimate(shape, micro_batch=batch, seq_len=seq, **kw)
     except Exception:  # noqa: BLE001 - a config the estimator does not know: fall back to rules of thumb
@@ -95,7 +89,7 @@ def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, floa
     return {k: float(v) for k, v in e.to_dict().items() if k.endswith("_bytes")}
 
 
-def _hf_arch(run: Run, ft: Any) -> Any:
+def _hf_arch(run: Run) -> HFArch | None:
     """The run's architecture for the fine-tuning estimator: a recorded Hugging Face config (any
     dict with a ``model_type`` in the run's meta), else gpudash's GPT shape as the nearest family."""
     stack: list[Any] = [run.meta]
@@ -104,7 +98,7 @@ def _hf_arch(run: Run, ft: Any) -> Any:
         if isinstance(d, dict):
             if isinstance(d.get("model_type"), str):
                 try:
-                    return ft.HFArch.from_dict(d)
+                    return HFArch.from_dict(d)
                 except (ValueError, TypeError):
                     return None
             stack.extend(v for v in d.values() if isinstance(v, dict))
@@ -115,7 +109,7 @@ def _hf_arch(run: Run, ft: Any) -> Any:
     gated = cfg.get("mlp") == "swiglu"
     hidden = int(cfg.get("mlp_hidden") or cfg.get("hidden") or 4 * h)
     try:
-        return ft.HFArch("llama" if gated else "gpt2", cfg["vocab_size"], h, cfg["n_layer"], nh, nh, h // nh, hidden,
+        return HFArch("llama" if gated else "gpt2", cfg["vocab_size"], h, cfg["n_layer"], nh, nh, h // nh, hidden,
                          "swiglu" if gated else "gelu_new", "rms" if gated else "layer",
                          bool(cfg.get("tie_embeddings")))
     except ValueError:
@@ -125,15 +119,11 @@ def _hf_arch(run: Run, ft: Any) -> Any:
 def adapter_mixes(run: Run, capacity: float) -> list[Any]:
     """LoRA / QLoRA mixes that fit ``capacity`` bytes for this run's model and sequence length
     (the fine-tuning estimator's :func:`what_fits_hf`), fastest first; [] when it cannot say."""
-    try:
-        ft = importlib.import_module("gpudash.trainer.finetune")
-    except Exception:  # noqa: BLE001 - no trainer package: no adapter advice
-        return []
     cfg = run_setup(run)
     if str(cfg.get("finetune") or "full") != "full":
         return []
     seq = cfg.get("seq_len") or cfg.get("block_size") or cfg.get("max_seq_length")
-    arch = _hf_arch(run, ft)
+    arch = _hf_arch(run)
     if arch is None or not isinstance(seq, int) or seq < 1:
         return []
     fits = ft.what_fits_hf(arch, card_bytes=capacity, seq_len=seq, usable=1.0, max_batch=64)

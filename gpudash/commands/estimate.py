@@ -6,7 +6,7 @@
     gpudash estimate --preset llama-2-7b --finetune qlora --ckpt block --precision bf16 --card-gb 12
 
 ``--config`` (or a preset shipped as a config.json: llama-2-7b ...) estimates a Hugging Face
-model (:mod:`gpudash.trainer.finetune`); the other presets are gpudash's own GPT.
+model (:mod:`gpudash.memmodel.finetune`); the other presets are gpudash's own GPT.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 
 from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
+from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS, estimate, explain, fmt_gb, what_fits
+from gpudash.memmodel.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
+from gpudash.memmodel.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
+from gpudash.memmodel.shapes import PRESETS, parse_overrides, preset
+from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.store.schema import MEMORY_CATEGORIES
-from gpudash.trainer.estimator import OFFLOADS, PRECISIONS, estimate, explain, fmt_gb, what_fits
-from gpudash.trainer.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
-from gpudash.trainer.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
-from gpudash.trainer.shapes import PRESETS, parse_overrides, preset
-from gpudash.trainer.steptime import StepTimeModel
 from gpudash.units import fmt_duration
 
 __all__ = ["add_arguments", "run"]

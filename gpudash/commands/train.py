@@ -106,7 +106,7 @@ def summary_lines(run_dir: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    from gpudash.trainer.estimator import fmt_gb
+    from gpudash.memmodel.estimator import fmt_gb
     from gpudash.trainer.loop import Trainer
 
     try:

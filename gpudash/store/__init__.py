@@ -6,7 +6,6 @@ cluster opens on a laptop without torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -15,11 +14,20 @@ if TYPE_CHECKING:
     from gpudash.store.writer import Recorder
 
 __all__ = ["Recorder", "Run", "RunReader", "load_run"]
-_WHERE = {"Recorder": "writer", "Run": "run", "RunReader": "reader", "load_run": "run"}
 
 
 def __getattr__(name: str) -> Any:
     # imported when first used: a command that only writes (gpudash import-snapshot) does not pay for pandas
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"gpudash.store.{_WHERE[name]}"), name)
+    if name == "Recorder":
+        from gpudash.store.writer import Recorder
+
+        return Recorder
+    if name == "RunReader":
+        from gpudash.store.reader import RunReader
+
+        return RunReader
+    if name in ("Run", "load_run"):
+        from gpudash.store import run
+
+        return getattr(run, name)
     raise AttributeError(f"module 'gpudash.store' has no attribute {name!r}")

@@ -1,21 +1,18 @@
 """The memory-optimized GPT trainer: every memory technique is a switch.
 
-``train(TrainConfig(...)) -> run_dir`` runs in-process under a Monitor.
-Attributes load lazily, so ``gpudash.trainer.estimator`` works without torch.
+``train(TrainConfig(...)) -> run_dir`` runs in-process under a Monitor. The memory model it sizes
+batches with (estimator, presets, step time) is :mod:`gpudash.memmodel`, which needs no torch.
 
-    shapes.py         GPTConfig and the presets (tiny ... llama-7b); no torch
     model.py          the GPT: pre-norm blocks, SDPA attention, tied embeddings
     data.py           byte tokenizer, stdlib-text + generated samples, length buckets
     checkpointing.py  none / block / every-N / attn / mlp recompute plans
     precision.py      fp32 / bf16 / fp16 + GradScaler, fallback to fp32
     offload.py        AdamW on the CPU over pinned host state, side-stream copies
     batching.py       adaptive micro-batch, OOM budget meter and injector (CPU aids)
-    estimator.py      bytes by category and peak; what fits a card; no torch
     config.py         TrainConfig (validated)
     preflight.py      the checklist recorded before step 1
     loop.py           the training loop under the Monitor; OOM recovery; DDP
-    cli.py            ``gpudash train``
-    estimate_cli.py   ``gpudash estimate``
+    progressline.py   the terminal's progress line
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS
+from gpudash.memmodel.shapes import PRESETS, parse_overrides
 from gpudash.options import MonitorOptions, cli, load
 from gpudash.trainer.checkpointing import parse_mode
-from gpudash.trainer.estimator import OFFLOADS, PRECISIONS
-from gpudash.trainer.shapes import PRESETS, parse_overrides
 
 __all__ = ["TrainConfig"]
 

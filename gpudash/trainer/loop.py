@@ -24,12 +24,12 @@ import torch
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
 from gpudash.collectors.env import placement
 from gpudash.collectors.oom import record_oom
+from gpudash.memmodel.estimator import Estimate, estimate, estimate_step, fmt_gb, safe_micro_batch
 from gpudash.monitor import Monitor
 from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.data import LengthBuckets, MicroBatch, corpus_samples, micro_batches
-from gpudash.trainer.estimator import Estimate, estimate, estimate_step, fmt_gb, safe_micro_batch
 from gpudash.trainer.model import GPT, preset
 from gpudash.trainer.offload import OffloadOptimizer
 from gpudash.trainer.precision import Precision

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gpudash.trainer.shapes import PRESETS, GPTConfig, preset
+from gpudash.memmodel.shapes import PRESETS, GPTConfig, preset
 
 __all__ = ["GPT", "PRESETS", "GPTConfig", "preset"]
 

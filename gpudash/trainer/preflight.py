@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
+from gpudash.memmodel.estimator import Estimate
 from gpudash.trainer.config import TrainConfig
-from gpudash.trainer.estimator import Estimate
 from gpudash.units import distinct_bytes
 
 __all__ = ["preflight"]

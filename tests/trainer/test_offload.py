@@ -28,7 +28,7 @@ def test_bf16_weights_need_offload_and_train(run_train) -> None:  # type: ignore
 def test_estimated_host_bytes_match_the_offload_optimizer() -> None:
     import torch
 
-    from gpudash.trainer.estimator import estimate
+    from gpudash.memmodel.estimator import estimate
     from gpudash.trainer.model import GPT, preset
     from gpudash.trainer.offload import OffloadOptimizer
 

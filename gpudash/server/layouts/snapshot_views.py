@@ -10,7 +10,6 @@ alive before the trace began and what the trace does not hold. The segment map i
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any
 
@@ -69,12 +68,10 @@ def _decode_snapshots(reader: RunReader, problems: list[str] | None) -> list[Any
     frame = reader.read_table("snapshots")
     if not len(frame):
         return []
+    from gpudash.store.snapshot import snapshots_from_frame  # loaded at the first run that has snapshots
+
     try:
-        mod = importlib.import_module("gpudash.store.snapshot")
-    except ImportError:
-        return []
-    try:
-        return list(mod.snapshots_from_frame(frame, problems if problems is not None else []))
+        return list(snapshots_from_frame(frame, problems if problems is not None else []))
     except MemoryError:
         if problems is not None:
             problems.append("snapshots unreadable: too large for the memory this server has")

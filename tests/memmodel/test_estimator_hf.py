@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.trainer.finetune import estimate_hf, what_fits_hf
-from gpudash.trainer.hf_activations import Setting, saved_bytes
-from gpudash.trainer.hf_arch import HFArch, hf_preset
+from gpudash.memmodel.finetune import estimate_hf, what_fits_hf
+from gpudash.memmodel.hf_activations import Setting, saved_bytes
+from gpudash.memmodel.hf_arch import HFArch, hf_preset
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_hf import TINY, build, measure  # noqa: E402
+from helpers.tiny_hf import TINY, build, measure  # noqa: E402
 
 
 @pytest.mark.parametrize("family", list(TINY))
@@ -165,7 +164,7 @@ def test_bad_finetune_input_gets_one_line(args: list[str], words: str, tmp_path:
 
 def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFixture[str]) -> None:
     from gpudash.cli import main
-    from gpudash.trainer.estimator import fmt_gb
+    from gpudash.memmodel.estimator import fmt_gb
 
     argv = ["estimate", "--preset", "llama-2-7b", "--finetune", "qlora", "--ckpt", "block", "--precision", "bf16",
             "--optimizer", "paged_adamw8bit", "--batch", "2", "--seq-len", "512", "--card-gb", "12"]
@@ -182,14 +181,14 @@ def test_default_lora_targets_are_pefts() -> None:
     pytest.importorskip("peft")
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
 
-    from gpudash.trainer.hf_arch import LORA_DEFAULT_TARGETS
+    from gpudash.memmodel.hf_arch import LORA_DEFAULT_TARGETS
 
     for family, targets in LORA_DEFAULT_TARGETS.items():
         assert set(targets) == set(peft_defaults[family]), family
 
 
 def test_notes_say_what_lora_and_nf4_change() -> None:
-    from gpudash.trainer.finetune import explain_hf
+    from gpudash.memmodel.finetune import explain_hf
 
     arch = hf_preset("llama-2-7b")
     assert arch is not None

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from gpudash.trainer.hf_arch import HFArch, Linear
+from gpudash.memmodel.hf_arch import HFArch, Linear
 
 __all__ = ["Setting", "layer_flops", "saved_bytes"]
 

@@ -14,7 +14,7 @@ Bytes by category for one rank (``gpudash estimate --config config.json``):
                 adamw8bit / paged_adamw8bit (bitsandbytes) two uint8 moments plus an fp32 absmax per
                 256 values for tensors of >= 4096 values, 32-bit moments below; adafactor (HF, no first
                 moment) a row and a column vector per matrix, a full vector per 1-D tensor; sgd none
-    activations what autograd saves (:mod:`gpudash.trainer.hf_activations`)
+    activations what autograd saves (:mod:`gpudash.memmodel.hf_activations`)
 
 The peak is params + optimizer + max(gradients at the end of backward, saved activations +
 the logits' gradients + the layer being recomputed under checkpointing + a dequantized
@@ -28,8 +28,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpudash.trainer.hf_activations import Setting, layer_flops, saved_bytes
-from gpudash.trainer.hf_arch import HFArch
+from gpudash.memmodel.hf_activations import Setting, layer_flops, saved_bytes
+from gpudash.memmodel.hf_arch import HFArch
 
 __all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "FinetuneFit", "HFEstimate", "estimate_hf", "explain_hf",
            "what_fits_hf"]
@@ -218,7 +218,7 @@ def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_st
     """Full, LoRA (bf16 base) and QLoRA (nf4 base, double quantization) mixes in 16-bit compute, with
     and without checkpointing, AdamW or 8-bit AdamW, fastest first; each at its largest micro-batch.
     ``adapter``: lora_r, lora_targets, lora_dropout, double_quant for the LoRA and QLoRA rows."""
-    from gpudash.trainer.steptime import StepTimeModel
+    from gpudash.memmodel.steptime import StepTimeModel
 
     model = time_model or StepTimeModel()
     cap = card_bytes * usable
@@ -248,7 +248,7 @@ def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_st
 
 def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
     """Why the numbers look as they do, as sentences (``gpudash estimate`` prints them)."""
-    from gpudash.trainer.estimator import fmt_gb
+    from gpudash.memmodel.estimator import fmt_gb
 
     notes: list[str] = []
     frozen = est.n_params - est.trainable_params

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from gpudash.trainer.estimator import (
+from gpudash.memmodel.estimator import (
     ModelShape,
     estimate,
     estimate_step,
@@ -14,8 +14,8 @@ from gpudash.trainer.estimator import (
     safe_micro_batch,
     what_fits,
 )
+from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.trainer.model import GPT, preset
-from gpudash.trainer.steptime import StepTimeModel
 
 SAME_SHAPE = {"seq_len": 64, "min_len": 64, "batch": 8, "steps": 3}
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpudash.trainer.steptime import StepTimeModel
+from gpudash.memmodel.steptime import StepTimeModel
 
 __all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "estimate_step", "explain",
            "safe_micro_batch", "what_fits"]
