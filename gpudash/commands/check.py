@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -82,45 +81,13 @@ class GateRules:
 
 
 # ---- the rules file (TOML) ---------------------------------------------------------------------------
-def _tiny_toml(text: str) -> dict[str, Any]:
-    """The subset of TOML a rules file needs (Python 3.10 without tomli): ``key = value`` lines with
-    numbers, strings and booleans, ``#`` comments and one optional ``[check]`` table."""
-    out: dict[str, Any] = {}
-    table: dict[str, Any] = out
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.fullmatch(r"\[\s*([A-Za-z0-9_-]+)\s*\]", line)
-        if m:
-            table = out.setdefault(m.group(1), {})
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9_-]+)\s*=\s*(\"[^\"]*\"|'[^']*'|[^#]+?)\s*(#.*)?", line)
-        if not m:
-            raise ValueError(f"line {n}: expected key = value, got {raw.strip()[:80]!r}")
-        key, value = m.group(1), m.group(2)
-        if value[0] in "\"'":
-            table[key] = value[1:-1]
-        elif value in ("true", "false"):
-            table[key] = value == "true"
-        else:
-            try:
-                table[key] = int(value.replace("_", "")) if re.fullmatch(r"[+-]?[\d_]+", value) else float(value)
-            except ValueError:
-                raise ValueError(f"line {n}: {value!r} is not a number, string or boolean") from None
-    return out
-
-
 def _read_toml(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    try:
-        import tomllib  # type: ignore[import-not-found, unused-ignore]
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
-        except ModuleNotFoundError:
-            return _tiny_toml(text)
-    data: dict[str, Any] = tomllib.loads(text)
+    """The rules file as TOML: the standard library's reader (3.11+), ``tomli`` (the same code) on 3.10."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # a dependency there (pyproject: tomli; python_version < "3.11")
+        import tomli as tomllib
+    data: dict[str, Any] = tomllib.loads(path.read_text())
     return data
 
 
