@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 __all__ = ["ALERT_KINDS", "DEFAULT_PORT", "AlertOptions", "MonitorOptions", "alert_options", "changed",
-           "check_webhook_url", "cli", "field_types", "from_text", "load", "options_from_json", "options_to_json"]
+           "check_webhook_url", "cli", "field_types", "from_text", "load", "options_from_json", "options_to_json",
+           "parse_fields"]
 
 T = TypeVar("T")
 
@@ -37,6 +38,21 @@ DEFAULT_PORT = 8050
 #: Every kind of alert gpudash raises (the rules live in gpudash.analysis.alerts).
 ALERT_KINDS = ("nonfinite", "loss_spike", "oom", "stall", "headroom", "alloc_retries", "straggler",
                "precision_fallback", "crashed")
+
+
+def cli(*, flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None,
+        choices: tuple[str, ...] | None = None, repeat: Callable[[list[str]], Any] | None = None,
+        default: Any = dataclasses.MISSING, shown: str | None = None, skip: str | None = None) -> dict[str, Any]:
+    """A field's ``metadata`` for the command line, where the name, type and default do not say it all:
+    ``flag`` another name (``--model``), ``aliases`` older names still read, ``choices`` the values allowed,
+    ``repeat`` a repeatable ``KEY=VALUE`` flag read by this function, ``default`` the command line's own
+    default (a value, or a function that makes it), ``shown`` how --help states it, ``skip`` why no flag."""
+    given = {"flag": flag, "aliases": aliases, "metavar": metavar, "choices": choices, "repeat": repeat,
+             "shown": shown, "skip": skip}
+    out = {k: v for k, v in given.items() if v}
+    if default is not dataclasses.MISSING:
+        out["default"] = default
+    return {"cli": out}
 
 
 def check_webhook_url(url: str) -> str:
@@ -53,8 +69,10 @@ class AlertOptions:
     """What raises an alert and where it goes. Alerts are raised off the training thread, from the run's
     recorded rows (the same rules as every surface); a slow or dead webhook never slows training."""
 
-    webhook: str | None = None
-    """POST each alert as JSON to this http(s) URL (Slack's ``text`` and Discord's ``content`` included)."""
+    webhook: str | None = dataclasses.field(default=None, metadata=cli(flag="--alert-webhook", metavar="URL"))
+    """POST each alert as JSON to this http(s) URL (with Slack's text and Discord's content); alerts
+    (NaN loss, spike, OOM, stall, memory near the card, allocator retries, straggler, precision fallback, crash)
+    also go to stderr, the desktop and the run's events."""
     desktop: bool = True
     """Also show a desktop notification (``notify-send``) where one is available."""
     terminal: bool = True
@@ -124,6 +142,11 @@ def alert_options(value: Any) -> AlertOptions | None:
     raise ValueError(f"alerts={type(value).__name__}: pass True, a webhook URL, a dict or AlertOptions")
 
 
+def alert_items(items: list[str]) -> dict[str, Any]:
+    """``--alert KEY=VALUE`` items as AlertOptions fields (a dict, as ``MonitorOptions(alerts=...)`` takes it)."""
+    return parse_fields(items, AlertOptions, "--alert", "KEY")
+
+
 @dataclass(kw_only=True, slots=True)
 class MonitorOptions:
     """Knobs of the Monitor and its collectors; defaults keep the cost inside the budget."""
@@ -155,8 +178,9 @@ class MonitorOptions:
     eval_splits: tuple[str, ...] = ()
     """gpudash run: names of the equal, consecutive groups of batches one evaluation runs (train,val for
     nanoGPT's estimate_loss): each group's mean loss is recorded as eval_loss_NAME beside eval_loss (all)."""
-    alerts: Any = dataclasses.field(default=None, metadata={"cli": {"skip": "the --alert flags"}})
-    """Alerts during the run (AlertOptions; also True, a webhook URL or a dict of its fields; None: off)."""
+    alerts: Any = dataclasses.field(default=None, metadata=cli(flag="--alert", repeat=alert_items))
+    """Alerts during the run: AlertOptions fields as KEY=VALUE (repeatable; turns alerts on), e.g. cooldown_s=60,
+    kinds=nonfinite,oom,crashed, desktop=false (from Python also True, a webhook URL or AlertOptions; None: off)."""
 
     def __post_init__(self) -> None:
         if self.flush_interval <= 0:
@@ -179,21 +203,6 @@ class MonitorOptions:
 
 
 # ---- options from outside Python: flags, KEY=VALUE items, JSON ------------------------------------
-def cli(*, flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None,
-        choices: tuple[str, ...] | None = None, repeat: Callable[[list[str]], Any] | None = None,
-        default: Any = dataclasses.MISSING, shown: str | None = None, skip: str | None = None) -> dict[str, Any]:
-    """A field's ``metadata`` for the command line, where the name, type and default do not say it all:
-    ``flag`` another name (``--model``), ``aliases`` older names still read, ``choices`` the values allowed,
-    ``repeat`` a repeatable ``KEY=VALUE`` flag read by this function, ``default`` the command line's own
-    default (a value, or a function that makes it), ``shown`` how --help states it, ``skip`` why no flag."""
-    given = {"flag": flag, "aliases": aliases, "metavar": metavar, "choices": choices, "repeat": repeat,
-             "shown": shown, "skip": skip}
-    out = {k: v for k, v in given.items() if v}
-    if default is not dataclasses.MISSING:
-        out["default"] = default
-    return {"cli": out}
-
-
 @cache
 def field_types(cls: type) -> dict[str, Any]:
     """Each field's type of dataclass ``cls``, resolved (the modules write ``from __future__ import annotations``)."""
@@ -256,6 +265,24 @@ def from_text(tp: Any, text: str) -> Any:
         except (ValueError, TypeError):
             continue
     raise ValueError(f"expected {describe(tp)}, got {text!r}")
+
+
+def parse_fields(items: list[str], cls: Any, flag: str, what: str = "FIELD") -> dict[str, Any]:
+    """A repeatable ``KEY=VALUE`` flag's items (``["n_layer=48", "bias=true"]``) as values for fields of dataclass
+    ``cls``, each read by its field's type as every flag is (:func:`from_text`). ValueError names the flag, the
+    item and the valid fields, or what the value should have been."""
+    types = {f.name: field_types(cls)[f.name] for f in fields(cls)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise ValueError(f"{flag} {item!r}: expected {what}=VALUE with {what} one of {', '.join(types)}")
+        try:
+            out[key] = from_text(types[key], value)
+        except ValueError as exc:
+            raise ValueError(f"{flag} {item!r}: {exc}") from None
+    return out
 
 
 def _from_json(tp: Any, value: Any, where: str, lenient: bool) -> tuple[Any, list[str]]:

@@ -5,13 +5,12 @@ from its own thread, and the slow sinks (the webhook, ``notify-send``) each have
 bounded queue. A webhook that fails or hangs costs a request timeout on that thread, retries with backoff,
 and then the alert is dropped and counted; the queue never grows past ``AlertOptions.queue_size``.
 
-Also the one place the command line reads alert options: ``--alert-webhook URL`` and ``--alert KEY=VALUE``
-on ``gpudash run``, ``gpudash train`` and ``gpudash serve`` (stdlib only, so parsing a flag loads nothing).
+The command line's alert flags are made from ``AlertOptions`` like every other option
+(:func:`gpudash.commands._flags.add_alert_arguments`).
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import queue
@@ -23,18 +22,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from gpudash._version import __version__
-from gpudash.options import AlertOptions, alert_options, field_types, from_text
+from gpudash.options import AlertOptions
 
 if TYPE_CHECKING:
     from gpudash.analysis.alerts import Alert
 
-__all__ = ["Delivery", "DesktopNotifier", "WebhookSender", "add_alert_arguments", "alert_payload",
-           "alerts_from_args", "run_link"]
+__all__ = ["Delivery", "DesktopNotifier", "WebhookSender", "alert_payload", "run_link"]
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _DISCORD_MAX = 2000
@@ -42,48 +39,6 @@ _DISCORD_MAX = 2000
 
 def say(msg: str) -> None:
     print(f"gpudash: {msg}", file=sys.stderr, flush=True)
-
-
-# ---- the command line: one path for run, train and serve ---------------------------------------------
-def add_alert_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--alert-webhook", default=None, metavar="URL",
-                   help="alert during the run: POST each alert (NaN loss, spike, OOM, stall, memory near the card, "
-                        "allocator retries, straggler, precision fallback, crash) as JSON to URL (Slack, Discord "
-                        "or any http(s) receiver); alerts also go to stderr, the desktop and the run's events")
-    p.add_argument("--alert", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"an AlertOptions field (turns alerts on; repeatable): {', '.join(f.name for f in fields(AlertOptions))}"
-                        "; e.g. cooldown_s=60, headroom_pct=10, kinds=nonfinite,oom,crashed, desktop=false")
-
-
-def _parse_alert_items(items: list[str]) -> dict[str, Any]:
-    """``["cooldown_s=60", "kinds=oom,crashed"]`` -> AlertOptions fields, each read by its field's type."""
-    types = field_types(AlertOptions)
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in types:
-            raise ValueError(f"--alert {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}")
-        try:
-            out[key] = from_text(types[key], value)
-        except ValueError as exc:
-            raise ValueError(f"--alert {item!r}: {exc}") from None
-    return out
-
-
-def alerts_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The AlertOptions fields the flags ask for (a JSON-able dict, as MonitorOptions(alerts=...) takes it),
-    checked here: None when no alert flag was given. Raises ValueError with one line naming the flag."""
-    webhook = getattr(args, "alert_webhook", None)
-    items = list(getattr(args, "alert", None) or [])
-    if webhook is None and not items:
-        return None
-    out = _parse_alert_items(items)
-    if webhook is not None:
-        out["webhook"] = webhook
-    opts = alert_options(out)  # every mistake now, in one line, not mid-run
-    assert opts is not None
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
 
 # ---- the payload -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 from gpudash.errors import UserError
 from gpudash.options import DEFAULT_PORT, field_types, from_text
 
-__all__ = ["add_fields", "add_server_arguments", "field_docs", "fields_from_args", "flag_of", "flags_error",
+__all__ = ["add_alert_arguments", "add_fields", "add_server_arguments", "alerts_from_args", "field_docs", "fields_from_args", "flag_of", "flags_error",
            "nonnegative_float", "positive_float", "positive_int"]
 
 
@@ -114,14 +114,14 @@ def _dest(prefix: str, name: str) -> str:
 
 
 def add_fields(p: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, prefix: str,
-               skip: tuple[str, ...] = ()) -> None:
-    """A flag for each field of dataclass ``cls`` (but those in ``skip``, or whose metadata says ``skip``);
-    the values given land in ``args`` under ``<prefix>.<field>`` (see :func:`fields_from_args`)."""
+               skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:
+    """A flag for each field of dataclass ``cls`` (but those in ``skip`` or not in ``only``, or whose metadata
+    says ``skip``); the values given land in ``args`` under ``<prefix>.<field>`` (see :func:`fields_from_args`)."""
     docs = field_docs(cls)
     types = field_types(cls)
     for f in dataclasses.fields(cls):
         meta = _meta(f)
-        if f.name in skip or meta.get("skip"):
+        if f.name in skip or (only is not None and f.name not in only) or meta.get("skip"):
             continue
         tp, flag = types[f.name], flag_of(f)
         names = [flag, *meta.get("aliases", ())]
@@ -159,12 +159,16 @@ def _as_flags(text: str, cls: type) -> str:
     return text
 
 
-def fields_from_args(args: argparse.Namespace, cls: type, prefix: str) -> dict[str, Any]:
-    """The fields of ``cls`` the command line gave (and the command line's own defaults, where a field's
-    metadata has one), ready for ``cls(**...)``. ValueError from a repeatable flag's reader names it."""
+def fields_from_args(args: argparse.Namespace, cls: type, prefix: str,
+                     only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The fields of ``cls`` (those in ``only``, when given) the command line gave (and the command line's own
+    defaults, where a field's metadata has one), ready for ``cls(**...)``. ValueError from a repeatable flag's
+    reader names it."""
     given = vars(args)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         meta = _meta(f)
         dest = _dest(prefix, f.name)
         if dest in given:
@@ -182,6 +186,32 @@ def flags_error(exc: Exception, *classes: type) -> UserError:
     for cls in classes:
         text = _as_flags(text, cls)
     return UserError(text)
+
+
+# ---- the alert flags of run, train and serve -----------------------------------------------------------
+def add_alert_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--alert-webhook URL`` (``AlertOptions.webhook``) and ``--alert KEY=VALUE`` (``MonitorOptions.alerts``,
+    any AlertOptions field), made from the fields as every other flag; the same on ``run``, ``train`` and
+    ``serve`` (which alerts on every live run it serves)."""
+    from gpudash.options import AlertOptions, MonitorOptions
+
+    add_fields(p, AlertOptions, "alert", only=("webhook",))
+    add_fields(p, MonitorOptions, "monitor", only=("alerts",))
+
+
+def alerts_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The AlertOptions fields the alert flags ask for, checked now (every mistake one line before the run, not
+    mid-run), as a JSON-able dict (what ``MonitorOptions(alerts=...)`` takes and ``gpudash run`` hands its child);
+    None when no alert flag was given. Raises ValueError naming the flag."""
+    from gpudash.options import AlertOptions, MonitorOptions, alert_options
+
+    items = fields_from_args(args, MonitorOptions, "monitor", only=("alerts",)).get("alerts")
+    webhook = fields_from_args(args, AlertOptions, "alert", only=("webhook",))
+    if items is None and not webhook:
+        return None
+    out = {**(items or {}), **webhook}
+    alert_options(out)
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
 
 # ---- the server's flags ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from types import FrameType
 from urllib.parse import quote
 
 import gpudash
-from gpudash.commands._flags import add_fields, add_server_arguments
+from gpudash.commands._flags import add_alert_arguments, add_fields, add_server_arguments
 from gpudash.commands.train import monitor_from_args
 from gpudash.errors import UserError
 from gpudash.options import DEFAULT_PORT, MonitorOptions, options_to_json
@@ -45,10 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where to record (default: runs/<script>-<date>-<time>)")
     p.add_argument("--serve", action="store_true", help="serve the live dashboard beside the job and print its URL")
     add_server_arguments(p.add_argument_group("the dashboard, with --serve"), busy="when busy, a free one")
-    from gpudash.alerts.delivery import add_alert_arguments
-
     add_fields(p.add_argument_group("recording (gpudash.MonitorOptions, for every process of COMMAND)"),
-               MonitorOptions, "monitor")
+               MonitorOptions, "monitor", skip=("alerts",))
     add_alert_arguments(p.add_argument_group("alerts (gpudash.AlertOptions)"))
     p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the training command, unchanged: python train.py ..., python -m pkg.train, torchrun ...")

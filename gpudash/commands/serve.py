@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from gpudash.commands._flags import add_server_arguments
+from gpudash.commands._flags import add_alert_arguments, add_server_arguments, alerts_from_args
 from gpudash.errors import UserError
 from gpudash.server.access import TOKEN_ENV, resolve_token, token_from_env
 from gpudash.server.app import serve_in_thread
@@ -20,8 +20,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_server_arguments(p)
     p.add_argument("--metrics", action="store_true",
                    help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
-    from gpudash.alerts.delivery import add_alert_arguments
-
     add_alert_arguments(p)  # alerts for every live run served (a run killed with kill -9 included)
 
 
@@ -42,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpudash: {runs_dir} is a run; serving its parent folder {runs_dir.resolve().parent}")
         runs_dir = runs_dir.resolve().parent
     token = resolve_token(args.token)
-    from gpudash.alerts.delivery import alerts_from_args
-
     try:
         alert_opts = alerts_from_args(args)
     except ValueError as exc:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.commands._flags import (
+    add_alert_arguments,
     add_fields,
+    alerts_from_args,
     fields_from_args,
     flags_error,
     nonnegative_float,
@@ -30,23 +32,23 @@ __all__ = ["add_arguments", "config_from_args", "nonnegative_float", "positive_f
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field and per MonitorOptions field, made from the fields (see _flags)."""
-    from gpudash.alerts.delivery import add_alert_arguments
     from gpudash.options import MonitorOptions
     from gpudash.trainer.config import TrainConfig
 
     add_fields(p.add_argument_group("training (gpudash.trainer.TrainConfig)"), TrainConfig, "train",
                skip=("monitor",))
-    add_fields(p.add_argument_group("recording (gpudash.MonitorOptions)"), MonitorOptions, "monitor")
+    add_fields(p.add_argument_group("recording (gpudash.MonitorOptions)"), MonitorOptions, "monitor",
+               skip=("alerts",))
     add_alert_arguments(p.add_argument_group("alerts (gpudash.AlertOptions)"))
 
 
 def monitor_from_args(args: argparse.Namespace) -> Any:
     """The MonitorOptions the recording and alert flags ask for (``gpudash train`` and ``gpudash run``)."""
-    from gpudash.alerts.delivery import alerts_from_args
     from gpudash.options import MonitorOptions
 
     try:
         given = fields_from_args(args, MonitorOptions, "monitor")
+        given.pop("alerts", None)  # the --alert items, with --alert-webhook: alerts_from_args
         alerts = alerts_from_args(args)
         if alerts is not None:
             given["alerts"] = alerts

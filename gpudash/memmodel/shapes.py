@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from gpudash.options import parse_fields
+
 __all__ = ["PRESETS", "GPTConfig", "parse_fields", "parse_overrides", "preset"]
 
 
@@ -69,26 +71,6 @@ def preset(name: str, **overrides: Any) -> GPTConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return replace(PRESETS[name], **overrides)
-
-
-def parse_fields(items: list[str], cls: Any, flag: str, what: str = "FIELD") -> dict[str, Any]:
-    """``["n_layer=48", "bias=true"]`` -> values for fields of dataclass ``cls``, converted by the field's
-    declared type as every flag is (:func:`gpudash.options.from_text`); ValueError names the flag, the item
-    and the valid fields, or what the value should have been."""
-    from gpudash.options import field_types, from_text
-
-    types = {f.name: field_types(cls)[f.name] for f in fields(cls)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in types:
-            raise ValueError(f"{flag} {item!r}: expected {what}=VALUE with {what} one of {', '.join(types)}")
-        try:
-            out[key] = from_text(types[key], value)
-        except ValueError as exc:
-            raise ValueError(f"{flag} {item!r}: {exc}") from None
-    return out
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

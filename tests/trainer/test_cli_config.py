@@ -18,7 +18,7 @@ from gpudash.options import AlertOptions, MonitorOptions
 from gpudash.trainer.config import TrainConfig
 
 #: field -> flag, where the flag is not --field-name
-RENAMED = {"model_overrides": "--model"}
+RENAMED = {"model_overrides": "--model", "alerts": "--alert"}
 #: the command line's default differs from the library's on purpose
 CLI_DEFAULTS = {"run_dir", "progress"}
 #: a valid non-default value for fields whose type alone gives none: argv after the flag, and the value
@@ -36,12 +36,13 @@ SAMPLES: dict[str, tuple[list[str], Any]] = {
     "inject_nan_at_steps": (["3,4"], (3, 4)),
     "inject_spike_at_steps": (["5"], (5,)),
     "eval_splits": (["train,val"], ("train", "val")),
+    "alerts": (["cooldown_s=5", "--alert", "desktop=off"], AlertOptions(cooldown_s=5.0, desktop=False)),
 }
 
 
 def _fields() -> list[tuple[type, dataclasses.Field[Any]]]:
     return [(cls, f) for cls in (TrainConfig, MonitorOptions) for f in dataclasses.fields(cls)
-            if (cls, f.name) not in ((TrainConfig, "monitor"), (MonitorOptions, "alerts"))]
+            if (cls, f.name) != (TrainConfig, "monitor")]
 
 
 def _parse(argv: list[str]) -> TrainConfig:
