@@ -23,6 +23,7 @@ from gpudash.server.layouts.run_page import (
     placeholder,
     run_page,
 )
+from gpudash.server.layouts.run_page_data import RunPageData
 from gpudash.server.layouts.snapshot_page import is_snapshot_only, snapshot_page
 from gpudash.server.layouts.snapshot_views import (
     alloc_timeline_child,
@@ -167,31 +168,26 @@ def build_run_page(run_id: str, reader: RunReader, rank: int = 0, view: RunView 
             specs[g] = graph_specs(g, (zoomed if g in STEP_GRAPHS else view).frames, rank, view.meta, smooth)
             figs[g] = placeholder(g, specs[g])
     mem_now = memory.memory_at(view.full.get("memory", view.frame("memory")), cursor, rank)
-    extra: dict[str, Any] = {
-        "cursor": cursor,
-        "smooth": smooth,
-        "memory_at": memory.memory_at_figure(mem_now),
-        "segment_map": segment_map_view(maps, cursor if cursor is not None else last, "cursor", view.meta,
-                                        view.frame("events")),
-        "snapshot_options": snapshot_options(maps),
-        "alloc_timeline": alloc_timeline_child(alloc_timeline_view(maps, cursor if cursor is not None else last,
-                                                                   "cursor")),
-        "snapshots": maps,
-        "alloc_timeline_key": map_key(maps, pick_snapshot(maps, cursor if cursor is not None else last, "cursor")),
-        "largest": pick_snapshot(maps, cursor if cursor is not None else last, "cursor"),
-        "activations": memory.activations_figure(view.frame("activations"), cursor, rank),
-        "event_rows": events.event_rows(view.frame("events")),
-        "hotspot_rows": hotspots.hotspot_rows(view.frame("stacks")),
-        "ranks": ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()),
-                                 view.full_frames()),
-        "facts": facts,
-        "x": x,
-    }
+    at_cursor = cursor if cursor is not None else last
+    shown = pick_snapshot(maps, at_cursor, "cursor")  # the snapshot at the cursor: its largest blocks, its timeline
     state = initial_state(run_id, view, {g: specs[g] for g in EAGER}, rank)  # the live tick extends these
     state["x"] = x.as_dict()
     state["downsampled"] = any(view.levels.values()) or any(
         len(view.frame(t)) >= MAX_POINTS or len(view.full.get(t, ())) > len(view.frame(t)) for t in NUMERIC_TABLES)
-    return run_page(run_id, view, rank, figs, specs, state, extra)
+    return run_page(RunPageData(
+        run_id=run_id, view=view, rank=rank, figs=figs, specs=specs, state=state, facts=facts,
+        cursor=cursor, smooth=smooth, x=x,
+        memory_at=memory.memory_at_figure(mem_now),
+        segment_map=segment_map_view(maps, at_cursor, "cursor", view.meta, view.frame("events")),
+        snapshots=maps, snapshot_options=snapshot_options(maps),
+        largest=shown,
+        alloc_timeline=alloc_timeline_child(alloc_timeline_view(maps, at_cursor, "cursor")),
+        alloc_timeline_key=map_key(maps, shown),
+        activations=memory.activations_figure(view.frame("activations"), cursor, rank),
+        event_rows=events.event_rows(view.frame("events")),
+        hotspot_rows=hotspots.hotspot_rows(view.frame("stacks")),
+        ranks=ranks.ranks_box(view.frame("steps"), view.frame("memory"), ranks.rank_nodes(reader.rank_meta()),
+                              view.full_frames())))
 
 
 def range_view(reader: RunReader, base: RunView, x0: float, x1: float, xmode: str = "step") -> RunView:

@@ -15,6 +15,7 @@ from gpudash.server.layouts.downsample import downsample_indices
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.progressbar import progress_bar
+from gpudash.server.layouts.run_page_data import RunPageData
 from gpudash.server.layouts.runs import device_label
 from gpudash.server.layouts.series import SMOOTHING, Series, series_xy
 from gpudash.server.layouts.snapshot_diff_view import diff_options, largest_children
@@ -23,7 +24,7 @@ from gpudash.server.layouts.viewstate import zoom_store
 from gpudash.server.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
 
 __all__ = ["EAGER", "LAZY", "PLACEHOLDER", "TABLES", "TABLE_PLACEHOLDER", "build_table", "table_placeholder", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
-           "run_page", "speed_options", "summary_children"]
+           "RunPageData", "run_page", "speed_options", "summary_children"]
 
 #: Graphs that grow by extendData while a run is live.
 LIVE_GRAPHS = ("memory-graph", "step-time-graph", "rates-graph", "phases-graph", "loss-graph", "signals-graph",
@@ -303,73 +304,70 @@ def section_nav(ranks: int) -> html.Nav:
                     id="section-nav", className="section-nav")
 
 
-def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs: dict[str, list[Series]],
-             state: dict[str, Any], extra: dict[str, Any]) -> html.Div:
-    """The page. ``extra`` carries the non-live parts: memory-at figure, segment map, activations, events
-    rows, hot-spot rows, the summary verdicts (or None), the snapshot options, the ranks box's children and the
-    run's :class:`gpudash.analysis.facts.Facts` (the lights render them)."""
-    maps = extra.get("snapshots") or []
-    meta = view.meta
-    facts = extra.get("facts")
-    # the header's step is the run's facts (the summary says the same), the view's only before they exist
-    last = facts.steps - 1 if facts is not None and facts.steps else view.last_step
-    first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
-    stats = throughput.throughput_stats(facts.recent if facts is not None else None)
-    lights = stability.stability_lights(extra.get("facts"))
-    device_name = device_label(meta)
+def _header(p: RunPageData, last: int | None) -> html.Div:
+    """Name, status, device, ranks, last step, progress, the x-axis choice, problems and the summary panel
+    (filled by the summary timer)."""
+    view, meta = p.view, p.view.meta
     cap = meta.get("device_capacity_bytes")
-    header = html.Div([
-        html.Div([dcc.Link("← all runs", href=href("/")), html.H2(str(meta.get("name") or run_id), id="run-name")]),
+    return html.Div([
+        html.Div([dcc.Link("← all runs", href=href("/")), html.H2(str(meta.get("name") or p.run_id), id="run-name")]),
         html.Div([
             html.Span(view.status, id="run-status", className=f"status status-{view.status}"),
-            html.Span(f" {device_name}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
+            html.Span(f" {device_label(meta)}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
             html.Span(" · rank ", className="muted"),
-            *[dcc.Link(str(r), href=href(f"/run/{run_id}?rank={r}"), className="rank-link" + (" current" if r == rank else ""))
-              for r in view.ranks],
+            *[dcc.Link(str(r), href=href(f"/run/{p.run_id}?rank={r}"),
+                       className="rank-link" + (" current" if r == p.rank else "")) for r in view.ranks],
             html.Span(" · step ", className="muted"), html.Span("-" if last is None else str(last), id="last-step"),
             html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")
             and view.status != "live" else None,
         ]),
-        html.Div(progress_bar(facts.progress if facts is not None else None), id="run-progress",
+        html.Div(progress_bar(p.facts.progress if p.facts is not None else None), id="run-progress",
                  className="run-progress"),
         html.Div([html.Span("x axis ", className="muted"),
                   dcc.RadioItems(id="x-mode", options=[{"label": label, "value": v} for v, label in XMODES],
-                                 value=(extra.get("x") or XAxis()).mode, inline=True, className="x-mode")],
+                                 value=p.x.mode, inline=True, className="x-mode")],
                  className="x-mode-row"),
-        html.Div([note(p) for p in view.problems], id="run-problems"),
-        html.Div(summary_children(extra.get("verdicts") or []), id="summary-panel",
-                 style={} if extra.get("verdicts") else {"display": "none"}),
+        html.Div([note(problem) for problem in view.problems], id="run-problems"),
+        html.Div([], id="summary-panel", style={"display": "none"}),
     ], className="run-header", id="run-header")
-    cursor = extra.get("cursor")
-    at = cursor if cursor is not None else last
-    n_steps = (last or 0) - first_step + 1
-    auto = replay_speed(n_steps, stats.get("median_s") or 0.1)
-    replay = html.Div([
+
+
+def _replay_bar(p: RunPageData, first_step: int, last: int | None, step_s: float) -> html.Div:
+    """Play, speed, events, the cursor (box and slider), smoothing and the section links."""
+    at = p.cursor if p.cursor is not None else last
+    auto = replay_speed((last or 0) - first_step + 1, step_s)
+    top = max(last or 0, first_step + 1)
+    return html.Div([
         html.Button("▶ play", id="play-button", n_clicks=0, className="button"),
         dcc.Dropdown(id="speed", options=speed_options(auto), value=auto, clearable=False, style={"width": "230px"}),
         html.Button("« prev event", id="prev-event", n_clicks=0, className="button"),
         html.Button("next event »", id="next-event", n_clicks=0, className="button"),
         html.Span("cursor: ", className="muted"), html.Span("-" if at is None else str(at), id="cursor-label"),
         html.Span(" go to step ", className="muted"),
-        dcc.Input(id="cursor-input", type="number", min=first_step, max=max(last or 0, first_step + 1), step=1,
+        dcc.Input(id="cursor-input", type="number", min=first_step, max=top, step=1,
                   debounce=True, className="step-box", placeholder=str(at if at is not None else "")),
-        html.Div(dcc.Slider(id="cursor-slider", min=first_step, max=max(last or 0, first_step + 1),
+        html.Div(dcc.Slider(id="cursor-slider", min=first_step, max=top,
                             value=at if at is not None else 0, step=1, updatemode="mouseup", marks=None,
                             tooltip={"placement": "bottom", "always_visible": False}), className="slider"),
         dcc.Interval(id="play-interval", interval=TICK_MS, disabled=True),
         html.Span(" smoothing ", className="muted"),
         dcc.Dropdown(id="smoothing", options=[{"label": "off" if v == 0 else f"EMA {v:g}", "value": v} for v in SMOOTHING],
-                     value=extra.get("smooth") or 0.0, clearable=False, searchable=False, style={"width": "110px"}),
-        section_nav(len(view.ranks)),
+                     value=p.smooth, clearable=False, searchable=False, style={"width": "110px"}),
+        section_nav(len(p.view.ranks)),
     ], className="replay-bar", id="replay-bar")
-    acts_reason = None if len(view.frame("activations")) else source_reason("activations", meta, view.frame("events"))
-    snap = extra.get("segment_map")
-    mem_section = _section("Memory", [
-        _view("memory-graph", view, "memory", figs, specs),
+
+
+def _memory_section(p: RunPageData) -> html.Details:
+    view, maps = p.view, p.snapshots
+    acts_reason = None if len(view.frame("activations")) else \
+        source_reason("activations", view.meta, view.frame("events"))
+    snap = p.segment_map
+    return _section("Memory", [
+        _view("memory-graph", view, "memory", p.figs, p.specs),
         html.Div([
-            html.Div(_graph("memory-at-graph", extra["memory_at"]), className="half"),
+            html.Div(_graph("memory-at-graph", p.memory_at), className="half"),
             html.Div([html.Div([
-                dcc.Dropdown(id="snapshot-pick", options=extra.get("snapshot_options") or [], value="cursor",
+                dcc.Dropdown(id="snapshot-pick", options=p.snapshot_options, value="cursor",
                              clearable=False, style={"flex": "1"}),
                 html.Button("take a snapshot now", id="snapshot-request", n_clicks=0, className="button",
                             style={} if view.status == "live" else {"display": "none"},
@@ -382,13 +380,38 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
                       html.Div(_graph("segment-map", snap) if isinstance(snap, Fig) else note(str(snap)),
                                id="segment-map-box")], className="half"),
         ], className="row"),
-        html.Div(extra.get("alloc_timeline"), id="alloc-timeline-box"),
-        dcc.Store(id="alloc-timeline-key", data=extra.get("alloc_timeline_key")),
-        html.Div(largest_children(extra["largest"]) if extra.get("largest") is not None else None, id="largest-box"),
+        html.Div(p.alloc_timeline, id="alloc-timeline-box"),
+        dcc.Store(id="alloc-timeline-key", data=p.alloc_timeline_key),
+        html.Div(largest_children(p.largest) if p.largest is not None else None, id="largest-box"),
         html.Div(id="snapshot-diff-box"),
-        html.Div(note(acts_reason) if acts_reason else _graph("activations-graph", extra["activations"]),
+        html.Div(note(acts_reason) if acts_reason else _graph("activations-graph", p.activations),
                  id="activations-box"),
     ], "memory-view")
+
+
+def _tables(p: RunPageData) -> tuple[html.Details, html.Details]:
+    """The Events and Python hot spots sections. Their tables (dash_table's ~600 kB of script) are built when
+    scrolled to or opened (layouts.lazy), from their rows, which come with the page."""
+    view, ev_rows, hot_rows = p.view, p.event_rows, p.hotspot_rows
+    return _section("Events", [
+        _graph("events-graph", events.events_figure(view.frame("events"))),
+        html.Div(table_placeholder(f"{len(ev_rows)} event(s)" if ev_rows else "no events"), id="events-box"),
+        dcc.Store(id="events-rows", data=ev_rows),
+    ], "events-view"), _section("Python hot spots", [
+        html.Div(table_placeholder(f"{len(hot_rows)} frame(s)") if hot_rows
+                 else note(source_reason("stacks", view.meta, view.frame("events"))), id="hotspots-box"),
+        dcc.Store(id="hotspot-rows", data=hot_rows),
+    ], "hotspots-view")
+
+
+def run_page(p: RunPageData) -> html.Div:
+    """The page: header, replay bar, the Memory, Throughput, Ranks (more than one rank), Device, Stability,
+    Events and hot-spot sections, and the stores its callbacks keep their state in."""
+    view, figs, specs, facts = p.view, p.figs, p.specs, p.facts
+    # the header's step is the run's facts (the summary says the same), the view's only before they exist
+    last = facts.steps - 1 if facts is not None and facts.steps else view.last_step
+    first_step = int(view.frame("steps")["step"].min()) if len(view.frame("steps")) else 0
+    step_s = throughput.throughput_stats(facts.recent if facts is not None else None).get("median_s") or 0.1
     tp_section = _section("Throughput", [
         html.Ul([html.Li(t) for t in throughput.stats_lines(facts)], id="throughput-stats", className="stats"),
         _view("step-time-graph", view, None, figs, specs),
@@ -400,33 +423,20 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         _view("host-graph", view, "host", figs, specs),
     ], "device-view")
     stab_section = _section("Stability", [
-        html.Div(stability.lights_row(lights), id="stability-lights", className="lights"),
+        html.Div(stability.lights_row(stability.stability_lights(facts)), id="stability-lights", className="lights"),
         _view("loss-graph", view, None, figs, specs),
         _view("signals-graph", view, "allocator", figs, specs),
     ], "stability-view")
-    ev_rows = extra.get("event_rows") or []
-    # the tables (dash_table's ~600 kB of script) are built when scrolled to or opened (layouts.lazy), from
-    # their rows, which come with the page
-    ev_section = _section("Events", [
-        _graph("events-graph", events.events_figure(view.frame("events"))),
-        html.Div(table_placeholder(f"{len(ev_rows)} event(s)" if ev_rows else "no events"), id="events-box"),
-        dcc.Store(id="events-rows", data=ev_rows),
-    ], "events-view")
-    ranks_box = html.Div(extra.get("ranks") or [], id="ranks-box")  # the "Ranks" section when > 1 rank
-    hot_rows = extra.get("hotspot_rows") or []
-    hot_section = _section("Python hot spots", [
-        html.Div(table_placeholder(f"{len(hot_rows)} frame(s)") if hot_rows
-                 else note(source_reason("stacks", meta, view.frame("events"))), id="hotspots-box"),
-        dcc.Store(id="hotspot-rows", data=hot_rows),
-    ], "hotspots-view")
+    ranks_box = html.Div(p.ranks, id="ranks-box")  # the "Ranks" section when > 1 rank
     return html.Div([
-        header, replay, mem_section, tp_section, ranks_box, dev_section, stab_section, ev_section, hot_section,
-        dcc.Store(id="live-state", data=state),
-        dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in state.get("specs", {})]),
+        _header(p, last), _replay_bar(p, first_step, last, step_s), _memory_section(p), tp_section, ranks_box,
+        dev_section, stab_section, *_tables(p),
+        dcc.Store(id="live-state", data=p.state),
+        dcc.Store(id="lazy-seen"), dcc.Store(id="lazy-drawn", data=[g for g in LIVE_GRAPHS if g in p.state.get("specs", {})]),
         dcc.Store(id="cursor-follow", data={"follow": view.status == "live"}),
         dcc.Store(id="ranks-tick"),  # every RANKS_EVERY-th live tick (run_callbacks)
         *(dcc.Store(id=zoom_store(g)) for g in LIVE_GRAPHS),  # their zooms, resizes left out (viewstate.ZOOM_JS)
-        dcc.Store(id="page-run", data={"run": run_id, "rank": rank, "step_s": stats.get("median_s") or 0.1}),
+        dcc.Store(id="page-run", data={"run": p.run_id, "rank": p.rank, "step_s": step_s}),
         dcc.Interval(id="summary-timer", interval=1200, max_intervals=1),
         dcc.Interval(id="live-interval", interval=500, disabled=view.status != "live"),
     ], id="run-page")
