@@ -36,7 +36,7 @@ import results  # benchmarks/results.py, next to this script
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Dashboard (issue 4)"
-sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT / "tests"))  # its helpers (tests/helpers/browser.py: the Chromium)
 
 OBSERVE = """
 window.__seen = [];
@@ -296,7 +296,7 @@ def main() -> int:
     ap.add_argument("--skip-big", action="store_true")
     ap.add_argument("--write", action="store_true", help="update the section in benchmarks/RESULTS.md")
     args = ap.parse_args()
-    from conftest import make_driver
+    from helpers.browser import make_driver
 
     work = Path(tempfile.mkdtemp(prefix="gpudash-bench-"))
     driver = make_driver()

@@ -20,7 +20,7 @@ from typing import Any
 
 from paint_run import BENCH_VENV, PROJECT, ROOT, RUN
 
-sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT / "tests"))  # its helpers (tests/helpers/browser.py: the Chromium)
 
 # ---- the tools' servers and what "the loss chart is drawn" means in each page -------------------------------
 @dataclass(frozen=True)
@@ -278,7 +278,7 @@ def bytes_until(page: dict[str, Any], t_ms: float) -> int:
 
 def measure(tool: Tool, data: Path, timeout: float, settle: bool) -> dict[str, Any]:
     """Cold server + fresh Chromium → the loss chart drawn; the page's timings as the browser saw them."""
-    from conftest import make_driver
+    from helpers.browser import make_driver
 
     driver = make_driver()
     try:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.browser import make_driver, need_chromium
 
 from gpudash.analysis import summarize
 from gpudash.cli import main
@@ -67,22 +67,13 @@ def test_cli_user_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.browser
 def test_report_opens_in_headless_chromium_without_errors(recorded: Any, tmp_path: Path) -> None:
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        pytest.skip("chromium/chromedriver not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    need_chromium()
     from selenium.webdriver.common.by import By
 
     run = recorded("oom-crash")
     page = tmp_path / "report.html"
     assert main(["report", str(run.path), "-o", str(page)]) == 0
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    driver = make_driver()
     try:
         driver.get(page.as_uri())
         cards = driver.find_elements(By.CSS_SELECTOR, "#verdicts .verdict")

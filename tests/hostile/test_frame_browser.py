@@ -4,37 +4,23 @@ dashboard (gpudash.server.notebook's IFrame at 127.0.0.1), a page of another ori
 from __future__ import annotations
 
 import http.server
-import shutil
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.browser import chromium
 from helpers.hostile_cases import healthy
 
 from gpudash.server.app import serve_in_thread
 
 pytestmark = pytest.mark.browser
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[object]:
-    if not (Path(CHROMIUM).exists() and (Path(CHROMEDRIVER).exists() or shutil.which("chromedriver"))):
-        pytest.skip("chromium and chromedriver are not installed (apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"):
-        opts.add_argument(arg)
-    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
-        yield d
-    finally:
-        d.quit()
+    yield from chromium(1200, 900)
 
 
 def _parent_page(host: str, iframe_src: str) -> tuple[str, http.server.ThreadingHTTPServer]:

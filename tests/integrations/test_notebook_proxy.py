@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.browser import wait_for
+from helpers.browser import make_driver, need_chromium, wait_for
+from helpers.components import free_port
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("jupyter_server")
@@ -28,18 +28,11 @@ pytest.importorskip("selenium")
 from jupyter_client import BlockingKernelClient  # noqa: E402
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 BASE = "/user/alice/"
 HUB_NAME = "hub.gpudash.test"  # how the browser names the Jupyter server (mapped to 127.0.0.1 in Chromium)
 JTOKEN = "jupyter-test-token"
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _api(port: int, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
@@ -64,7 +57,7 @@ def jupyter(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUDASH_PROXY_PREFIX", "JUPYTERHUB_SERVICE_PREFIX")}
     env.update(JUPYTER_PATH=str(tmp_path / "jupyter"), JUPYTER_RUNTIME_DIR=str(runtime), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(NOTEBOOK.parents[1]), env.get("PYTHONPATH", "")]))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter_server", f"--ServerApp.base_url={BASE}", f"--ServerApp.port={port}",
          "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",
@@ -106,21 +99,8 @@ def _run(kc: BlockingKernelClient, code: str) -> list[dict[str, Any]]:
     return outputs
 
 
-def _driver() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                f"--host-resolver-rules=MAP {HUB_NAME} 127.0.0.1", "--disable-background-networking"):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-
-
 def test_notebook_dashboard_through_the_jupyter_proxy(jupyter: tuple[int, Path]) -> None:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("chromium and chromedriver are not installed")
+    need_chromium()
     port, runtime = jupyter
     kernel = _api(port, "api/kernels", "POST", {"name": "python3"})
     kc = BlockingKernelClient()
@@ -143,7 +123,7 @@ def test_notebook_dashboard_through_the_jupyter_proxy(jupyter: tuple[int, Path])
         dash_port = int(url.split("/proxy/")[1].split("/")[0])
         assert f"ssh -L {dash_port}:127.0.0.1:{dash_port}" in html  # the "not reachable?" line
 
-        driver = _driver()
+        driver = make_driver(1400, 1000, f"--host-resolver-rules=MAP {HUB_NAME} 127.0.0.1")
         hub = f"http://{HUB_NAME}:{port}"
         driver.get(f"{hub}{BASE}api/status?token={JTOKEN}")  # log in to Jupyter (its cookie)
         driver.get(hub + url)  # as the IFrame does, relative to the notebook page's origin

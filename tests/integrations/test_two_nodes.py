@@ -5,13 +5,13 @@ rank, and a node whose ranks are all slow is named once as a node straggler."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.components import free_port
 
 pytest.importorskip("torch.distributed.run")
 
@@ -56,18 +56,12 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_two_torchrun_agents_two_nodes(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "runs" / "two-nodes"
-    port = _free_port()
+    port = free_port()
     agents = []
     for node_rank, host in ((0, "node-a"), (1, "node-b")):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "GPUDASH_HOSTNAME": host}

@@ -151,9 +151,8 @@ def keep(bodies: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def main() -> None:
     sys.path.insert(0, str(HERE.parent))  # run as a script: tests/ (its helpers), as pytest's pythonpath has it
-    sys.path.insert(0, str(HERE.parent / "browser"))
-    from conftest import make_driver  # tests/browser's Chromium
     from flask import request
+    from helpers.browser import make_driver
     from helpers.runmaker import HOSTILE, train
 
     from gpudash.server.access import serve_wsgi

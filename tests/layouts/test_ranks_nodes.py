@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from helpers.components import find
 
 from gpudash.server.layouts import ranks
 
@@ -28,26 +29,15 @@ def ddp_frames(nodes: dict[int, str], slow: dict[int, float], steps: int = 20) -
 NODES_64 = {r: f"node{r // 8:02d}" for r in range(64)}
 
 
-def _find(component: object, id_: str) -> object | None:
-    if getattr(component, "id", None) == id_:
-        return component
-    children = getattr(component, "children", None)
-    for c in children if isinstance(children, list) else [children] if children is not None else []:
-        hit = _find(c, id_)
-        if hit is not None:
-            return hit
-    return None
-
-
 def test_64_ranks_on_8_nodes_name_the_slow_node_once() -> None:
     steps = ddp_frames(NODES_64, {r: 0.015 for r in range(24, 32)} | {50: 0.02})
     box = ranks.ranks_box(steps, pd.DataFrame(), NODES_64)
     section = box[0]
-    assert _find(section, "rank-heatmap") is not None and _find(section, "rank-step-graph") is None
-    top = str(_find(section, "top-stragglers"))
+    assert find(section, "rank-heatmap") is not None and find(section, "rank-step-graph") is None
+    top = str(find(section, "top-stragglers"))
     assert "node node03: all 8 ranks (24–31)" in top and "rank 50 on node06" in top
     assert "rank 24" not in top  # the slow node's ranks are not listed one by one
-    nodes_table = _find(section, "nodes-table")
+    nodes_table = find(section, "nodes-table")
     rows = {r["node"]: r for r in nodes_table.data}  # type: ignore[attr-defined]
     assert len(rows) == 8 and rows["node03"]["straggler"] == "whole node" and rows["node03"]["ranks"] == "24–31"
     assert rows["node06"]["straggler"] == "some ranks" and rows["node00"]["straggler"] == "-"
@@ -83,15 +73,15 @@ def test_two_ranks_on_two_nodes_keep_lines_and_gain_a_node_column() -> None:
     rows = ranks.rank_rows(steps, pd.DataFrame(), nodes)
     assert [(r["node"], r["rank"]) for r in rows] == [("alpha", 0), ("beta", 1)]
     section = ranks.ranks_box(steps, pd.DataFrame(), nodes)[0]
-    assert _find(section, "rank-step-graph") is not None and _find(section, "rank-heatmap") is None
-    assert "node beta: all 1 ranks (1)" in str(_find(section, "top-stragglers"))
+    assert find(section, "rank-step-graph") is not None and find(section, "rank-heatmap") is None
+    assert "node beta: all 1 ranks (1)" in str(find(section, "top-stragglers"))
 
 
 def test_one_node_many_ranks_lists_rank_stragglers() -> None:
     nodes = {r: "solo" for r in range(16)}
     steps = ddp_frames(nodes, {3: 0.02, 9: 0.01})
     section = ranks.ranks_box(steps, pd.DataFrame(), nodes)[0]
-    assert _find(section, "nodes-table") is None  # one node: nothing to compare
-    top = str(_find(section, "top-stragglers"))
+    assert find(section, "nodes-table") is None  # one node: nothing to compare
+    top = str(find(section, "top-stragglers"))
     assert top.index("rank 3 on solo") < top.index("rank 9 on solo")
     assert "node" not in ranks.rank_rows(steps, pd.DataFrame(), nodes)[0]

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from helpers.components import find
+
 from gpudash.cli import main as cli
 from gpudash.server.layouts import memory, snapshot_views
 from gpudash.server.layouts.fig import Fig
@@ -100,25 +102,14 @@ def test_a_snapshot_without_history_says_how_to_record_one() -> None:
     assert "no snapshot recorded" in str(snapshot_views.alloc_timeline_view([], None, "cursor"))
 
 
-def _find(node: Any, cid: str) -> Any:
-    if getattr(node, "id", None) == cid:
-        return node
-    kids = getattr(node, "children", None)
-    for k in kids if isinstance(kids, list | tuple) else [kids] if kids is not None else []:
-        hit = _find(k, cid)
-        if hit is not None:
-            return hit
-    return None
-
-
 def test_imported_snapshot_on_the_run_page(tmp_path: Path) -> None:
     run = tmp_path / "imported"
     assert cli(["import-snapshot", str(REAL), str(run)]) == 0
     page = build_run_page("imported", RunReader(run))
-    graph = _find(page, "alloc-timeline")
-    assert graph is not None and _find(page, "alloc-timeline-box") is not None
+    graph = find(page, "alloc-timeline")
+    assert graph is not None and find(page, "alloc-timeline-box") is not None
     assert any("model.py:" in str(t.get("hovertext")) for t in graph.figure["data"])
-    seg = _find(page, "segment-map")
+    seg = find(page, "segment-map")
     assert seg is not None and "showing the 60 largest of 216 segments" in str(seg.figure["layout"]["annotations"])
 
 
