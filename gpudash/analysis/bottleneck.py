@@ -26,7 +26,8 @@ from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, fmt_s
 from gpudash.store.run import Run
 
-__all__ = ["KINDS", "Stretch", "bottleneck_verdicts", "phase_columns", "phase_shares", "stretches"]
+__all__ = ["KINDS", "Bound", "Stretch", "bottleneck_verdicts", "phase_columns", "phase_shares", "run_bound",
+           "stretches"]
 
 KINDS = ("input-bound", "compute-bound", "host-offload-bound", "synchronization-bound")
 _GROUPS: dict[str, tuple[str, ...]] = {
@@ -101,30 +102,30 @@ def phase_shares(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     return out[["step", *_GROUPS, "eval"]]
 
 
+#: A step's label is an index into this (integer codes: a long run's labels are smoothed and cut without
+#: a Python loop over its steps or an array of strings).
+_LABELS = ("compute", "input", "offload", "sync")
+
+
 def _label(shares: pd.DataFrame) -> np.ndarray:
     other = shares[["input", "offload", "sync"]].to_numpy()
-    best = other.argmax(axis=1)
-    names = np.array(["input", "offload", "sync"])[best]
     bound = other.max(axis=1) >= THRESHOLD
-    return np.where(bound, names, "compute")
+    return np.where(bound, other.argmax(axis=1) + 1, 0)
 
 
 def _smooth(labels: np.ndarray, window: int) -> np.ndarray:
     if window <= 1 or len(labels) <= window:
         return labels
-    codes, uniq = pd.factorize(pd.Series(labels))
+    codes, uniq = pd.factorize(labels)  # first seen first: a tie goes to the label seen earlier in the run
     onehot = np.eye(len(uniq))[codes]
     counts = pd.DataFrame(onehot).rolling(window, center=True, min_periods=1).sum().to_numpy()
     return np.asarray(uniq)[counts.argmax(axis=1)]
 
 
 def _runs(labels: np.ndarray, min_len: int) -> list[tuple[str, int, int]]:
-    runs: list[tuple[str, int, int]] = []
-    start = 0
-    for i in range(1, len(labels) + 1):
-        if i == len(labels) or labels[i] != labels[start]:
-            runs.append((str(labels[start]), start, i - 1))
-            start = i
+    edges = np.flatnonzero(labels[1:] != labels[:-1]) + 1
+    starts, ends = np.r_[0, edges], np.r_[edges - 1, len(labels) - 1]
+    runs = [(_LABELS[int(labels[a])], int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
     merged: list[tuple[str, int, int]] = []
     for kind, a, b in runs:
         if merged and (b - a + 1 < min_len or merged[-1][0] == kind):
@@ -154,8 +155,9 @@ def _device_means(run: Run, t0: float, t1: float) -> dict[str, float]:
     return out
 
 
-def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
-    """The run cut into stretches of one bottleneck kind (one rank: the lowest by default)."""
+def stretches(run: Run, rank: int | None = None, evidence: bool = True) -> list[Stretch]:
+    """The run cut into stretches of one bottleneck kind (one rank: the lowest by default); ``evidence``:
+    with the device telemetry over each stretch (reads the run's device table)."""
     steps = run.steps
     if steps.empty or "duration_s" not in steps:
         return []
@@ -175,8 +177,8 @@ def stretches(run: Run, rank: int | None = None) -> list[Stretch]:
         dur = seg["duration_s"].astype(float)
         t_end = float(seg["time"].max())
         t_start = float(seg["time"].min() - dur.iloc[0])
-        device = _device_means(run, t_start, t_end)
-        if gpu_cols:
+        device = _device_means(run, t_start, t_end) if evidence else {}
+        if gpu_cols and evidence:
             busy = seg[gpu_cols].astype(float).fillna(0.0).sum(axis=1) / dur.clip(lower=1e-9)
             device["gpu_busy_share"] = float(busy.mean())
         out.append(Stretch(
@@ -214,40 +216,73 @@ _TITLES = {
 }
 
 
-def bottleneck_verdicts(run: Run) -> list[Verdict]:
-    found = stretches(run)
-    if not found:
-        return []
+@dataclass(frozen=True)
+class Bound:
+    """One kind of bottleneck the run spent its steps in, as its verdict judges it."""
+
+    kind: str
+    """One of :data:`KINDS`."""
+    title: str
+    share_of_step: float
+    """The bottleneck's share of the step time in its longest stretch (the compute share for compute-bound)."""
+    share_of_run: float
+    """The stretches of this kind's share of the run's step time."""
+    first_step: int
+    last_step: int
+    severity: Severity
+
+
+def _bounds(found: list[Stretch]) -> list[tuple[Bound, list[Stretch]]]:
+    """The kinds worth a verdict, each with its stretches, longest stretch first: the one rule of
+    :func:`bottleneck_verdicts` and :func:`run_bound`."""
     total = sum(s.time_s for s in found) or 1.0
-    out: list[Verdict] = []
     by_kind: dict[str, list[Stretch]] = {}
     for s in found:
         by_kind.setdefault(s.kind, []).append(s)
+    out = []
     for kind, ss in by_kind.items():
-        time_s = sum(s.time_s for s in ss)
-        share_of_run = time_s / total
+        share_of_run = sum(s.time_s for s in ss) / total
         if kind != "compute-bound" and share_of_run < 0.1:
             continue
-        main_ = max(ss, key=lambda s: s.time_s)
-        if kind != "compute-bound" and main_.median_step_s * main_.shares[_GROUP_OF[kind]] < MIN_LOST_S:
+        if kind == "compute-bound" and share_of_run < 0.5:
+            continue
+        ss = sorted(ss, key=lambda s: -s.time_s)
+        main = ss[0]
+        share = main.shares[_GROUP_OF[kind]]
+        if kind != "compute-bound" and main.median_step_s * share < MIN_LOST_S:
             continue  # microsecond steps: the loop's own overhead, nothing to fix
-        main = max(ss, key=lambda s: s.time_s)
-        group = _GROUP_OF[kind]
+        severity: Severity = "ok" if kind == "compute-bound" else ("bad" if share >= 0.5 else "warn")
+        out.append((Bound(kind=kind, title=_TITLES[kind], share_of_step=share, share_of_run=share_of_run,
+                          first_step=min(s.first_step for s in ss), last_step=max(s.last_step for s in ss),
+                          severity=severity), ss))
+    return out
+
+
+def run_bound(run: Run) -> Bound | None:
+    """What bounds the run's step time, as :func:`bottleneck_verdicts` judges it: the worst bottleneck
+    (by severity, then share of the run), else compute-bound; None without phases. No device evidence read:
+    the facts carry it, so every surface (the throughput header too) says the verdict's word."""
+    bounds = [b for b, _ in _bounds(stretches(run, evidence=False))]
+    order = {"bad": 0, "warn": 1, "ok": 2}
+    return min(bounds, key=lambda b: (order.get(b.severity, 3), -b.share_of_run), default=None)
+
+
+def bottleneck_verdicts(run: Run) -> list[Verdict]:
+    out: list[Verdict] = []
+    for bound, ss in _bounds(stretches(run)):
+        kind, main, group = bound.kind, ss[0], _GROUP_OF[bound.kind]
+        time_s = sum(s.time_s for s in ss)
         lost_s = sum(s.shares[group] * s.time_s for s in ss)
         ev = _evidence(main)
         if len(ss) > 1:
-            ev.insert(0, f"{len(ss)} stretches, {fmt_pct(share_of_run)} of the run's step time")
+            ev.insert(0, f"{len(ss)} stretches, {fmt_pct(bound.share_of_run)} of the run's step time")
         d = main.device
         if kind == "input-bound" and "sm_active_pct" in d:
             ev.append(f"SM activity low ({d['sm_active_pct']:.0f} %) while data wait is "
                       f"{fmt_pct(main.shares['input'])} of the step")
-        numbers = {"time_s": time_s, "share_of_run": share_of_run, "lost_s": lost_s,
-                   "median_step_s": main.median_step_s, "share_of_step": main.shares[group]}
+        numbers = {"time_s": time_s, "share_of_run": bound.share_of_run, "lost_s": lost_s,
+                   "median_step_s": main.median_step_s, "share_of_step": bound.share_of_step}
         numbers.update({f"median_{c}": v for c, v in main.phase_s.items()})
-        severity: Severity = "ok" if kind == "compute-bound" else ("bad" if main.shares[group] >= 0.5 else "warn")
-        title = _TITLES[kind]
-        if kind == "compute-bound" and share_of_run < 0.5:
-            continue
-        out.append(Verdict(kind=kind, title=title, severity=severity, evidence=ev,
-                           steps=(min(s.first_step for s in ss), max(s.last_step for s in ss)), numbers=numbers))
+        out.append(Verdict(kind=kind, title=bound.title, severity=bound.severity, evidence=ev,
+                           steps=(bound.first_step, bound.last_step), numbers=numbers))
     return out

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.bottleneck import Bound, run_bound
 from gpudash.analysis.frames import numeric as _num
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
+from gpudash.analysis.memory_parts import frozen_params
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.progress import Progress, progress_text, run_progress
 from gpudash.analysis.ranks import STRAGGLER_RATIO, rank_nodes, run_stragglers
@@ -91,6 +93,9 @@ class Facts:
     """Why a run has no step, when it knows (``gpudash run`` says so rather than a silent "finished")."""
     recent: Throughput = field(default_factory=Throughput)
     """The rates over the last :data:`gpudash.analysis.rates.RECENT_STEPS` steps (what a live run does now)."""
+    bound: Bound | None = None
+    """What bounds the step time (input-, compute-, host/offload- or synchronization-bound), as the bottleneck
+    verdict judges it (:func:`gpudash.analysis.bottleneck.run_bound`); None without recorded phases."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -256,14 +261,14 @@ def run_facts(run: Run) -> Facts:
                     "straggler_ratio": STRAGGLER_RATIO},
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
-        recent=throughput(steps, run.meta, last=RECENT_STEPS),
+        recent=throughput(steps, run.meta, last=RECENT_STEPS), bound=run_bound(run),
         **_params_facts(run, peaks))
 
 
 def _params_facts(run: Run, peaks: dict[str, float | None]) -> dict[str, Any]:
     trainable = _max(run.memory, "trainable_params_bytes")
     params = peaks.get("params")
-    frozen = max(params - trainable, 0.0) if trainable is not None and params is not None else None
+    frozen = float(frozen_params(params, trainable)) if trainable is not None and params is not None else None
     dtypes = run.meta.get("params_dtypes")
     dtypes = {str(k): float(v) for k, v in dtypes.items() if isinstance(v, int | float)} \
         if isinstance(dtypes, dict) else {}

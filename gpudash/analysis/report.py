@@ -18,6 +18,7 @@ import pandas as pd
 from gpudash.analysis.alerts import Alert, recorded_alerts
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, on_gpu
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
+from gpudash.analysis.memory_parts import frozen_params
 from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.ranks import lowest_rank
@@ -176,7 +177,7 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[Figure]:
         series = [Series(c.removesuffix("_bytes"), filled[c].to_numpy(dtype=float), i) for i, c in enumerate(cats)]
         if "params_bytes" in cats and facts.frozen_params_bytes and "trainable_params_bytes" in mem:
             trainable = mem["trainable_params_bytes"].ffill().fillna(0).to_numpy(dtype=float)
-            frozen = np.clip(filled["params_bytes"].to_numpy(dtype=float) - trainable, 0, None)
+            frozen = frozen_params(filled["params_bytes"].to_numpy(dtype=float), trainable)
             at = cats.index("params_bytes")  # the parameters as two bands: frozen, then trainable
             series[at:at + 1] = [Series("params (frozen)", frozen, "frozen"), Series("params (trainable)", trainable, 0)]
         hline = (cap, f"capacity {fmt_bytes(cap)}") if cap else None

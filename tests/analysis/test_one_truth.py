@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.components import find
+from helpers.components import text as shown_text
 
 from gpudash.analysis.facts import run_facts
 from gpudash.server.runcache import shared_cache
@@ -124,26 +126,6 @@ def _metric(text: str, name: str, run: str, **labels: str) -> float | None:
     return None
 
 
-def _find(component: Any, cid: str) -> Any:
-    if getattr(component, "id", None) == cid:
-        return component
-    children = getattr(component, "children", None)
-    for child in children if isinstance(children, list) else [children] if children is not None else []:
-        hit = _find(child, cid)
-        if hit is not None:
-            return hit
-    return None
-
-
-def _text(component: Any) -> str:
-    if isinstance(component, str):
-        return component
-    children = getattr(component, "children", None)
-    if isinstance(children, list):
-        return "".join(_text(c) for c in children)
-    return "" if children is None else _text(children)
-
-
 @pytest.mark.parametrize("name", SAMPLES + HAND_MADE)
 def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: Any, metrics_text: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,12 +181,12 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
         page = build_run_page(name, reader)
     finally:
         reader.close()
-    lights = _find(page, "stability-lights")
-    shown = [_text(item) for item in lights.children]
+    lights = find(page, "stability-lights")
+    shown = [shown_text(item) for item in lights.children]
     assert shown == [f"{li.signal} {li.detail}" for li in facts.lights]
     colors = [item.children[0].className.split("light-")[-1] for item in lights.children]
     assert colors == [li.light for li in facts.lights]
-    loss_graph = _find(page, "loss-graph")
+    loss_graph = find(page, "loss-graph")
     if loss_graph is not None and facts.steps:
         markers = [t for t in loss_graph.figure["data"] if str(t.get("name", "")).startswith("spike")]
         assert sorted(x for t in markers for x in t["x"]) == list(facts.loss_spike_steps)
@@ -222,7 +204,7 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
         assert truth["trainable_params_bytes"] == facts.trainable_params_bytes
         if frozen:
             assert "params (trainable)" in html and "params (frozen)" in html
-            names = [t.get("name") for t in _find(page, "memory-graph").figure["data"]]
+            names = [t.get("name") for t in find(page, "memory-graph").figure["data"]]
             assert "parameters (trainable)" in names and "parameters (frozen)" in names
         for text in (info, html):
             assert "trainable" in text and "frozen" in text
@@ -243,6 +225,74 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
         assert f"phases        {', '.join(facts.phases)}" in lines
 
     _same_rates_everywhere(name, path, facts, truth, page, client, metrics_text, lines, html, report, info_text(path))
+    _same_bound_everywhere(facts, truth, page, report, api)
+    _same_memory_parts_everywhere(path, facts, page)
+
+
+def _same_bound_everywhere(facts: Any, truth: dict[str, Any], page: Any, report: dict[str, Any],
+                           api: dict[str, Any]) -> None:
+    """What bounds the step (issue 35): the throughput header says the summary's bottleneck verdict, in its
+    words; no other rule of its own (it once said "input-bound" from the data phase alone)."""
+    header = [shown_text(li) for li in find(page, "throughput-stats").children]
+    said = [t for t in header if "-bound" in t]
+    bound = facts.bound
+    if bound is None:
+        assert said == [] and truth["bound"] is None
+        return
+    verdict = next(v for v in report["verdicts"] if v["kind"] == bound.kind)
+    assert (verdict["title"], verdict["severity"]) == (bound.title, bound.severity)
+    assert verdict["numbers"]["share_of_step"] == pytest.approx(bound.share_of_step)
+    assert said == [next(t for t in header if t.startswith(bound.title))]
+    assert api["facts"]["bound"]["kind"] == bound.kind
+    worse = [v for v in report["verdicts"] if v["kind"].endswith("-bound") and v["severity"] != "ok"]
+    assert (bound.kind != "compute-bound") == bool(worse)  # the worst bottleneck, not compute, when there is one
+
+
+def _ratios(values: list[float]) -> list[float]:
+    top = max(values, default=0.0) or 1.0
+    return [v / top for v in values]
+
+
+def _same_memory_parts_everywhere(path: Path, facts: Any, page: Any) -> None:
+    """Frozen parameters, the allocator cache and the breakdown at a step (issue 35): derived once
+    (analysis.memory_parts); the memory chart, the breakdown at the cursor, the report's chart and the
+    facts show the same bytes."""
+    from gpudash.analysis.memory_parts import allocator_cache, frozen_params, memory_at
+    from gpudash.analysis.ranks import lowest_rank
+    from gpudash.analysis.report import report_view
+
+    run = load_run(path)
+    try:
+        mem = lowest_rank(run.memory)
+        figures = report_view(run).figures or ()
+    finally:
+        run.close()
+    if not len(mem):
+        return
+    rank = int(mem["rank"].min()) if "rank" in mem else 0
+    at = memory_at(mem, None, rank)
+    bar = find(page, "memory-at-graph").figure["data"]
+    if at:  # the breakdown at the cursor (the last step on a finished run's page) is analysis's
+        parts = [v for k, v in at.items() if k not in ("step", "peak")]
+        assert len(bar[0]["x"]) == len(parts)
+        assert _ratios(list(bar[0]["y"])) == pytest.approx(_ratios(parts))
+    state = find(page, "live-state").data["specs"]["memory-graph"]
+    drawn = {t["name"]: t for t in find(page, "memory-graph").figure["data"]}
+
+    def chart(name: str) -> list[float]:
+        spec = next(s for s in state if s["name"] == name)
+        return [float(y) * spec["scale"] for y in drawn[name]["y"]]
+
+    last = mem.sort_values("step").ffill().iloc[-1]
+    if "allocator cache" in drawn:
+        assert at["cache_bytes"] == allocator_cache(float(last["reserved_bytes"]), float(last["allocated_bytes"]))
+        assert chart("allocator cache")[-1] == pytest.approx(at["cache_bytes"])
+    if facts.frozen_params_bytes:
+        assert facts.frozen_params_bytes == frozen_params(facts.peak_bytes["params"], facts.trainable_params_bytes)
+        assert chart("parameters (frozen)")[-1] == pytest.approx(at["frozen_params_bytes"])
+        memory_fig = next(f for f in figures if f.title == "Memory by category")
+        band = next(s for s in memory_fig.series if s.label == "params (frozen)")
+        assert float(band.values[-1]) == pytest.approx(at["frozen_params_bytes"])
 
 
 def info_text(path: Path) -> str:
@@ -274,7 +324,7 @@ def _same_rates_everywhere(name: str, path: Path, facts: Any, truth: dict[str, A
     for where, text in (("info", info), ("report", html), ("trainer", trainer)):
         assert rate in text, where
         assert (f"MFU{' ' * 11}{fmt_mfu(mfu)}" in text or f"MFU</td><td>{fmt_mfu(mfu)}" in text) == (mfu is not None), where
-    header = [_text(li) for li in _find(page, "throughput-stats").children]
+    header = [shown_text(li) for li in find(page, "throughput-stats").children]
     whole = next(t for t in header if t.startswith("whole run: "))
     assert rate in whole and (f"MFU {fmt_mfu(mfu)}" if mfu is not None else "MFU: device peak unknown") in whole
     recent = facts.recent
@@ -284,7 +334,7 @@ def _same_rates_everywhere(name: str, path: Path, facts: Any, truth: dict[str, A
     # the runs list: the API's row, and the table's cells
     row = next(r for r in client.get("/api/runs?per_page=1000").get_json()["runs"] if r["id"] == name)
     assert (row["tokens_per_s"], row["mfu"]) == (truth["headline"]["tokens_per_s"], truth["headline"]["mfu"])
-    cells = [_text(td) for tr in _find(runs_table(path.parent, [row]), "runs-table").children[1].children
+    cells = [shown_text(td) for tr in find(runs_table(path.parent, [row]), "runs-table").children[1].children
              for td in tr.children]
     assert fmt_rate(tps) in cells and fmt_mfu(mfu) in cells
     # compare: the table's row for this run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from gpudash.server.layouts.memory import memory_at, memory_figure, memory_series
 
@@ -29,3 +30,18 @@ def test_frozen_and_trainable_parameters_are_two_bands() -> None:
 def test_all_trainable_stays_one_band() -> None:
     labels = [s.name for s in memory_series(_mem(1000))]
     assert "parameters" in labels and not any("frozen" in label for label in labels)
+
+
+def test_a_live_page_with_frozen_parameters_is_accepted_back() -> None:
+    """The live state a LoRA run's page sends back each tick holds the frozen band's series: the server's input
+    check knows every transform a series draws (it refused "frozen": every live tick of such a run was a 400)."""
+    from gpudash.server.layouts.inputs import live_state
+    from gpudash.server.layouts.series import FNS, Series, series_xy
+
+    specs = [s.as_dict() for s in memory_series(_mem(100))]
+    assert "frozen" in {s["fn"] for s in specs}
+    state = live_state({"run": "lora", "rank": 0, "specs": {"memory-graph": specs}})
+    frozen = next(Series.from_dict(d) for d in state["specs"]["memory-graph"] if d["fn"] == "frozen")
+    assert series_xy(frozen, _mem(100))[1] == pytest.approx([900 / frozen.scale] * 2, rel=1e-5)
+    for fn in FNS:  # and every other transform
+        live_state({"run": "x", "specs": {"g": [Series("steps", "loss", "loss", fn=fn).as_dict()]}})

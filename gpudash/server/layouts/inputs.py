@@ -11,7 +11,7 @@ import math
 from dataclasses import fields
 from typing import Any
 
-from gpudash.server.layouts.series import Series
+from gpudash.server.layouts.series import FNS, STYLES, Series
 
 __all__ = ["MAX_INT", "MAX_RANK", "BadInput", "as_float", "as_int", "live_state", "page_run", "rank_of"]
 
@@ -19,9 +19,7 @@ __all__ = ["MAX_INT", "MAX_RANK", "BadInput", "as_float", "as_int", "live_state"
 MAX_INT = 2**53
 MAX_RANK = 2**31 - 1
 _SERIES_FIELDS = {f.name: f.type for f in fields(Series)}
-_CHOICES = {"x": ("step", "elapsed", "relative", "wall"), "fn": ("raw", "cache", "rate", "median", "p95", "spike", "frag", "ema",
-                                             "rate_ema"),
-            "style": ("line", "area", "bar", "markers")}
+_CHOICES = {"x": ("step", "elapsed", "relative", "wall"), "fn": FNS, "style": STYLES}
 
 
 class BadInput(ValueError):

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from gpudash.analysis import memory_parts
+from gpudash.analysis.memory_parts import has_frozen_params
 from gpudash.server.layouts.common import base_figure, byte_unit, fmt_bytes, plot_text, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.series import Series, add_series, series_xy
@@ -25,7 +27,6 @@ __all__ = [
     "PARAM_SPLIT",
     "activations_figure",
     "capacity_lines",
-    "has_frozen_params",
     "memory_at",
     "memory_at_figure",
     "memory_figure",
@@ -70,15 +71,6 @@ PARAM_SPLIT: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def has_frozen_params(memory: pd.DataFrame) -> bool:
-    """Some parameters do not require grad (the recorded trainable bytes are below the parameter bytes)."""
-    if "trainable_params_bytes" not in memory or "params_bytes" not in memory:
-        return False
-    t = pd.to_numeric(memory["trainable_params_bytes"], errors="coerce")
-    p = pd.to_numeric(memory["params_bytes"], errors="coerce")
-    return bool((p - t).gt(0).any())
-
-
 def _categories(memory: pd.DataFrame) -> tuple[tuple[str, str, str, str], ...]:
     if not has_frozen_params(memory):
         return CATEGORIES
@@ -90,8 +82,7 @@ def memory_series(memory: pd.DataFrame, rank: int = 0) -> list[Series]:
     kw = {"rank": rank, "unit": unit, "scale": scale}
     out = []
     for col, label, color, fn in _categories(memory):
-        need = ("reserved_bytes", "allocated_bytes") if fn == "cache" else \
-            ("params_bytes", "trainable_params_bytes") if fn == "frozen" else (col,)
+        need = memory_parts.DERIVED[_KEY[fn]] if fn in _KEY else (col,)
         if all(c in memory and memory[c].notna().any() for c in need):
             out.append(Series("memory", col, label, fn=fn, style="area", color=color, **kw))  # type: ignore[arg-type]
     if not out and "allocated_bytes" in memory and memory["allocated_bytes"].notna().any():
@@ -163,31 +154,15 @@ def memory_figure(memory: pd.DataFrame, meta: dict[str, Any], events: pd.DataFra
     return fig, specs
 
 
+#: The chart's transforms that draw a derived column (:mod:`gpudash.analysis.memory_parts`), by its key.
+_KEY = {"frozen": "frozen_params_bytes", "cache": "cache_bytes"}
+#: The breakdown's keys (:func:`gpudash.analysis.memory_parts.memory_at`) by the chart's label.
+_LABELS = {_KEY.get(fn, col): label for col, label, _, fn in PARAM_SPLIT + CATEGORIES}
+
+
 def memory_at(memory: pd.DataFrame, step: int | None, rank: int = 0) -> dict[str, float]:
-    """Bytes by category in the last memory record at or before ``step`` (the newest if None)."""
-    if not len(memory):
-        return {}
-    m = memory[memory["rank"] == rank] if "rank" in memory else memory
-    if step is not None and "step" in m:
-        m = m[m["step"] <= step]
-    if not len(m):
-        return {}
-    # sampled columns (activations) are NaN on most rows: take each one's latest value
-    tail = m.tail(200).ffill().iloc[-1]
-    out: dict[str, float] = {"step": float(tail.get("step", np.nan))}
-    last = m.iloc[-1]
-    if pd.notna(last.get("peak_bytes")):
-        out["peak"] = float(last["peak_bytes"])  # that step's own measured peak (not carried forward)
-    for col, label, _, fn in _categories(m):
-        if fn == "frozen":
-            if pd.notna(tail.get("params_bytes")) and pd.notna(tail.get("trainable_params_bytes")):
-                out[label] = max(0.0, float(tail["params_bytes"]) - float(tail["trainable_params_bytes"]))
-        elif fn == "cache":
-            if pd.notna(tail.get("reserved_bytes")) and pd.notna(tail.get("allocated_bytes")):
-                out[label] = max(0.0, float(tail["reserved_bytes"]) - float(tail["allocated_bytes"]))
-        elif pd.notna(tail.get(col)):
-            out[label] = float(tail[col])
-    return out
+    """The breakdown at ``step`` (:func:`gpudash.analysis.memory_parts.memory_at`) by the chart's labels."""
+    return {_LABELS.get(k, k): v for k, v in memory_parts.memory_at(memory, step, rank).items()}
 
 
 def memory_at_figure(values: dict[str, float]) -> Fig:

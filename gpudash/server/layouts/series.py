@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from gpudash.analysis.memory_parts import allocator_cache, cache_share_pct, frozen_params
 from gpudash.analysis.stability import SPIKE_WINDOW, spike_mask
 from gpudash.server.layouts.common import hover_template, plot_text
 from gpudash.server.layouts.fig import Fig
 
-__all__ = ["SMOOTHING", "WINDOW", "Series", "add_series", "ema", "series_xy", "spike_mask"]
+__all__ = ["FNS", "SMOOTHING", "STYLES", "WINDOW", "Series", "add_series", "ema", "series_xy", "spike_mask"]
 
 #: The smoothing control's choices (0: off).
 SMOOTHING = (0.0, 0.6, 0.8, 0.9, 0.95, 0.99)
@@ -27,6 +28,12 @@ SMOOTHING = (0.0, 0.6, 0.8, 0.9, 0.95, 0.99)
 #: Steps in the rolling window for median / p95 step time; a live extend of spike markers also needs the
 #: trailing window of the one spike rule (:func:`gpudash.analysis.stability.spike_mask`).
 WINDOW = max(50, SPIKE_WINDOW)
+
+
+#: What a series draws of its column (:func:`series_xy`); the live state a page sends back is checked against
+#: these (:mod:`gpudash.server.layouts.inputs`), so a transform added here is one a live tick accepts.
+FNS = ("raw", "cache", "frozen", "rate", "median", "p95", "spike", "frag", "ema", "rate_ema")
+STYLES = ("line", "area", "bar", "markers")
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,8 @@ class Series:
     rank: int = 0
     gpu: int | None = None
     x: str = "step"  # "step", "elapsed" (seconds since the run started), "relative" or "wall" (gpudash.server.layouts.xaxis)
-    fn: str = "raw"  # raw | cache | frozen | rate | median | p95 | spike | frag | ema | rate_ema
-    style: str = "line"  # line | area | bar | markers
+    fn: str = "raw"  # one of FNS
+    style: str = "line"  # one of STYLES
     yaxis: str = "y"
     color: str | None = None
     stack: str = "mem"
@@ -87,14 +94,10 @@ def _y(spec: Series, get: Any) -> np.ndarray | None:
         res, alloc = get("reserved_bytes"), get("allocated_bytes")
         if res is None or alloc is None:
             return None
-        cache = np.clip(res - alloc, 0, None)
-        if fn == "cache":
-            return cache
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(res > 0, 100.0 * cache / res, np.nan)
-    if fn == "frozen":  # parameters that do not require grad: all of them less the trainable ones
+        return allocator_cache(res, alloc) if fn == "cache" else cache_share_pct(res, alloc)
+    if fn == "frozen":
         params, trainable = get("params_bytes"), get("trainable_params_bytes")
-        return None if params is None or trainable is None else np.clip(params - trainable, 0, None)
+        return None if params is None or trainable is None else frozen_params(params, trainable)
     y = get(spec.col)
     if y is None:
         return None

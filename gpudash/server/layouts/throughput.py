@@ -2,7 +2,8 @@
 the phase breakdown, so an input-bound run looks different from a compute-bound one.
 
 The numbers in the header are the run's facts (:mod:`gpudash.analysis.rates`, via ``facts.recent`` and
-``facts.headline``); this module only draws and words them."""
+``facts.headline``), and what bounds the step is the bottleneck verdict's (``facts.bound``,
+:mod:`gpudash.analysis.bottleneck`); this module only draws and words them."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Any
 import pandas as pd
 from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.rates import Throughput, fmt_mfu, fmt_rate
+from gpudash.analysis.verdict import fmt_pct
 from gpudash.server.layouts.common import base_figure, fmt_s, time_unit, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.series import WINDOW, Series, add_series, series_xy
 
 __all__ = [
     "PHASE_COLORS",
+    "bound_text",
     "phase_figure",
     "phase_series",
     "rate_series",
@@ -146,8 +149,9 @@ def throughput_stats(recent: Throughput | dict[str, Any] | None) -> dict[str, An
 
 def stats_lines(facts: Any) -> list[str]:
     """The throughput header's items, rendered from the run's :class:`gpudash.analysis.facts.Facts`: the
-    recent window (``facts.recent``) and the whole run's rates and MFU (``facts.headline``, as the runs
-    list, ``gpudash info`` and the report state them)."""
+    recent window (``facts.recent``), the whole run's rates and MFU (``facts.headline``, as the runs
+    list, ``gpudash info`` and the report state them) and what bounds the step (``facts.bound``: the
+    summary's bottleneck verdict, in its words)."""
     stats = throughput_stats(getattr(facts, "recent", None))
     if "median_s" not in stats:
         return ["no steps yet"]
@@ -166,6 +170,15 @@ def stats_lines(facts: Any) -> list[str]:
     if stats.get("phases"):
         top = max(stats["phases"].items(), key=lambda kv: kv[1])
         items.append(f"largest phase: {top[0]} {100 * top[1]:.0f} %")
-        if stats["phases"].get("data", 0) > 0.3:
-            items.append("input-bound: data loading takes over 30 % of the step")
+    bound = getattr(facts, "bound", None)
+    if bound is not None:
+        items.append(bound_text(bound))
     return items
+
+
+def bound_text(bound: Any) -> str:
+    """The header's line for ``facts.bound`` (:class:`gpudash.analysis.bottleneck.Bound`): the verdict's title,
+    its share of the step and where."""
+    where = f"step {bound.first_step}" if bound.first_step == bound.last_step else \
+        f"steps {bound.first_step}–{bound.last_step}"
+    return f"{bound.title} ({fmt_pct(bound.share_of_step)} of the step, {where})"
