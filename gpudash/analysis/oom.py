@@ -25,10 +25,10 @@ from typing import Any
 
 import pandas as pd
 
-from gpudash.analysis.verdict import Verdict, fmt_bytes, num
+from gpudash.analysis.verdict import Verdict, num
 from gpudash.store.run import Run
 from gpudash.store.schema import MEMORY_PARTS
-from gpudash.units import distinct_bytes
+from gpudash.units import distinct_bytes, human_bytes
 
 __all__ = ["CATEGORIES", "OomReport", "categories_before", "oom_reports", "oom_verdicts", "parse_oom_message",
            "snapshot_largest_free"]
@@ -214,19 +214,19 @@ def _judge(r: OomReport) -> None:
     total = sum(cats.values()) if cats else None
     total_s, peak_s, need_s, cap_s = distinct_bytes(total, r.peak_bytes, need, cap, min_digits=2)
     if cats:
-        parts = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in cats.items() if v)
+        parts = ", ".join(f"{k.removesuffix('_bytes')} {human_bytes(v)}" for k, v in cats.items() if v)
         ev.append(f"memory at step {r.categories_step} (last fully measured before the OOM): {parts} "
                   f"= {total_s}" + (f" (measured peak {peak_s})" if r.peak_bytes is not None else ""))
     if req is not None:
-        ev.append(f"requested {fmt_bytes(req)}" + (f" with {fmt_bytes(free)} free" if free is not None else ""))
+        ev.append(f"requested {human_bytes(req)}" + (f" with {human_bytes(free)} free" if free is not None else ""))
     if r.reserved_unallocated_bytes is not None:
-        ev.append(f"reserved by the allocator but unallocated: {fmt_bytes(r.reserved_unallocated_bytes)}")
+        ev.append(f"reserved by the allocator but unallocated: {human_bytes(r.reserved_unallocated_bytes)}")
     if r.largest_free_bytes is not None:
-        ev.append(f"largest free block: {fmt_bytes(r.largest_free_bytes)}")
+        ev.append(f"largest free block: {human_bytes(r.largest_free_bytes)}")
     outside = r.outside_bytes
     if outside is not None and outside > 0:
-        ev.append(f"device memory held outside this process's allocator: {fmt_bytes(outside)} "
-                  f"(device used {fmt_bytes(r.device_used_bytes)} − reserved {fmt_bytes(r.reserved_bytes)})")
+        ev.append(f"device memory held outside this process's allocator: {human_bytes(outside)} "
+                  f"(device used {human_bytes(r.device_used_bytes)} − reserved {human_bytes(r.reserved_bytes)})")
     if cap is not None and need is not None:
         ev.append(f"this process needed {need_s} of {cap_s} capacity")
 

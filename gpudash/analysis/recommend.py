@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_pct, fmt_s, num
+from gpudash.analysis.verdict import Verdict, fmt_pct, fmt_s, num
 from gpudash.memmodel import estimator as est
 from gpudash.memmodel import finetune as ft
 from gpudash.memmodel.hf_arch import HFArch
 from gpudash.store.run import Run
 from gpudash.store.schema import MEMORY_PARTS
+from gpudash.units import human_bytes
 
 __all__ = ["CKPT_TIME_COST", "adapter_mixes", "predict", "recommend", "run_setup"]
 
@@ -162,14 +163,14 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             new_act, src = act * 0.15, "rule of thumb: a checkpointed block keeps only its input"
             new_peak = need - act + new_act
         parts.append("block checkpointing (--ckpt block)")
-        saving.append(f"activations {fmt_bytes(act)} → {fmt_bytes(new_act)}, predicted peak {fmt_bytes(need)} → "
-                      f"{fmt_bytes(new_peak)} ({src}), ~+{fmt_pct(CKPT_TIME_COST)} step time")
+        saving.append(f"activations {human_bytes(act)} → {human_bytes(new_act)}, predicted peak {human_bytes(need)} → "
+                      f"{human_bytes(new_peak)} ({src}), ~+{fmt_pct(CKPT_TIME_COST)} step time")
         v.numbers["saving_bytes"] = need - new_peak
         v.numbers["saving_fraction"] = -CKPT_TIME_COST
     elif opt > 0:
         parts.append("offload optimizer state to pinned host memory (--offload optimizer)")
-        saving.append(f"optimizer state {fmt_bytes(opt)} leaves the device, predicted peak {fmt_bytes(need)} → "
-                      f"{fmt_bytes(need - opt)}, ~+{fmt_pct(OFFLOAD_TIME_COST)} step time (torchao measured)")
+        saving.append(f"optimizer state {human_bytes(opt)} leaves the device, predicted peak {human_bytes(need)} → "
+                      f"{human_bytes(need - opt)}, ~+{fmt_pct(OFFLOAD_TIME_COST)} step time (torchao measured)")
         v.numbers["saving_bytes"] = opt
         v.numbers["saving_fraction"] = -OFFLOAD_TIME_COST
     if _precision(run) == "fp32" and act > 0:
@@ -179,11 +180,11 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             # residual stream stay 32-bit, so a small model may gain almost nothing)
             if bf["activations_bytes"] < 0.95 * now["activations_bytes"]:
                 parts.append("bf16 autocast (--precision bf16)")
-                saving.append(f"bf16 activations: {fmt_bytes(now['activations_bytes'])} → "
-                              f"{fmt_bytes(bf['activations_bytes'])} (estimator)")
+                saving.append(f"bf16 activations: {human_bytes(now['activations_bytes'])} → "
+                              f"{human_bytes(bf['activations_bytes'])} (estimator)")
         else:
             parts.append("bf16 autocast (--precision bf16)")
-            saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less (rule of thumb: half)")
+            saving.append(f"16-bit activations: about {human_bytes(act / 2)} less (rule of thumb: half)")
     if cap:
         mixes = adapter_mixes(run, 0.9 * cap)
         shown: list[str] = []
@@ -193,7 +194,7 @@ def _oom_fit(run: Run, v: Verdict) -> None:
                 label += " + checkpointing"
             if f.optimizer != "adamw":
                 label += f" + {f.optimizer}"
-            text = f"{label}: micro-batch {f.micro_batch}, predicted peak {fmt_bytes(f.peak_bytes)}"
+            text = f"{label}: micro-batch {f.micro_batch}, predicted peak {human_bytes(f.peak_bytes)}"
             if label not in " ".join(shown):
                 shown.append(text)
             if len(shown) == 3:
@@ -216,7 +217,7 @@ def _oom_frag(run: Run, v: Verdict) -> None:
     v.recommendation = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so freed "
                         "blocks can be reused for larger requests")
     if ru:
-        v.saving = f"up to {fmt_bytes(ru)} reserved-but-unallocated memory becomes usable"
+        v.saving = f"up to {human_bytes(ru)} reserved-but-unallocated memory becomes usable"
         v.numbers["saving_bytes"] = ru
 
 
@@ -225,7 +226,7 @@ def _oom_other(run: Run, v: Verdict) -> None:
     v.recommendation = ("another process holds device memory: stop it (nvidia-smi lists it) or give this job a "
                         "GPU of its own; cap the other job with set_per_process_memory_fraction")
     if out:
-        v.saving = f"{fmt_bytes(out)} of device memory back for this run"
+        v.saving = f"{human_bytes(out)} of device memory back for this run"
         v.numbers["saving_bytes"] = out
 
 

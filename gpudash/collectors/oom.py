@@ -116,15 +116,14 @@ def parse_oom_message(text: str) -> dict[str, Any]:
 
 def oom_message_summary(data: dict[str, Any]) -> str:
     """One line for the event message: what was asked for and what was left."""
-    def gib(key: str) -> str:
-        v = data.get(key)
-        return "?" if v is None else human_bytes(v, 2)  # binary units, two decimals: as torch prints them
+    def size(key: str) -> str:
+        return human_bytes(data.get(key), 2, missing="?")  # binary units, two decimals: as torch prints them
 
     dev = data.get("device")
     where = f"GPU {dev}" if dev is not None else "GPU"
-    return (f"CUDA out of memory on {where}: tried to allocate {gib('requested_bytes')}, "
-            f"{gib('free_bytes')} free, {gib('allocated_bytes')} allocated, "
-            f"{gib('reserved_unallocated_bytes')} reserved but unallocated")
+    return (f"CUDA out of memory on {where}: tried to allocate {size('requested_bytes')}, "
+            f"{size('free_bytes')} free, {size('allocated_bytes')} allocated, "
+            f"{size('reserved_unallocated_bytes')} reserved but unallocated")
 
 
 def _take_observed(monitor: Any) -> tuple[float, dict[str, Any]] | None:

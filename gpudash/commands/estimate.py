@@ -18,13 +18,13 @@ from typing import Any
 
 from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
-from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS, estimate, explain, fmt_gb, what_fits
+from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS, estimate, explain, what_fits
 from gpudash.memmodel.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
 from gpudash.memmodel.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
 from gpudash.memmodel.shapes import PRESETS, parse_overrides, preset
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.store.schema import MEMORY_CATEGORIES
-from gpudash.units import fmt_duration
+from gpudash.units import fmt_duration, human_bytes
 
 __all__ = ["add_arguments", "run"]
 
@@ -140,10 +140,10 @@ def run(args: argparse.Namespace) -> int:
     for key in _PRINTED:
         extra = ""
         if key == "host_bytes" and est.host_bytes and host_ram:
-            extra = f"  (this machine has {fmt_gb(host_ram)}{'' if est.host_bytes <= host_ram else ': too little'})"
-        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}{extra}")
+            extra = f"  (this machine has {human_bytes(host_ram, 2)}{'' if est.host_bytes <= host_ram else ': too little'})"
+        print(f"  {key:<18} {human_bytes(getattr(est, key), 2):>12}{extra}")
         if key == "activations_bytes" and est.weight_copies_bytes:
-            print(f"    of which autocast's 16-bit weight copies {fmt_gb(est.weight_copies_bytes)}")
+            print(f"    of which autocast's 16-bit weight copies {human_bytes(est.weight_copies_bytes, 2)}")
     if est.recompute_flops_per_token:
         print(f"  recompute          {est.recompute_flops_per_token / est.flops_per_token:+.0%} training FLOPs "
               f"per token ({est.flops_per_token / 1e6:,.1f} MFLOP without checkpointing)")
@@ -165,9 +165,9 @@ def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int
         mark = " "
         if host_ram is not None and f.host_bytes > host_ram:
             mark, short = "!", True
-        host = f"host {fmt_gb(f.host_bytes)}{mark}" if f.host_bytes else "host -" + " " * len(mark)
+        host = f"host {human_bytes(f.host_bytes, 2)}{mark}" if f.host_bytes else "host -" + " " * len(mark)
         cost = f"({f.step_cost:+.0%})"
-        print(f"  micro-batch {f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  {host:<16} "
+        print(f"  micro-batch {f.micro_batch:>4}  peak {human_bytes(f.peak_bytes, 2):>10}  {host:<16} "
               f"step {fmt_duration(f.step_s):>9} {cost:<7} ckpt {f.ckpt:<8} {f.precision:<5} "
               f"offload {f.offload:<16} weights {f.weights}")
     if not shown:
@@ -176,7 +176,7 @@ def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int
         return
     if any(f.host_bytes for f in shown):
         print("  host: the host RAM the offloaded state needs (pinned)"
-              + (f"; ! more than this machine's {fmt_gb(host_ram)}" if short and host_ram else ""))
+              + (f"; ! more than this machine's {human_bytes(host_ram, 2)}" if short and host_ram else ""))
     print(_wrap(f"(+N%) is what checkpointing and offload add to the same precision without them; assumes "
                 f"{model.describe()}", "step time"))
     print(_wrap("these are full fine-tunes of gpudash's GPT; for LoRA and QLoRA of a Hugging Face model add "
@@ -226,7 +226,7 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
           + f", weights {est.weights}, {args.precision}, {args.optimizer}, attn {args.attn}, ckpt {args.ckpt}, "
             f"micro-batch {args.batch} x {seq} tokens")
     for key in _PRINTED:
-        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
+        print(f"  {key:<18} {human_bytes(getattr(est, key), 2):>12}")
     for note in notes:
         print(_wrap(note))
     if args.card_gb:
@@ -236,7 +236,7 @@ def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
               f"(largest micro-batch at seq {seq}; step of {tokens:,} tokens; LoRA and QLoRA {lora}):")
         for f in [f for f in fits if f.micro_batch][:12]:
             print(f"  {f.finetune:<5} weights {f.weights:<4} {f.optimizer:<9} ckpt {f.ckpt:<5} micro-batch "
-                  f"{f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  step {fmt_duration(f.step_s):>9} "
+                  f"{f.micro_batch:>4}  peak {human_bytes(f.peak_bytes, 2):>10}  step {fmt_duration(f.step_s):>9} "
                   f"({f.step_cost:+.0%} vs full bf16)")
         if not any(f.micro_batch for f in fits):
             print("  nothing fits, even QLoRA at micro-batch 1 with checkpointing: a bigger card or a shorter --seq-len")

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpudash.memmodel.steptime import StepTimeModel
+from gpudash.units import human_bytes
 
 __all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "estimate_step", "explain",
            "safe_micro_batch", "what_fits"]
@@ -331,33 +332,28 @@ def explain(cfg: Any, est: Estimate) -> list[str]:
             per_sample = one32.activations_bytes - (one16.activations_bytes - one16.weight_copies_bytes)
             from_batch = est.weight_copies_bytes // per_sample + 1 if per_sample > 0 else None
             notes.append(
-                f"{est.precision} activations ({fmt_gb(est.activations_bytes)}) exceed fp32's "
-                f"({fmt_gb(fp32.activations_bytes)}) at micro-batch {est.micro_batch}: autocast saves a 16-bit copy "
-                f"of every weight its matmuls use, for backward ({fmt_gb(est.weight_copies_bytes)}, the same at "
-                f"any batch size), and halving the saved tensors saves only {fmt_gb(per_sample)} per sample"
+                f"{est.precision} activations ({human_bytes(est.activations_bytes)}) exceed fp32's "
+                f"({human_bytes(fp32.activations_bytes)}) at micro-batch {est.micro_batch}: autocast saves a 16-bit copy "
+                f"of every weight its matmuls use, for backward ({human_bytes(est.weight_copies_bytes)}, the same at "
+                f"any batch size), and halving the saved tensors saves only {human_bytes(per_sample)} per sample"
                 + (f"; from micro-batch {from_batch} on, {est.precision} activations are the smaller"
                    if from_batch else ""))
     total = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
     if est.peak_bytes < total:
-        head = (f"the predicted peak ({fmt_gb(est.peak_bytes)}) is below the sum of the categories "
-                f"({fmt_gb(total)}) because they do not all peak at the same moment: ")
+        head = (f"the predicted peak ({human_bytes(est.peak_bytes)}) is below the sum of the categories "
+                f"({human_bytes(total)}) because they do not all peak at the same moment: ")
         if est.peak_moment == "activations":
-            recompute = (f" and a checkpointed region being recomputed ({fmt_gb(est.recompute_bytes)})"
+            recompute = (f" and a checkpointed region being recomputed ({human_bytes(est.recompute_bytes)})"
                          if est.recompute_bytes else "")
             notes.append(head + f"it comes early in backward, with the saved activations, the logits' gradients "
-                         f"({fmt_gb(est.logits_grad_bytes)}){recompute} alive and few gradients made yet; backward "
+                         f"({human_bytes(est.logits_grad_bytes)}){recompute} alive and few gradients made yet; backward "
                          f"frees each layer's activations as it makes that layer's gradients, so all the gradients "
-                         f"({fmt_gb(est.grads_bytes)}) never meet all the activations")
+                         f"({human_bytes(est.grads_bytes)}) never meet all the activations")
         else:
             extra = est.peak_bytes - est.params_bytes - est.optimizer_bytes - est.grads_bytes
-            tied = f", with the tied embedding's two partial gradients ({fmt_gb(extra)}) on top," if extra > 0 else ""
+            tied = f", with the tied embedding's two partial gradients ({human_bytes(extra)}) on top," if extra > 0 else ""
             notes.append(head + f"it comes at the end of backward, when every gradient exists "
-                         f"({fmt_gb(est.grads_bytes)}){tied} and the activations "
-                         f"({fmt_gb(est.activations_bytes)}) are already freed")
+                         f"({human_bytes(est.grads_bytes)}){tied} and the activations "
+                         f"({human_bytes(est.activations_bytes)}) are already freed")
     return notes
-
-
-def fmt_gb(n: float) -> str:
-    """Bytes in the unit people read them in: MiB under 1 GiB, else GiB."""
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 

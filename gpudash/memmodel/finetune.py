@@ -248,12 +248,12 @@ def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_st
 
 def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
     """Why the numbers look as they do, as sentences (``gpudash estimate`` prints them)."""
-    from gpudash.memmodel.estimator import fmt_gb
+    from gpudash.units import human_bytes
 
     notes: list[str] = []
     frozen = est.n_params - est.trainable_params
     if est.finetune != "full":
-        copies = (f" (under autocast, a 16-bit copy of its fp32 weight: {fmt_gb(est.weight_copies_bytes)} in all)"
+        copies = (f" (under autocast, a 16-bit copy of its fp32 weight: {human_bytes(est.weight_copies_bytes)} in all)"
                   if est.weight_copies_bytes else "")
         first = ("" if est.ckpt != "none" else
                  "; what runs before the first adapter keeps nothing (no input there needs a gradient)")
@@ -265,18 +265,18 @@ def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
         other = 4 * (arch.n_params() - n_lin)
         bits = 8 * (est.params_bytes - other - 4 * (est.trainable_params if est.finetune != "full" else 0)) / n_lin
         notes.append(f"{est.weights} decoder weights take {bits:.3f} bits per parameter with their quantization "
-                     f"constants; embeddings, head and norms stay fp32 ({fmt_gb(other)}), as peft's "
+                     f"constants; embeddings, head and norms stay fp32 ({human_bytes(other)}), as peft's "
                      f"prepare_model_for_kbit_training casts them; each linear is dequantized to 16 bits per call "
                      f"(one layer's weight at a time)")
     if est.optimizer == "paged_adamw8bit":
         notes.append("paged_adamw8bit's state is counted on the device; bitsandbytes pages it to host RAM "
                      "(unified memory) only when the device runs out")
     if est.peak_moment == "activations":
-        notes.append(f"the peak comes early in backward: saved activations ({fmt_gb(est.activations_bytes)}), the "
-                     f"logits' gradients ({fmt_gb(est.logits_grad_bytes)})"
-                     + (f" and the layer being recomputed ({fmt_gb(est.recompute_bytes)})" if est.recompute_bytes
+        notes.append(f"the peak comes early in backward: saved activations ({human_bytes(est.activations_bytes)}), the "
+                     f"logits' gradients ({human_bytes(est.logits_grad_bytes)})"
+                     + (f" and the layer being recomputed ({human_bytes(est.recompute_bytes)})" if est.recompute_bytes
                         else "") + " alive, few gradients made yet")
     else:
-        notes.append(f"the peak comes at the end of backward, when every gradient exists ({fmt_gb(est.grads_bytes)})"
+        notes.append(f"the peak comes at the end of backward, when every gradient exists ({human_bytes(est.grads_bytes)})"
                      f" and the activations are freed")
     return notes

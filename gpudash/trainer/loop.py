@@ -24,7 +24,7 @@ import torch
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
 from gpudash.collectors.env import placement
 from gpudash.collectors.oom import record_oom
-from gpudash.memmodel.estimator import Estimate, estimate, estimate_step, fmt_gb, safe_micro_batch
+from gpudash.memmodel.estimator import Estimate, estimate, estimate_step, safe_micro_batch
 from gpudash.monitor import Monitor
 from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
@@ -167,8 +167,8 @@ class Trainer:
                 static = estimate(self.model_cfg, micro_batch=1, seq_len=self.seq_len, **self._techniques())
                 fixed = static.params_bytes + static.optimizer_bytes + static.grads_bytes
                 if fixed > self.capacity:
-                    raise ValueError(f"{cfg.preset} needs {fmt_gb(fixed)} before any activation, more than the "
-                                     f"capacity {fmt_gb(self.capacity)}; see `gpudash estimate --preset {cfg.preset} "
+                    raise ValueError(f"{cfg.preset} needs {human_bytes(fixed)} before any activation, more than the "
+                                     f"capacity {human_bytes(self.capacity)}; see `gpudash estimate --preset {cfg.preset} "
                                      f"--card-gb N` for a mix that fits")
                 start = 1
         self.batch = AdaptiveBatch(eff, start, adaptive=cfg.micro_fixed is None,

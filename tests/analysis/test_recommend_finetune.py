@@ -7,7 +7,7 @@ from typing import Any
 
 from gpudash.analysis import summarize
 from gpudash.analysis.recommend import adapter_mixes
-from gpudash.analysis.verdict import fmt_bytes
+from gpudash.units import human_bytes
 
 
 def test_oom_of_a_full_finetune_lists_adapter_mixes_that_fit(recorded: Any) -> None:
@@ -19,7 +19,7 @@ def test_oom_of_a_full_finetune_lists_adapter_mixes_that_fit(recorded: Any) -> N
     text = v.recommendation or ""
     assert "--finetune lora|qlora" in text
     peaks = re.findall(r"predicted peak ([^;)]+)", text.split("adapters instead", 1)[1])
-    assert peaks and peaks[0].strip() == fmt_bytes(mixes[0].peak_bytes)
+    assert peaks and peaks[0].strip() == human_bytes(mixes[0].peak_bytes)
     assert v.numbers["adapter_peak_bytes"] == mixes[0].peak_bytes < cap
 
 

@@ -10,12 +10,12 @@ from gpudash.memmodel.estimator import (
     estimate,
     estimate_step,
     explain,
-    fmt_gb,
     safe_micro_batch,
     what_fits,
 )
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.trainer.model import GPT, preset
+from gpudash.units import human_bytes
 
 SAME_SHAPE = {"seq_len": 64, "min_len": 64, "batch": 8, "steps": 3}
 
@@ -196,7 +196,7 @@ def test_peak_below_the_sum_of_categories_is_explained_by_when_it_happens() -> N
         total = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
         assert est.peak_bytes < total
         note = next(n for n in explain(cfg, est) if "sum of the categories" in n)
-        assert words in note and fmt_gb(est.peak_bytes) in note and fmt_gb(total) in note
+        assert words in note and human_bytes(est.peak_bytes) in note and human_bytes(total) in note
     assert "tied embedding's two partial gradients" in explain(cfg, late)[-1]  # gpt2 ties its head
     # with accumulation the later micro-batches run on top of every gradient: the peak is above the sum
     accum = estimate(cfg, micro_batch=8, seq_len=1024, accum=2)

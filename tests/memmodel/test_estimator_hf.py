@@ -164,7 +164,7 @@ def test_bad_finetune_input_gets_one_line(args: list[str], words: str, tmp_path:
 
 def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFixture[str]) -> None:
     from gpudash.cli import main
-    from gpudash.memmodel.estimator import fmt_gb
+    from gpudash.units import human_bytes
 
     argv = ["estimate", "--preset", "llama-2-7b", "--finetune", "qlora", "--ckpt", "block", "--precision", "bf16",
             "--optimizer", "paged_adamw8bit", "--batch", "2", "--seq-len", "512", "--card-gb", "12"]
@@ -173,7 +173,7 @@ def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFix
     assert d["fits_card"] and d["what_fits"] and d["trainable_params"] == 4_194_304  # r=8 on q,v: 32 x 2 x 8 x 8192
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert re.search(rf"peak_bytes\s+{re.escape(fmt_gb(d['peak_bytes']))}", text)
+    assert re.search(rf"peak_bytes\s+{re.escape(human_bytes(d['peak_bytes'], 2))}", text)
     assert "qlora" in text and "no weight gradients for frozen matrices" in text.replace("\n    ", " ")
 
 
