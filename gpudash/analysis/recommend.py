@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpudash.analysis.verdict import Verdict, fmt_pct, fmt_s, num
-from gpudash.memmodel import estimator as est
-from gpudash.memmodel import finetune as ft
+from gpudash.memmodel import fit
+from gpudash.memmodel.estimator import ModelShape
 from gpudash.memmodel.hf_arch import HFArch
+from gpudash.memmodel.plan import FitOption, usable_bytes
 from gpudash.store.run import Run
 from gpudash.store.schema import MEMORY_PARTS
 from gpudash.units import human_bytes
@@ -80,11 +81,11 @@ def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, floa
     if not isinstance(n_params, int):
         return None
     try:
-        shape = est.ModelShape(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], int(hidden),
+        shape = ModelShape(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], int(hidden),
                                cfg.get("mlp") == "swiglu", n_params)
         kw: dict[str, Any] = {k: str(cfg[k]) for k in ("ckpt", "precision", "offload") if isinstance(cfg.get(k), str)}
         kw.update(change)
-        e = est.estimate(shape, micro_batch=batch, seq_len=seq, **kw)
+        e = fit.estimate(shape, micro_batch=batch, seq_len=seq, **kw)
     except Exception:  # noqa: BLE001 - a config the estimator does not know: fall back to rules of thumb
         return None
     return {k: float(v) for k, v in e.to_dict().items() if k.endswith("_bytes")}
@@ -117,9 +118,9 @@ def _hf_arch(run: Run) -> HFArch | None:
         return None
 
 
-def adapter_mixes(run: Run, capacity: float) -> list[Any]:
-    """LoRA / QLoRA mixes that fit ``capacity`` bytes for this run's model and sequence length
-    (the fine-tuning estimator's :func:`what_fits_hf`), fastest first; [] when it cannot say."""
+def adapter_mixes(run: Run, capacity: float) -> list[FitOption]:
+    """LoRA / QLoRA mixes that fit a card of ``capacity`` bytes (its :data:`CARD_SHARE`, as ``gpudash estimate``) for this run's model and sequence length
+    (the memory model's :func:`~gpudash.memmodel.fit.what_fits`), fastest first; [] when it cannot say."""
     cfg = run_setup(run)
     if str(cfg.get("finetune") or "full") != "full":
         return []
@@ -127,7 +128,7 @@ def adapter_mixes(run: Run, capacity: float) -> list[Any]:
     arch = _hf_arch(run)
     if arch is None or not isinstance(seq, int) or seq < 1:
         return []
-    fits = ft.what_fits_hf(arch, card_bytes=capacity, seq_len=seq, usable=1.0, max_batch=64)
+    fits = fit.what_fits(arch, card_bytes=capacity, seq_len=seq)
     return [f for f in fits if f.micro_batch and f.finetune != "full"]
 
 
@@ -186,7 +187,7 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             parts.append("bf16 autocast (--precision bf16)")
             saving.append(f"16-bit activations: about {human_bytes(act / 2)} less (rule of thumb: half)")
     if cap:
-        mixes = adapter_mixes(run, 0.9 * cap)
+        mixes = adapter_mixes(run, cap)
         shown: list[str] = []
         for f in mixes:
             label = f"{'QLoRA (nf4 base)' if f.finetune == 'qlora' else 'LoRA (bf16 base)'}"
@@ -205,7 +206,8 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             v.numbers["adapter_peak_bytes"] = float(mixes[0].peak_bytes)
     if cap and need and act and isinstance(batch, int) and batch > 1:
         fixed = need - act
-        fits = int(batch * (0.9 * cap - fixed) / act) if cap * 0.9 > fixed else 0
+        usable = usable_bytes(cap)  # what gpudash estimate calls fitting
+        fits = int(batch * (usable - fixed) / act) if usable > fixed else 0
         if 0 < fits < batch:
             parts.append(f"or a micro-batch of {fits} (from {batch}) with gradient accumulation")
     v.recommendation = "; ".join(parts) if parts else "reduce the micro-batch or sequence length"
