@@ -1,19 +1,21 @@
-"""Numbers as people read them: bytes in binary units (as torch's OOM message), durations.
+"""Numbers as people read them: bytes in binary units (as torch's OOM message), durations, plain numbers.
 
-Standard library only: shared by the terminal (``gpudash info``), the dashboard and the report.
+Standard library only, and the one place these are formatted: the terminal (``gpudash info``,
+``gpudash estimate``), the dashboard, the report, alerts and the trainer all print bytes with
+:func:`human_bytes`, so one number reads the same on every surface.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["distinct_bytes", "fmt_duration", "human_bytes"]
+__all__ = ["distinct_bytes", "fmt_duration", "fmt_num", "human_bytes"]
 
 
-def human_bytes(n: float | None, digits: int = 1) -> str:
-    """``1536`` -> ``1.5 KiB`` (``digits`` decimals); missing or non-finite -> ``-``."""
+def human_bytes(n: float | None, digits: int = 1, missing: str = "-") -> str:
+    """``1536`` -> ``1.5 KiB`` (``digits`` decimals); missing or non-finite -> ``missing``."""
     if n is None or (isinstance(n, float) and not math.isfinite(n)):
-        return "-"
+        return missing
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
@@ -51,3 +53,12 @@ def fmt_duration(seconds: float | None, missing: str = "-") -> str:
     if abs(s) < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.1f} h"
+
+
+def fmt_num(v: float | None, digits: int = 3) -> str:
+    """A rate or count: ``12,345`` from 1000 up, else ``digits`` significant digits; missing -> ``-``."""
+    if v is None or not math.isfinite(v):
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"

@@ -34,6 +34,7 @@ from gpudash.analysis.stability import (
 )
 from gpudash.options import ALERT_KINDS
 from gpudash.store.run import DIED, Run, parse_json
+from gpudash.units import distinct_bytes
 
 __all__ = ["ALERT_EVENT", "ALERT_KINDS", "EPISODE_GAP_STEPS", "FULL_EVERY_S", "STATE_KINDS", "Alert", "AlertGate",
            "TRIGGER_COLUMNS", "Triggers", "evaluate", "recorded_alerts"]
@@ -66,10 +67,6 @@ class Alert:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:.2f} GiB"
 
 
 def _int(v: Any) -> int | None:
@@ -151,7 +148,8 @@ def _headroom(run: Run, headroom_pct: float) -> list[Alert]:
         left = 100.0 * (1.0 - last / cap)
         if left < headroom_pct:
             step = _int(g.loc[used.index[-1], "step"])
-            out.append(Alert("headroom", f"memory at {_gib(last)} of {_gib(cap)} ({left:.1f} % headroom, under "
+            used_text, cap_text = distinct_bytes(last, cap, min_digits=2)
+            out.append(Alert("headroom", f"memory at {used_text} of {cap_text} ({left:.1f} % headroom, under "
                                          f"{headroom_pct:g} %): the next larger batch or sequence may OOM",
                              step=step, rank=_int(rank), data={"used_bytes": last, "capacity_bytes": cap,
                                                                 "headroom_pct": left}))

@@ -286,8 +286,8 @@ def _steps_text(steps: tuple[int, ...], limit: int = 8) -> str:
 
 def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """The facts as (label, text) rows: the report's table, ``gpudash info`` and the trainer's last lines."""
-    from gpudash.analysis.verdict import fmt_bytes, fmt_s
-    from gpudash.units import distinct_bytes
+    from gpudash.analysis.verdict import fmt_s
+    from gpudash.units import distinct_bytes, human_bytes
 
     meta = meta or {}
     h = facts.headline
@@ -319,15 +319,15 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
         rows.append(("MFU", fmt_mfu(h["mfu"])))
     if facts.phases:
         rows.append(("phases", ", ".join(facts.phases)))
-    peaks = [f"{k} {fmt_bytes(v)}" for k, v in facts.peak_bytes.items() if k != "measured" and v is not None]
+    peaks = [f"{k} {human_bytes(v)}" for k, v in facts.peak_bytes.items() if k != "measured" and v is not None]
     if peaks:
         rows.append(("peak memory", ", ".join(peaks)))
     if facts.trainable_params_bytes is not None and facts.peak_bytes.get("params") is not None:
-        kinds = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in facts.params_dtypes.items()) \
+        kinds = ", ".join(f"{k} {human_bytes(v)}" for k, v in facts.params_dtypes.items()) \
             if len(facts.params_dtypes) > 1 or any("(" in k for k in facts.params_dtypes) else ""
-        rows.append(("parameters", f"{fmt_bytes(facts.peak_bytes['params'])}: trainable "
-                                   f"{fmt_bytes(facts.trainable_params_bytes)}, frozen "
-                                   f"{fmt_bytes(facts.frozen_params_bytes or 0.0)}" + (f" ({kinds})" if kinds else "")))
+        rows.append(("parameters", f"{human_bytes(facts.peak_bytes['params'])}: trainable "
+                                   f"{human_bytes(facts.trainable_params_bytes)}, frozen "
+                                   f"{human_bytes(facts.frozen_params_bytes or 0.0)}" + (f" ({kinds})" if kinds else "")))
     if facts.peak_bytes.get("measured") is not None:
         measured, cap = distinct_bytes(facts.peak_bytes["measured"], facts.capacity_bytes)
         rows.append(("measured peak", measured + (f" of {cap}" if facts.capacity_bytes else "")))

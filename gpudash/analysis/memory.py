@@ -17,9 +17,9 @@ import pandas as pd
 
 from gpudash.analysis.lights import FRAG_WARN_PCT, fragmentation_pct
 from gpudash.analysis.ranks import lowest_rank
-from gpudash.analysis.verdict import Severity, Verdict, fmt_bytes, fmt_pct, num
+from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, num
 from gpudash.store.run import Run
-from gpudash.units import distinct_bytes
+from gpudash.units import distinct_bytes, human_bytes
 
 __all__ = ["capacity_bytes", "measured_peak", "memory_verdicts"]
 
@@ -129,9 +129,9 @@ def memory_verdicts(run: Run) -> list[Verdict]:
         out.append(Verdict(kind="estimate-check", title=f"Estimator {'within' if abs(err) <= 0.1 else 'off by'} "
                            f"{abs(err) * 100:.0f} % of the measured peak",
                            severity="ok" if abs(err) <= ESTIMATE_WARN else "warn",
-                           evidence=[f"predicted peak {fmt_bytes(predicted)} (micro-batch {est.get('micro_batch')}, "
+                           evidence=[f"predicted peak {human_bytes(predicted)} (micro-batch {est.get('micro_batch')}, "
                                      f"ckpt {est.get('ckpt')}, {est.get('precision')}) vs measured "
-                                     f"{fmt_bytes(est_peak[0])} ({est_peak[1]}) over {len(at or ())} steps at that "
+                                     f"{human_bytes(est_peak[0])} ({est_peak[1]}) over {len(at or ())} steps at that "
                                      "micro-batch"],
                            numbers={"predicted_bytes": predicted, "measured_bytes": est_peak[0], "error": err}))
     mem = lowest_rank(run.memory)
@@ -146,7 +146,7 @@ def memory_verdicts(run: Run) -> list[Verdict]:
     frag = fragmentation_pct(run.memory)  # the same number as the run's facts and its light
     if frag is not None and frag >= FRAG_WARN_PCT:  # the amber fragmentation light's threshold
         ev.append(f"up to {frag:.0f} % of reserved memory sat in inactive split blocks"
-                  + (f" ({fmt_bytes(float(split.max()))})" if split is not None and split.notna().any() else ""))
+                  + (f" ({human_bytes(float(split.max()))})" if split is not None and split.notna().any() else ""))
     if ev and not has_oom:
         out.append(Verdict(kind="fragmentation", title="Allocator fragmentation", severity="warn", evidence=ev,
                            recommendation="set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so freed blocks "
@@ -159,7 +159,7 @@ def memory_verdicts(run: Run) -> list[Verdict]:
         if other > _CONTEXT_ALLOWANCE + 0.05 * total:
             out.append(Verdict(kind="other-processes", title="Device memory held outside this process's allocator",
                                severity="warn",
-                               evidence=[f"up to {fmt_bytes(other)} of the device was used by something other than "
+                               evidence=[f"up to {human_bytes(other)} of the device was used by something other than "
                                          "this process's PyTorch allocator (other processes, NCCL, CUDA context)"],
                                recommendation="check nvidia-smi for other processes on this GPU; give the job a "
                                               "GPU of its own",

@@ -25,20 +25,17 @@ from typing import Any
 
 import pandas as pd
 
-from gpudash.analysis.verdict import Verdict, fmt_bytes, num
+from gpudash.analysis.verdict import Verdict, num
+from gpudash.store.oom_message import parse_oom_message
 from gpudash.store.run import Run
 from gpudash.store.schema import MEMORY_PARTS
-from gpudash.units import distinct_bytes
+from gpudash.units import distinct_bytes, human_bytes
 
-__all__ = ["CATEGORIES", "OomReport", "categories_before", "oom_reports", "oom_verdicts", "parse_oom_message",
-           "snapshot_largest_free"]
+__all__ = ["CATEGORIES", "OomReport", "categories_before", "oom_reports", "oom_verdicts", "snapshot_largest_free"]
 
 #: The memory columns an OOM report breaks the bytes into (the store's categories and the rest).
 CATEGORIES = MEMORY_PARTS
 _CONTEXT_ALLOWANCE = 768 * 2**20  # CUDA context + NCCL live outside the allocator in every process
-_UNITS = {"b": 1, "bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-          "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
-_SIZE = r"([\d.]+)\s*([KMGT]i?B|bytes|B)"
 
 
 @dataclass
@@ -81,34 +78,6 @@ class OomReport:
         if held is None:
             return None
         return held + (self.requested_bytes or 0.0)
-
-
-def _size(value: str, unit: str) -> float:
-    return float(value) * _UNITS[unit.lower()]
-
-
-def parse_oom_message(message: str) -> dict[str, float]:
-    """Numbers from a torch OOM message, current or pre-2.1 wording; missing ones are left out."""
-    out: dict[str, float] = {}
-    patterns = {
-        "requested_bytes": rf"Tried to allocate {_SIZE}",
-        "capacity_bytes": rf"total capacity of {_SIZE}|; {_SIZE} total capacity",
-        "free_bytes": rf"of which {_SIZE} is free|; {_SIZE} free",
-        "allocated_bytes": rf"{_SIZE} is allocated by PyTorch|; {_SIZE} already allocated",
-        "reserved_unallocated_bytes": rf"{_SIZE} is reserved by PyTorch but unallocated",
-        "reserved_bytes": rf"{_SIZE} reserved in total by PyTorch",
-        # the trainer's CPU memory budget (--memory-budget-gb)
-        "measured_bytes": rf"{_SIZE} measured",
-        "budget_bytes": rf"> budget {_SIZE}",
-    }
-    for key, pat in patterns.items():
-        m = re.search(pat, message)
-        if m:
-            groups = [g for g in m.groups() if g is not None]
-            out[key] = _size(groups[0], groups[1])
-    if "reserved_bytes" in out and "allocated_bytes" in out and "reserved_unallocated_bytes" not in out:
-        out["reserved_unallocated_bytes"] = max(0.0, out["reserved_bytes"] - out["allocated_bytes"])
-    return out
 
 
 def _pick(d: dict[str, Any], *keys: str) -> float | None:
@@ -214,19 +183,19 @@ def _judge(r: OomReport) -> None:
     total = sum(cats.values()) if cats else None
     total_s, peak_s, need_s, cap_s = distinct_bytes(total, r.peak_bytes, need, cap, min_digits=2)
     if cats:
-        parts = ", ".join(f"{k.removesuffix('_bytes')} {fmt_bytes(v)}" for k, v in cats.items() if v)
+        parts = ", ".join(f"{k.removesuffix('_bytes')} {human_bytes(v)}" for k, v in cats.items() if v)
         ev.append(f"memory at step {r.categories_step} (last fully measured before the OOM): {parts} "
                   f"= {total_s}" + (f" (measured peak {peak_s})" if r.peak_bytes is not None else ""))
     if req is not None:
-        ev.append(f"requested {fmt_bytes(req)}" + (f" with {fmt_bytes(free)} free" if free is not None else ""))
+        ev.append(f"requested {human_bytes(req)}" + (f" with {human_bytes(free)} free" if free is not None else ""))
     if r.reserved_unallocated_bytes is not None:
-        ev.append(f"reserved by the allocator but unallocated: {fmt_bytes(r.reserved_unallocated_bytes)}")
+        ev.append(f"reserved by the allocator but unallocated: {human_bytes(r.reserved_unallocated_bytes)}")
     if r.largest_free_bytes is not None:
-        ev.append(f"largest free block: {fmt_bytes(r.largest_free_bytes)}")
+        ev.append(f"largest free block: {human_bytes(r.largest_free_bytes)}")
     outside = r.outside_bytes
     if outside is not None and outside > 0:
-        ev.append(f"device memory held outside this process's allocator: {fmt_bytes(outside)} "
-                  f"(device used {fmt_bytes(r.device_used_bytes)} − reserved {fmt_bytes(r.reserved_bytes)})")
+        ev.append(f"device memory held outside this process's allocator: {human_bytes(outside)} "
+                  f"(device used {human_bytes(r.device_used_bytes)} − reserved {human_bytes(r.reserved_bytes)})")
     if cap is not None and need is not None:
         ev.append(f"this process needed {need_s} of {cap_s} capacity")
 

@@ -12,16 +12,13 @@ import pandas as pd
 from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.ranks import STRAGGLER_RATIO, WAIT_PHASE, node_stragglers, rank_skew, straggler_summary
 from gpudash.analysis.verdict import fmt_s
+from gpudash.units import fmt_num
 
 __all__ = ["GREEN", "RED", "RankLight", "late_text", "several_nodes", "straggler_lights"]
 
 RankLight = tuple[str, str, str]  # (signal, "green" | "amber" | "red" | "grey", one-line detail)
 #: Skew (slowest / median - 1, or a phase's spread over the median step) below GREEN is noise, above RED acts.
 GREEN, RED = 0.05, 0.20
-
-
-def _fmt_num(v: float | None, digits: int = 3) -> str:
-    return "-" if v is None or v != v else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}g}"
 
 
 def several_nodes(nodes: dict[int, str] | None) -> bool:
@@ -75,8 +72,8 @@ def straggler_lights(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int,
     ratio = s.get("skew_ratio_median")
     p95 = s.get("skew_ratio_p95")
     detail = (f"slowest rank {s['slowest_rank']} ({100 * s['slowest_rank_share']:.0f} % of steps); "
-              f"slowest step over the median step: {_fmt_num(None if ratio is None else 100 * ratio, 2)} % "
-              f"(median), {_fmt_num(None if p95 is None else 100 * p95, 2)} % (p95); "
+              f"slowest step over the median step: {fmt_num(None if ratio is None else 100 * ratio, 2)} % "
+              f"(median), {fmt_num(None if p95 is None else 100 * p95, 2)} % (p95); "
               f"{100 * s['slow_steps_share']:.0f} % of {s['steps']} steps over 10 %")
     lights.append(("step-time skew", _color(ratio), detail))
     spreads = _phase_spreads(skew, [c.removesuffix("_s") for c in phase_columns(steps)])
@@ -88,7 +85,7 @@ def straggler_lights(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int,
         spread, rank, share = spreads[cause]
         rel = spread / median_step if median_step > 0 else None
         who = "" if rank is None else f"rank {rank} slowest in {100 * share:.0f} % of steps; "
-        detail = f"{cause}: {who}spread {fmt_s(spread)} ({_fmt_num(None if rel is None else 100 * rel, 2)} % of a step)"
+        detail = f"{cause}: {who}spread {fmt_s(spread)} ({fmt_num(None if rel is None else 100 * rel, 2)} % of a step)"
         wait = spreads.get(WAIT_PHASE)
         if cause != WAIT_PHASE and wait is not None and wait[1] is not None and wait[1] != rank:
             detail += f"; rank {wait[1]} waits for it in {WAIT_PHASE}"

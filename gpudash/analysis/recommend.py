@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudash.analysis.verdict import Verdict, fmt_bytes, fmt_pct, fmt_s, num
-from gpudash.memmodel import estimator as est
-from gpudash.memmodel import finetune as ft
+from gpudash.analysis.verdict import Verdict, fmt_pct, fmt_s, num
+from gpudash.memmodel import fit
+from gpudash.memmodel.estimator import ModelShape
 from gpudash.memmodel.hf_arch import HFArch
+from gpudash.memmodel.plan import FitOption, usable_bytes
 from gpudash.store.run import Run
 from gpudash.store.schema import MEMORY_PARTS
+from gpudash.units import human_bytes
 
 __all__ = ["CKPT_TIME_COST", "adapter_mixes", "predict", "recommend", "run_setup"]
 
@@ -79,11 +81,11 @@ def predict(run: Run, batch: int | None = None, **change: str) -> dict[str, floa
     if not isinstance(n_params, int):
         return None
     try:
-        shape = est.ModelShape(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], int(hidden),
+        shape = ModelShape(cfg["vocab_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"], int(hidden),
                                cfg.get("mlp") == "swiglu", n_params)
         kw: dict[str, Any] = {k: str(cfg[k]) for k in ("ckpt", "precision", "offload") if isinstance(cfg.get(k), str)}
         kw.update(change)
-        e = est.estimate(shape, micro_batch=batch, seq_len=seq, **kw)
+        e = fit.estimate(shape, micro_batch=batch, seq_len=seq, **kw)
     except Exception:  # noqa: BLE001 - a config the estimator does not know: fall back to rules of thumb
         return None
     return {k: float(v) for k, v in e.to_dict().items() if k.endswith("_bytes")}
@@ -116,9 +118,9 @@ def _hf_arch(run: Run) -> HFArch | None:
         return None
 
 
-def adapter_mixes(run: Run, capacity: float) -> list[Any]:
-    """LoRA / QLoRA mixes that fit ``capacity`` bytes for this run's model and sequence length
-    (the fine-tuning estimator's :func:`what_fits_hf`), fastest first; [] when it cannot say."""
+def adapter_mixes(run: Run, capacity: float) -> list[FitOption]:
+    """LoRA / QLoRA mixes that fit a card of ``capacity`` bytes (its :data:`CARD_SHARE`, as ``gpudash estimate``) for this run's model and sequence length
+    (the memory model's :func:`~gpudash.memmodel.fit.what_fits`), fastest first; [] when it cannot say."""
     cfg = run_setup(run)
     if str(cfg.get("finetune") or "full") != "full":
         return []
@@ -126,7 +128,7 @@ def adapter_mixes(run: Run, capacity: float) -> list[Any]:
     arch = _hf_arch(run)
     if arch is None or not isinstance(seq, int) or seq < 1:
         return []
-    fits = ft.what_fits_hf(arch, card_bytes=capacity, seq_len=seq, usable=1.0, max_batch=64)
+    fits = fit.what_fits(arch, card_bytes=capacity, seq_len=seq)
     return [f for f in fits if f.micro_batch and f.finetune != "full"]
 
 
@@ -162,14 +164,14 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             new_act, src = act * 0.15, "rule of thumb: a checkpointed block keeps only its input"
             new_peak = need - act + new_act
         parts.append("block checkpointing (--ckpt block)")
-        saving.append(f"activations {fmt_bytes(act)} → {fmt_bytes(new_act)}, predicted peak {fmt_bytes(need)} → "
-                      f"{fmt_bytes(new_peak)} ({src}), ~+{fmt_pct(CKPT_TIME_COST)} step time")
+        saving.append(f"activations {human_bytes(act)} → {human_bytes(new_act)}, predicted peak {human_bytes(need)} → "
+                      f"{human_bytes(new_peak)} ({src}), ~+{fmt_pct(CKPT_TIME_COST)} step time")
         v.numbers["saving_bytes"] = need - new_peak
         v.numbers["saving_fraction"] = -CKPT_TIME_COST
     elif opt > 0:
         parts.append("offload optimizer state to pinned host memory (--offload optimizer)")
-        saving.append(f"optimizer state {fmt_bytes(opt)} leaves the device, predicted peak {fmt_bytes(need)} → "
-                      f"{fmt_bytes(need - opt)}, ~+{fmt_pct(OFFLOAD_TIME_COST)} step time (torchao measured)")
+        saving.append(f"optimizer state {human_bytes(opt)} leaves the device, predicted peak {human_bytes(need)} → "
+                      f"{human_bytes(need - opt)}, ~+{fmt_pct(OFFLOAD_TIME_COST)} step time (torchao measured)")
         v.numbers["saving_bytes"] = opt
         v.numbers["saving_fraction"] = -OFFLOAD_TIME_COST
     if _precision(run) == "fp32" and act > 0:
@@ -179,13 +181,13 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             # residual stream stay 32-bit, so a small model may gain almost nothing)
             if bf["activations_bytes"] < 0.95 * now["activations_bytes"]:
                 parts.append("bf16 autocast (--precision bf16)")
-                saving.append(f"bf16 activations: {fmt_bytes(now['activations_bytes'])} → "
-                              f"{fmt_bytes(bf['activations_bytes'])} (estimator)")
+                saving.append(f"bf16 activations: {human_bytes(now['activations_bytes'])} → "
+                              f"{human_bytes(bf['activations_bytes'])} (estimator)")
         else:
             parts.append("bf16 autocast (--precision bf16)")
-            saving.append(f"16-bit activations: about {fmt_bytes(act / 2)} less (rule of thumb: half)")
+            saving.append(f"16-bit activations: about {human_bytes(act / 2)} less (rule of thumb: half)")
     if cap:
-        mixes = adapter_mixes(run, 0.9 * cap)
+        mixes = adapter_mixes(run, cap)
         shown: list[str] = []
         for f in mixes:
             label = f"{'QLoRA (nf4 base)' if f.finetune == 'qlora' else 'LoRA (bf16 base)'}"
@@ -193,7 +195,7 @@ def _oom_fit(run: Run, v: Verdict) -> None:
                 label += " + checkpointing"
             if f.optimizer != "adamw":
                 label += f" + {f.optimizer}"
-            text = f"{label}: micro-batch {f.micro_batch}, predicted peak {fmt_bytes(f.peak_bytes)}"
+            text = f"{label}: micro-batch {f.micro_batch}, predicted peak {human_bytes(f.peak_bytes)}"
             if label not in " ".join(shown):
                 shown.append(text)
             if len(shown) == 3:
@@ -204,7 +206,8 @@ def _oom_fit(run: Run, v: Verdict) -> None:
             v.numbers["adapter_peak_bytes"] = float(mixes[0].peak_bytes)
     if cap and need and act and isinstance(batch, int) and batch > 1:
         fixed = need - act
-        fits = int(batch * (0.9 * cap - fixed) / act) if cap * 0.9 > fixed else 0
+        usable = usable_bytes(cap)  # what gpudash estimate calls fitting
+        fits = int(batch * (usable - fixed) / act) if usable > fixed else 0
         if 0 < fits < batch:
             parts.append(f"or a micro-batch of {fits} (from {batch}) with gradient accumulation")
     v.recommendation = "; ".join(parts) if parts else "reduce the micro-batch or sequence length"
@@ -216,7 +219,7 @@ def _oom_frag(run: Run, v: Verdict) -> None:
     v.recommendation = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or max_split_size_mb) so freed "
                         "blocks can be reused for larger requests")
     if ru:
-        v.saving = f"up to {fmt_bytes(ru)} reserved-but-unallocated memory becomes usable"
+        v.saving = f"up to {human_bytes(ru)} reserved-but-unallocated memory becomes usable"
         v.numbers["saving_bytes"] = ru
 
 
@@ -225,7 +228,7 @@ def _oom_other(run: Run, v: Verdict) -> None:
     v.recommendation = ("another process holds device memory: stop it (nvidia-smi lists it) or give this job a "
                         "GPU of its own; cap the other job with set_per_process_memory_fraction")
     if out:
-        v.saving = f"{fmt_bytes(out)} of device memory back for this run"
+        v.saving = f"{human_bytes(out)} of device memory back for this run"
         v.numbers["saving_bytes"] = out
 
 

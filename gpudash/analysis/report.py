@@ -23,8 +23,9 @@ from gpudash.analysis.oom import CATEGORIES
 from gpudash.analysis.phases import phase_columns
 from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.summary import summarize
-from gpudash.analysis.verdict import Verdict, fmt_bytes
+from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import Run
+from gpudash.units import human_bytes
 
 __all__ = ["MARKED_EVENTS", "MAX_ITEMS", "Figure", "Marker", "ReportView", "Series", "headline", "report_json",
            "report_view"]
@@ -180,7 +181,7 @@ def _figures(run: Run, cap: float | None, facts: Facts) -> list[Figure]:
             frozen = frozen_params(filled["params_bytes"].to_numpy(dtype=float), trainable)
             at = cats.index("params_bytes")  # the parameters as two bands: frozen, then trainable
             series[at:at + 1] = [Series("params (frozen)", frozen, "frozen"), Series("params (trainable)", trainable, 0)]
-        hline = (cap, f"capacity {fmt_bytes(cap)}") if cap else None
+        hline = (cap, f"capacity {human_bytes(cap)}") if cap else None
         figs.append(Figure("Memory by category", mem["step"].to_numpy(dtype=float), tuple(series), "memory",
                            y_fmt="bytes", stacked=True, hline=hline))
     dev = _device_frame(run)

@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpudash.units import fmt_duration, human_bytes
+from gpudash.units import fmt_duration
 
-__all__ = ["SEVERITY_ORDER", "Severity", "Verdict", "fmt_bytes", "fmt_pct", "fmt_s", "num"]
+__all__ = ["SEVERITY_ORDER", "Severity", "Verdict", "fmt_pct", "fmt_s", "num"]
 
 Severity = Literal["ok", "warn", "bad"]
 SEVERITY_ORDER: dict[str, int] = {"bad": 0, "warn": 1, "ok": 2}
@@ -64,11 +64,6 @@ def num(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return out if math.isfinite(out) else None
-
-
-def fmt_bytes(n: float | None) -> str:
-    """Bytes in binary units, as torch's OOM message and the dashboard print them."""
-    return "?" if n is None else human_bytes(n)
 
 
 def fmt_s(seconds: float | None) -> str:

@@ -141,7 +141,8 @@ def _need(value: float | None, what: str, run: str) -> float:
 def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", baseline: str = "baseline") -> list[Outcome]:
     """Each rule against ``facts`` (and ``base``, the baseline's facts). Raises UserError when a number a
     rule needs is missing."""
-    from gpudash.analysis.verdict import fmt_bytes, fmt_s
+    from gpudash.analysis.verdict import fmt_s
+    from gpudash.units import human_bytes
 
     out: list[Outcome] = []
     h, bh = facts.headline, (base.headline if base is not None else {})
@@ -157,14 +158,14 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
                            extra={"increase_pct": pct}))
 
     if rules.max_peak_increase is not None:
-        growth("max_peak_increase", "peak_memory_bytes", "peak memory", fmt_bytes, rules.max_peak_increase)
+        growth("max_peak_increase", "peak_memory_bytes", "peak memory", human_bytes, rules.max_peak_increase)
     if rules.max_step_time_increase is not None:
         growth("max_step_time_increase", "step_time_median_s", "median step time", fmt_s,
                rules.max_step_time_increase)
     if rules.max_peak_gib is not None:
         v = _need(h.get("peak_memory_bytes"), "peak memory", run)
         limit = rules.max_peak_gib * 2**30
-        out.append(Outcome("max_peak_gib", v <= limit, f"peak memory {fmt_bytes(v)} (limit {rules.max_peak_gib:g} GiB)",
+        out.append(Outcome("max_peak_gib", v <= limit, f"peak memory {human_bytes(v)} (limit {rules.max_peak_gib:g} GiB)",
                            value=v, limit=limit))
     if rules.no_nonfinite:
         nf = facts.nonfinite_steps

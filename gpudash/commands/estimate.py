@@ -5,8 +5,9 @@
     gpudash estimate --config config.json --finetune lora --lora-r 8 --batch 4 --seq-len 512
     gpudash estimate --preset llama-2-7b --finetune qlora --ckpt block --precision bf16 --card-gb 12
 
-``--config`` (or a preset shipped as a config.json: llama-2-7b ...) estimates a Hugging Face
-model (:mod:`gpudash.memmodel.finetune`); the other presets are gpudash's own GPT.
+``--config`` (or a preset shipped as a config.json: llama-2-7b ...) names a Hugging Face model, the
+other presets gpudash's own GPT; either goes the same way through :mod:`gpudash.memmodel.fit`, and the
+memory model's errors name its parameters, which this command names by its flags (:data:`FLAGS`).
 """
 
 from __future__ import annotations
@@ -14,23 +15,31 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from dataclasses import asdict
 from typing import Any
 
 from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
-from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS, estimate, explain, fmt_gb, what_fits
-from gpudash.memmodel.finetune import ATTNS, FINETUNES, OPTIMIZERS, estimate_hf, explain_hf, what_fits_hf
+from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS
+from gpudash.memmodel.finetune import ATTNS, FINETUNES, OPTIMIZERS
+from gpudash.memmodel.fit import estimate, explain, reference, what_fits
 from gpudash.memmodel.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
+from gpudash.memmodel.plan import FitOption, ParamError
 from gpudash.memmodel.shapes import PRESETS, parse_overrides, preset
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.store.schema import MEMORY_CATEGORIES
-from gpudash.units import fmt_duration
+from gpudash.units import fmt_duration, human_bytes
 
 __all__ = ["add_arguments", "run"]
 
 _TIME = StepTimeModel()
 #: The estimate's numbers a run prints, one line each: the memory categories, then the peak and the host RAM.
 _PRINTED = (*MEMORY_CATEGORIES, "peak_bytes", "host_bytes")
+#: The memory model's parameters as this command's flags, for its error messages.
+FLAGS = {"micro_batch": "--batch", "seq_len": "--seq-len", "accum": "--accum", "ckpt": "--ckpt",
+         "precision": "--precision", "offload": "--offload", "weights": "--weights", "finetune": "--finetune",
+         "optimizer": "--optimizer", "attn": "--attn", "lora_r": "--lora-r", "lora_targets": "--lora-targets",
+         "lora_dropout": "--lora-dropout", "path": "--config", "tflops": "--tflops", "pcie_gbps": "--pcie-gbps"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,169 +91,136 @@ def _wrap(text: str, label: str = "note") -> str:
     return textwrap.fill(text, width=110, initial_indent=f"  {label}: ", subsequent_indent="    ")
 
 
-def run(args: argparse.Namespace) -> int:
-    arch: HFArch | None = None
-    try:
-        if args.config:
-            arch = load_config(args.config)
-        elif args.preset not in PRESETS:
-            arch = hf_preset(args.preset)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if arch is not None:
-        return _run_hf(args, arch)
-    if args.finetune != "full":
-        raise UserError(f"--finetune {args.finetune} needs a Hugging Face model: add --config config.json or "
-                        f"--preset llama-2-7b (shipped: {', '.join(sorted(f.stem for f in CONFIG_DIR.glob('*.json')))})")
-    args.weights = args.weights or "fp32"
-    if args.preset not in PRESETS:
-        shipped = ", ".join(sorted(f.stem for f in CONFIG_DIR.glob("*.json")))
-        raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)} or a shipped "
-                        f"Hugging Face config ({shipped}), or pass --config config.json")
-    try:
+def _shipped() -> str:
+    return ", ".join(sorted(f.stem for f in CONFIG_DIR.glob("*.json")))
+
+
+def _model(args: argparse.Namespace) -> tuple[Any, str, int]:
+    """The model the flags name, its name and the default sequence length."""
+    if args.config:
+        arch = load_config(args.config)
+        return arch, arch.name or arch.family, 512
+    if args.preset in PRESETS:
+        if args.finetune != "full":
+            raise UserError(f"--finetune {args.finetune} needs a Hugging Face model: add --config config.json or "
+                            f"--preset llama-2-7b (shipped: {_shipped()})")
         shape = preset(args.preset, **parse_overrides(args.model))
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    seq = args.seq_len or shape.block_size
-    if seq > shape.block_size:
-        raise UserError(f"--seq-len {seq} is longer than the {args.preset} block size {shape.block_size}; "
-                        f"add --model block_size={seq} to estimate the longer context")
+        return shape, args.preset, shape.block_size
+    shipped = hf_preset(args.preset)
+    if shipped is None:
+        raise UserError(f"unknown --preset {args.preset!r}; choose one of {', '.join(PRESETS)} or a shipped "
+                        f"Hugging Face config ({_shipped()}), or pass --config config.json")
+    return shipped, shipped.name or args.preset, 512
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        est = estimate(shape, micro_batch=args.batch, seq_len=seq, ckpt=args.ckpt, precision=args.precision,
-                       offload=args.offload, weights=args.weights, accum=args.accum)
-        model = StepTimeModel(tflops=args.tflops, pcie_gbps=args.pcie_gbps)
-    except ValueError as exc:
+        return _run(args)
+    except ParamError as exc:
+        raise UserError(exc.render(FLAGS)) from None
+    except ValueError as exc:  # a config.json or --model value the model refuses: the message names it
         raise UserError(str(exc)) from None
-    notes = explain(shape, est)
+
+
+def _run(args: argparse.Namespace) -> int:
+    model, name, default_seq = _model(args)
+    hf = isinstance(model, HFArch)
+    if hf and args.model:
+        raise UserError("--model changes gpudash's own GPT presets; for a Hugging Face model edit a copy of its "
+                        "config.json and pass it with --config")
+    seq = args.seq_len or default_seq
+    if hf and model.positions and seq > model.positions:
+        raise UserError(f"--seq-len {seq} is longer than the model's {model.positions} learned positions "
+                        f"(n_positions in config.json)")
+    if not hf and seq > model.block_size:
+        raise UserError(f"--seq-len {seq} is longer than the {name} block size {model.block_size}; "
+                        f"add --model block_size={seq} to estimate the longer context")
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) or None
+    adapter: dict[str, Any] = {"lora_r": args.lora_r, "lora_targets": targets, "lora_dropout": args.lora_dropout,
+                               "double_quant": not args.no_double_quant}
+    mix: dict[str, Any] = {"finetune": args.finetune, "weights": args.weights or ("" if hf else "fp32"),
+                           "optimizer": args.optimizer, "attn": args.attn, "ckpt": args.ckpt,
+                           "precision": args.precision, "offload": args.offload, **adapter}
+    est = estimate(model, micro_batch=args.batch, seq_len=seq, accum=args.accum, **mix)
+    time_model = StepTimeModel(tflops=args.tflops, pcie_gbps=args.pcie_gbps)
+    notes = explain(model, est)
     host_ram = _host_ram()
     tokens = args.batch * args.accum * seq
-    out: dict[str, Any] = {"preset": args.preset, "params": shape.n_params(), **est.to_dict(), "notes": notes,
-                           "host_ram_bytes": host_ram}
-    fits = what_fits(shape, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
-                     time_model=model) if args.card_gb else []
+    out: dict[str, Any] = {("config" if args.config else "preset"): args.config or args.preset,
+                           "family": model.family if hf else "gpudash-gpt", **est.to_dict(),
+                           "params": est.n_params, "notes": notes, "host_ram_bytes": host_ram}
+    fits: list[FitOption] = []
     if args.card_gb:
+        fits = what_fits(model, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
+                         time_model=time_model, **({**adapter, "attn": args.attn if args.attn != "eager" else "sdpa"}
+                                                   if hf else {}))
         out["card_gb"] = args.card_gb
         out["fits_card"] = est.peak_bytes <= args.card_gb * 2**30
-        out["time_model"] = {"tflops": model.tflops, "pcie_gbps": model.pcie_gbps, "tokens_per_step": tokens,
-                             "assumptions": model.describe()}
-        out["what_fits"] = [{"ckpt": f.ckpt, "precision": f.precision, "offload": f.offload, "weights": f.weights,
-                             "micro_batch": f.micro_batch, "peak_bytes": f.peak_bytes, "cost": f.cost,
-                             "host_bytes": f.host_bytes, "step_s": f.step_s, "step_cost": f.step_cost,
-                             "fits_host_ram": None if host_ram is None else f.host_bytes <= host_ram}
+        out["time_model"] = {"tflops": time_model.tflops, "pcie_gbps": time_model.pcie_gbps,
+                             "tokens_per_step": tokens, "assumptions": _assumptions(time_model, hf),
+                             "step_cost_vs": reference(model)}
+        out["what_fits"] = [{**asdict(f), "fits_host_ram": None if host_ram is None else f.host_bytes <= host_ram}
                             for f in fits]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{args.preset}: {shape.n_params() / 1e6:,.1f} M parameters, micro-batch {args.batch} x {seq} tokens, "
-          f"ckpt {args.ckpt}, {args.precision}, offload {args.offload}, weights {args.weights}")
+    lora = f" r={est.lora_r} on {','.join(est.lora_targets)}" if est.lora_r else ""
+    print(f"{name}{f' ({model.family})' if hf else ''}: {est.n_params / 1e6:,.1f} M parameters"
+          + (f", {est.trainable_params / 1e6:,.2f} M trainable; {est.finetune}{lora}" if hf else "")
+          + f", micro-batch {args.batch} x {seq} tokens, ckpt {est.ckpt}, {est.precision}, offload {est.offload}, "
+            f"weights {est.weights}" + (f", {est.optimizer}, attn {est.attn}" if hf else ""))
     for key in _PRINTED:
         extra = ""
         if key == "host_bytes" and est.host_bytes and host_ram:
-            extra = f"  (this machine has {fmt_gb(host_ram)}{'' if est.host_bytes <= host_ram else ': too little'})"
-        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}{extra}")
+            extra = f"  (this machine has {human_bytes(host_ram, 2)}{'' if est.host_bytes <= host_ram else ': too little'})"
+        print(f"  {key:<18} {human_bytes(getattr(est, key), 2):>12}{extra}")
         if key == "activations_bytes" and est.weight_copies_bytes:
-            print(f"    of which autocast's 16-bit weight copies {fmt_gb(est.weight_copies_bytes)}")
+            print(f"    of which autocast's 16-bit weight copies {human_bytes(est.weight_copies_bytes, 2)}")
     if est.recompute_flops_per_token:
         print(f"  recompute          {est.recompute_flops_per_token / est.flops_per_token:+.0%} training FLOPs "
               f"per token ({est.flops_per_token / 1e6:,.1f} MFLOP without checkpointing)")
     for note in notes:
         print(_wrap(note))
     if args.card_gb:
-        _print_fits(args, fits, seq, tokens, host_ram, model, "fits" if out["fits_card"] else "does NOT fit")
+        _print_fits(args, model, fits, seq, tokens, host_ram, time_model, "fits" if out["fits_card"] else "does NOT fit")
     return 0
 
 
-def _print_fits(args: argparse.Namespace, fits: list[Any], seq: int, tokens: int, host_ram: int | None,
-                model: StepTimeModel, verdict: str) -> None:
-    print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Technique mixes, fastest first "
+def _print_fits(args: argparse.Namespace, model: Any, fits: list[FitOption], seq: int, tokens: int,
+                host_ram: int | None, time_model: StepTimeModel, verdict: str) -> None:
+    hf = isinstance(model, HFArch)
+    mixes = "full, LoRA and QLoRA fine-tunes in bf16 compute" if hf else "technique mixes"
+    print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. {mixes.capitalize()}, fastest first "
           f"(largest micro-batch at seq {seq} within {args.card_gb:g} GB; predicted time of a step of "
           f"{tokens:,} tokens, --batch x --accum x --seq-len):")
-    shown = [f for f in fits if f.micro_batch][:10]
+    shown = [f for f in fits if f.micro_batch][:12 if hf else 10]
     short = False
     for f in shown:
         mark = " "
         if host_ram is not None and f.host_bytes > host_ram:
             mark, short = "!", True
-        host = f"host {fmt_gb(f.host_bytes)}{mark}" if f.host_bytes else "host -" + " " * len(mark)
+        host = f"host {human_bytes(f.host_bytes, 2)}{mark}" if f.host_bytes else "host -" + " " * len(mark)
         cost = f"({f.step_cost:+.0%})"
-        print(f"  micro-batch {f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  {host:<16} "
-              f"step {fmt_duration(f.step_s):>9} {cost:<7} ckpt {f.ckpt:<8} {f.precision:<5} "
-              f"offload {f.offload:<16} weights {f.weights}")
+        print(f"  micro-batch {f.micro_batch:>4}  peak {human_bytes(f.peak_bytes, 2):>10}  {host:<16} "
+              f"step {fmt_duration(f.step_s):>9} {cost:<7} {f.finetune:<5} ckpt {f.ckpt:<8} {f.precision:<5} "
+              f"offload {f.offload:<16} weights {f.weights:<4} {f.optimizer}")
     if not shown:
         print("  nothing fits, even at micro-batch 1 with every technique on: use a bigger card, "
               "a shorter --seq-len, or shard the model across GPUs")
         return
     if any(f.host_bytes for f in shown):
         print("  host: the host RAM the offloaded state needs (pinned)"
-              + (f"; ! more than this machine's {fmt_gb(host_ram)}" if short and host_ram else ""))
-    print(_wrap(f"(+N%) is what checkpointing and offload add to the same precision without them; assumes "
-                f"{model.describe()}", "step time"))
-    print(_wrap("these are full fine-tunes of gpudash's GPT; for LoRA and QLoRA of a Hugging Face model add "
-                "--config config.json (or --preset llama-2-7b) --finetune lora|qlora", "adapters"))
+              + (f"; ! more than this machine's {human_bytes(host_ram, 2)}" if short and host_ram else ""))
+    print(_wrap(f"(+N%) is the step time against {reference(model)}; assumes {_assumptions(time_model, hf)}",
+                "step time"))
+    if not hf:
+        print(_wrap("these are full fine-tunes of gpudash's GPT; for LoRA and QLoRA of a Hugging Face model add "
+                    "--config config.json (or --preset llama-2-7b) --finetune lora|qlora", "adapters"))
 
 
-def _run_hf(args: argparse.Namespace, arch: HFArch) -> int:
-    if args.model:
-        raise UserError("--model changes gpudash's own GPT presets; for a Hugging Face model edit a copy of its "
-                        "config.json and pass it with --config")
-    seq = args.seq_len or 512
-    if arch.positions and seq > arch.positions:
-        raise UserError(f"--seq-len {seq} is longer than the model's {arch.positions} learned positions "
-                        f"(n_positions in config.json)")
-    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) or None
-    kw: dict[str, Any] = {"finetune": args.finetune, "lora_r": args.lora_r, "lora_targets": targets,
-                          "lora_dropout": args.lora_dropout, "weights": args.weights, "optimizer": args.optimizer,
-                          "attn": args.attn, "ckpt": args.ckpt, "precision": args.precision, "offload": args.offload,
-                          "double_quant": not args.no_double_quant}
-    try:
-        est = estimate_hf(arch, micro_batch=args.batch, seq_len=seq, accum=args.accum, **kw)
-        model = StepTimeModel(tflops=args.tflops, pcie_gbps=args.pcie_gbps)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    name = arch.name or arch.family
-    tokens = args.batch * args.accum * seq
-    notes = explain_hf(arch, est)
-    out: dict[str, Any] = {"config": args.config or args.preset, "family": arch.family, "params": est.n_params,
-                           **est.to_dict(), "notes": notes}
-    adapter = {k: kw[k] for k in ("lora_r", "lora_targets", "lora_dropout", "double_quant")}
-    fits = what_fits_hf(arch, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
-                        time_model=model, attn=args.attn if args.attn != "eager" else "sdpa",
-                        **adapter) if args.card_gb else []
-    if args.card_gb:
-        out["card_gb"] = args.card_gb
-        out["fits_card"] = est.peak_bytes <= args.card_gb * 2**30
-        out["time_model"] = {"tflops": model.tflops, "tokens_per_step": tokens, "assumptions": _hf_assumptions(model)}
-        out["what_fits"] = [{"finetune": f.finetune, "weights": f.weights, "optimizer": f.optimizer, "ckpt": f.ckpt,
-                             "micro_batch": f.micro_batch, "peak_bytes": f.peak_bytes, "step_s": f.step_s,
-                             "step_cost": f.step_cost} for f in fits]
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return 0
-    print(f"{name} ({arch.family}): {est.n_params / 1e6:,.1f} M parameters, {est.trainable_params / 1e6:,.2f} M "
-          f"trainable; {args.finetune}"
-          + (f" r={est.lora_r} on {','.join(est.lora_targets)}" if est.lora_r else "")
-          + f", weights {est.weights}, {args.precision}, {args.optimizer}, attn {args.attn}, ckpt {args.ckpt}, "
-            f"micro-batch {args.batch} x {seq} tokens")
-    for key in _PRINTED:
-        print(f"  {key:<18} {fmt_gb(getattr(est, key)):>12}")
-    for note in notes:
-        print(_wrap(note))
-    if args.card_gb:
-        verdict = "fits" if out["fits_card"] else "does NOT fit"
-        lora = f"r={args.lora_r} on {','.join(arch.resolve_targets(targets))}"
-        print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. Mixes in bf16 compute, fastest first "
-              f"(largest micro-batch at seq {seq}; step of {tokens:,} tokens; LoRA and QLoRA {lora}):")
-        for f in [f for f in fits if f.micro_batch][:12]:
-            print(f"  {f.finetune:<5} weights {f.weights:<4} {f.optimizer:<9} ckpt {f.ckpt:<5} micro-batch "
-                  f"{f.micro_batch:>4}  peak {fmt_gb(f.peak_bytes):>10}  step {fmt_duration(f.step_s):>9} "
-                  f"({f.step_cost:+.0%} vs full bf16)")
-        if not any(f.micro_batch for f in fits):
-            print("  nothing fits, even QLoRA at micro-batch 1 with checkpointing: a bigger card or a shorter --seq-len")
-        print(_wrap(_hf_assumptions(model), "step time"))
-    return 0
-
-
-def _hf_assumptions(model: StepTimeModel) -> str:
-    return (f"{model.describe()}; a LoRA backward makes no weight gradients for frozen matrices (4 N + 6 N_lora "
+def _assumptions(time_model: StepTimeModel, hf: bool) -> str:
+    if not hf:
+        return time_model.describe()
+    return (f"{time_model.describe()}; a LoRA backward makes no weight gradients for frozen matrices (4 N + 6 N_lora "
             f"FLOPs per token instead of 6 N); QLoRA dequantizes every 4-bit weight in each forward, backward and "
-            f"recompute at {model.hbm_gbps:g} GB/s")
+            f"recompute at {time_model.hbm_gbps:g} GB/s")

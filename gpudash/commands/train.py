@@ -108,8 +108,8 @@ def summary_lines(run_dir: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    from gpudash.memmodel.estimator import fmt_gb
     from gpudash.trainer.loop import Trainer
+    from gpudash.units import human_bytes
 
     try:
         trainer = Trainer(cfg)
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         est = trainer.estimate
         print(f"gpudash train: {cfg.preset} ({trainer.model_cfg.n_params() / 1e6:,.1f} M parameters) on "
               f"{trainer.device}, ckpt {cfg.ckpt}, {cfg.precision}, offload {cfg.offload}, micro-batch "
-              f"{trainer.batch.micro} of {cfg.effective}; predicted peak {fmt_gb(est.peak_bytes)} -> {cfg.run_dir}",
+              f"{trainer.batch.micro} of {cfg.effective}; predicted peak {human_bytes(est.peak_bytes)} -> {cfg.run_dir}",
               flush=True)
     try:
         run_dir = trainer.run()

@@ -33,16 +33,14 @@ saved-tensor meter (the trainer's CPU ``--memory-budget-gb``) measures.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gpudash.memmodel.plan import CARD_SHARE, Estimate, FitOption, ParamError
 from gpudash.memmodel.steptime import StepTimeModel
+from gpudash.units import human_bytes
 
-__all__ = ["CARD_USABLE", "Estimate", "FitOption", "ModelShape", "estimate", "estimate_step", "explain",
-           "safe_micro_batch", "what_fits"]
-
-CARD_USABLE = 0.92
-"""Share of a card's memory the allocator can use (CUDA context, fragmentation)."""
+__all__ = ["ModelShape", "estimate", "estimate_step", "gpt_fits", "gpt_notes", "safe_micro_batch"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OFFLOADS = ("none", "optimizer", "optimizer+grads")
@@ -68,51 +66,13 @@ class ModelShape:
                    cfg.mlp == "swiglu", cfg.n_params(), bool(getattr(cfg, "tie_embeddings", False)))
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    peak_bytes: int
-    forward_peak_bytes: int
-    """Peak at the end of the largest forward: params, optimizer state, the gradients held
-    then and the saved activations (no backward transients): what a saved-tensor meter sees."""
-    host_bytes: int
-    """Pinned host memory under offload (fp32 master weights, optimizer state, gradients)."""
-    recompute_bytes: int
-    """Activations of the largest checkpointed region, alive while it recomputes."""
-    flops_per_token: int
-    """Training FLOPs per token without recompute: 6 N + 12 L h T (nanoGPT's estimate_mfu)."""
-    recompute_flops_per_token: int
-    """Forward FLOPs per token that checkpointing runs a second time in backward."""
-    weight_copies_bytes: int
-    """Part of ``activations_bytes``: the 16-bit copies of the weights autocast saves for backward
-    (one per matmul weight outside checkpointed regions; the same at any batch size)."""
-    logits_grad_bytes: int
-    """The fp32 gradients of the log-softmax and of the logits, alive together at the start of backward."""
-    peak_moment: str
-    """When the peak happens: ``activations`` (early in backward: saved activations and logits'
-    gradients alive, most gradients not made yet) or ``gradients`` (end of backward: every gradient
-    made, the activations freed)."""
-    micro_batch: int
-    seq_len: int
-    ckpt: str
-    precision: str
-    offload: str
-    weights: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _parse_ckpt(ckpt: str) -> tuple[str, int]:
     if ckpt.startswith("every-") and ckpt[6:].isdigit() and int(ckpt[6:]) >= 1:
         n = int(ckpt[6:])
         return ("block", 1) if n == 1 else ("every", n)
     if ckpt in ("none", "block", "attn", "mlp"):
         return ckpt, 1
-    raise ValueError(f"unknown checkpointing mode {ckpt!r}; use none, block, every-N, attn or mlp")
+    raise ParamError(f"unknown {{ckpt}} {ckpt!r}; use none, block, every-N, attn or mlp", "ckpt")
 
 
 def activation_parts(shape: ModelShape, tokens: int, c: int, r: int) -> dict[str, int]:
@@ -133,7 +93,7 @@ def estimate(cfg: Any, *, micro_batch: int, seq_len: int, ckpt: str = "none", pr
              offload: str = "none", weights: str = "fp32", accum: int = 1) -> Estimate:
     """Predict memory for one rank. ``cfg`` is a :class:`GPTConfig` or :class:`ModelShape`."""
     if micro_batch < 1 or seq_len < 1 or accum < 1:
-        raise ValueError("micro_batch, seq_len and accum must be >= 1")
+        raise ParamError("{micro_batch}, {seq_len} and {accum} must be >= 1", "micro_batch", "seq_len", "accum")
     return estimate_step(cfg, [(micro_batch, seq_len)] * accum, ckpt=ckpt, precision=precision, offload=offload,
                          weights=weights)
 
@@ -143,10 +103,10 @@ def estimate_step(cfg: Any, shapes: list[tuple[int, int]], *, ckpt: str = "none"
     """Predict one optimizer step whose micro-batches have the given (rows, length) shapes, in
     the order they run. The categories and ``micro_batch``/``seq_len`` are the largest micro-batch's."""
     if not shapes:
-        raise ValueError("a step needs at least one micro-batch")
+        raise ParamError("a step needs at least one micro-batch")
     rows = [(int(b), int(t)) for b, t in shapes]
     if any(b < 1 or t < 1 for b, t in rows):
-        raise ValueError("micro_batch, seq_len and accum must be >= 1")
+        raise ParamError("{micro_batch} and {seq_len} must be >= 1", "micro_batch", "seq_len")
     shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
     done: dict[tuple[int, int], dict[str, Any]] = {}
     for b, t in rows:
@@ -174,11 +134,11 @@ def estimate_step(cfg: Any, shapes: list[tuple[int, int]], *, ckpt: str = "none"
 def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: str, offload: str,
                weights: str) -> dict[str, Any]:
     if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; use fp32, bf16 or fp16")
+        raise ParamError(f"unknown {{precision}} {precision!r}; use fp32, bf16 or fp16", "precision")
     if offload not in OFFLOADS:
-        raise ValueError(f"unknown offload {offload!r}; use none, optimizer or optimizer+grads")
+        raise ParamError(f"unknown {{offload}} {offload!r}; use none, optimizer or optimizer+grads", "offload")
     if weights not in ("fp32", "bf16"):
-        raise ValueError(f"unknown weights dtype {weights!r}; use fp32 or bf16")
+        raise ParamError(f"unknown {{weights}} {weights!r}; gpudash's GPT trains fp32 or bf16 weights", "weights")
     shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
     mode, every = _parse_ckpt(ckpt)
     n = shape.n_params
@@ -226,7 +186,8 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
             grads = w * max(shape.vocab_size * shape.n_embd, shape.n_embd * shape.hidden)
             host += w * n
     elif w != 4:
-        raise ValueError("bf16 weights need --offload optimizer (fp32 master weights live on the host)")
+        raise ParamError("bf16 {weights} need {offload} optimizer (fp32 master weights live on the host)", "weights",
+                         "offload")
     logits_grads = tokens * shape.vocab_size * 8  # d(log-softmax) and d(logits), both fp32, side by side
     live = act + logits_grads + recompute
     # tied head: one more V x h tensor per contribution to the shared weight's gradient
@@ -235,57 +196,37 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
                    peak_bytes=0, forward_peak_bytes=0, host_bytes=host, recompute_bytes=recompute,
                    flops_per_token=flops, recompute_flops_per_token=refwd, weight_copies_bytes=copies,
                    logits_grad_bytes=logits_grads, peak_moment="", micro_batch=micro_batch,
-                   seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights)
+                   seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights, n_params=n,
+                   trainable_params=n)
     return {"estimate": est, "act": act, "live": live, "grads": grads, "tied": tied}
 
 
-def safe_micro_batch(cfg: Any, *, capacity_bytes: float, seq_len: int, limit: int, fraction: float = 0.8,
+def safe_micro_batch(cfg: Any, *, card_bytes: float, seq_len: int, limit: int, share: float = CARD_SHARE,
                      **techniques: Any) -> int:
-    """Largest micro-batch (<= limit) whose predicted peak is <= fraction x capacity; 0 if none."""
+    """Largest micro-batch (<= limit) whose predicted peak is within ``share`` of ``card_bytes`` (what fits:
+    :data:`CARD_SHARE`); 0 if none."""
     best = 0
     lo, hi = 1, max(1, limit)
     while lo <= hi:  # the peak grows with the batch, so bisect
         mid = (lo + hi) // 2
         e = estimate(cfg, micro_batch=mid, seq_len=seq_len, accum=2, **techniques)
-        if e.peak_bytes <= fraction * capacity_bytes:
+        if e.peak_bytes <= share * card_bytes:
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
     return best
 
 
-@dataclass(frozen=True, slots=True)
-class FitOption:
-    ckpt: str
-    precision: str
-    offload: str
-    weights: str
-    micro_batch: int
-    """Largest micro-batch that fits (0: does not fit at all)."""
-    peak_bytes: int
-    """Predicted peak at that micro-batch (at micro-batch 1 when nothing fits)."""
-    cost: str
-    """What the technique mix costs in time, in words."""
-    host_bytes: int
-    """Host RAM the mix needs (pinned: offloaded master weights, optimizer state, gradients)."""
-    step_s: float
-    """Predicted seconds per optimizer step (:class:`StepTimeModel`)."""
-    step_cost: float
-    """What checkpointing and offload add to ``step_s``, relative to the same precision without
-    them: 0.33 is 33 % slower."""
-
-
 _CKPT_COST = {"none": 0, "mlp": 1, "attn": 1, "every-2": 2, "block": 3}
 _OFF_COST = {"none": 0, "optimizer": 2, "optimizer+grads": 3}
 
 
-def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512, tokens_per_step: int = 0,
+def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512, tokens_per_step: int = 0,
               time_model: StepTimeModel | None = None) -> list[FitOption]:
     """Every technique mix, fastest first by the predicted time of an optimizer step of
     ``tokens_per_step`` tokens (0: one sequence; a mix keeps it with gradient accumulation),
     with the largest micro-batch that fits the card, the host RAM it needs and what its
     checkpointing and offload add to the step time."""
-    usable = card_bytes * CARD_USABLE
     model = time_model or StepTimeModel()
     tokens = tokens_per_step or seq_len
     out: list[tuple[int, FitOption]] = []
@@ -298,8 +239,7 @@ def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512
                     continue
                 for ckpt in _CKPT_COST:
                     kw: dict[str, Any] = {"ckpt": ckpt, "precision": precision, "offload": offload, "weights": weights}
-                    b = safe_micro_batch(cfg, capacity_bytes=usable, seq_len=seq_len, limit=max_batch,
-                                         fraction=1.0, **kw)
+                    b = safe_micro_batch(cfg, card_bytes=card_bytes, seq_len=seq_len, limit=max_batch, **kw)
                     est = estimate(cfg, micro_batch=max(b, 1), seq_len=seq_len, **kw)
                     t = model.step(est, tokens)
                     costs = []
@@ -310,14 +250,14 @@ def what_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512
                     if weights == "bf16":
                         costs.append("bf16 weights")
                     cost = _CKPT_COST[ckpt] + _OFF_COST[offload] + (precision == "fp32") * 2 + (weights == "bf16")
-                    out.append((cost, FitOption(ckpt, precision, offload, weights, b, est.peak_bytes,
-                                                ", ".join(costs) or "none", est.host_bytes, t.total_s,
-                                                t.total_s / t.compute_s - 1)))
+                    out.append((cost, FitOption("full", weights, "adamw", ckpt, precision, offload, b, est.peak_bytes,
+                                                est.host_bytes, t.total_s, t.total_s / t.compute_s - 1, est.n_params,
+                                                ", ".join(costs) or "none")))
     out.sort(key=lambda t: (t[1].micro_batch == 0, t[1].step_s, t[0], -t[1].micro_batch))
     return [o for _, o in out]
 
 
-def explain(cfg: Any, est: Estimate) -> list[str]:
+def gpt_notes(cfg: Any, est: Estimate) -> list[str]:
     """Why an estimate's numbers look as they do, as sentences (``gpudash estimate`` prints them):
     16-bit activations above fp32's (autocast's weight copies), a peak below the sum of the
     categories (they do not all peak at the same moment)."""
@@ -331,33 +271,28 @@ def explain(cfg: Any, est: Estimate) -> list[str]:
             per_sample = one32.activations_bytes - (one16.activations_bytes - one16.weight_copies_bytes)
             from_batch = est.weight_copies_bytes // per_sample + 1 if per_sample > 0 else None
             notes.append(
-                f"{est.precision} activations ({fmt_gb(est.activations_bytes)}) exceed fp32's "
-                f"({fmt_gb(fp32.activations_bytes)}) at micro-batch {est.micro_batch}: autocast saves a 16-bit copy "
-                f"of every weight its matmuls use, for backward ({fmt_gb(est.weight_copies_bytes)}, the same at "
-                f"any batch size), and halving the saved tensors saves only {fmt_gb(per_sample)} per sample"
+                f"{est.precision} activations ({human_bytes(est.activations_bytes)}) exceed fp32's "
+                f"({human_bytes(fp32.activations_bytes)}) at micro-batch {est.micro_batch}: autocast saves a 16-bit copy "
+                f"of every weight its matmuls use, for backward ({human_bytes(est.weight_copies_bytes)}, the same at "
+                f"any batch size), and halving the saved tensors saves only {human_bytes(per_sample)} per sample"
                 + (f"; from micro-batch {from_batch} on, {est.precision} activations are the smaller"
                    if from_batch else ""))
     total = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
     if est.peak_bytes < total:
-        head = (f"the predicted peak ({fmt_gb(est.peak_bytes)}) is below the sum of the categories "
-                f"({fmt_gb(total)}) because they do not all peak at the same moment: ")
+        head = (f"the predicted peak ({human_bytes(est.peak_bytes)}) is below the sum of the categories "
+                f"({human_bytes(total)}) because they do not all peak at the same moment: ")
         if est.peak_moment == "activations":
-            recompute = (f" and a checkpointed region being recomputed ({fmt_gb(est.recompute_bytes)})"
+            recompute = (f" and a checkpointed region being recomputed ({human_bytes(est.recompute_bytes)})"
                          if est.recompute_bytes else "")
             notes.append(head + f"it comes early in backward, with the saved activations, the logits' gradients "
-                         f"({fmt_gb(est.logits_grad_bytes)}){recompute} alive and few gradients made yet; backward "
+                         f"({human_bytes(est.logits_grad_bytes)}){recompute} alive and few gradients made yet; backward "
                          f"frees each layer's activations as it makes that layer's gradients, so all the gradients "
-                         f"({fmt_gb(est.grads_bytes)}) never meet all the activations")
+                         f"({human_bytes(est.grads_bytes)}) never meet all the activations")
         else:
             extra = est.peak_bytes - est.params_bytes - est.optimizer_bytes - est.grads_bytes
-            tied = f", with the tied embedding's two partial gradients ({fmt_gb(extra)}) on top," if extra > 0 else ""
+            tied = f", with the tied embedding's two partial gradients ({human_bytes(extra)}) on top," if extra > 0 else ""
             notes.append(head + f"it comes at the end of backward, when every gradient exists "
-                         f"({fmt_gb(est.grads_bytes)}){tied} and the activations "
-                         f"({fmt_gb(est.activations_bytes)}) are already freed")
+                         f"({human_bytes(est.grads_bytes)}){tied} and the activations "
+                         f"({human_bytes(est.activations_bytes)}) are already freed")
     return notes
-
-
-def fmt_gb(n: float) -> str:
-    """Bytes in the unit people read them in: MiB under 1 GiB, else GiB."""
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 

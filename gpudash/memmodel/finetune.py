@@ -25,59 +25,19 @@ to the host when the device runs out.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpudash.memmodel.hf_activations import Setting, layer_flops, saved_bytes
 from gpudash.memmodel.hf_arch import HFArch
+from gpudash.memmodel.plan import Estimate, FitOption, ParamError, usable_bytes
 
-__all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "FinetuneFit", "HFEstimate", "estimate_hf", "explain_hf",
-           "what_fits_hf"]
+__all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "estimate_hf", "hf_fits", "hf_notes"]
 
 FINETUNES = ("full", "lora", "qlora")
 WEIGHTS = ("fp32", "bf16", "fp16", "int8", "nf4")
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "sgd", "adafactor")
 ATTNS = ("eager", "sdpa", "flash")
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class HFEstimate:
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    peak_bytes: int
-    forward_peak_bytes: int
-    host_bytes: int
-    recompute_bytes: int
-    flops_per_token: int
-    """Training FLOPs per token: 2 N forward, 2 N for the input gradients, 2 N more for the weight
-    gradients of trainable matrices only (a frozen layer's backward makes none), plus attention."""
-    recompute_flops_per_token: int
-    weight_copies_bytes: int
-    logits_grad_bytes: int
-    dequant_bytes: int
-    """Bytes one micro-batch reads and writes dequantizing 4/8-bit weights (forward, backward, recompute)."""
-    n_params: int
-    trainable_params: int
-    peak_moment: str
-    micro_batch: int
-    seq_len: int
-    finetune: str
-    weights: str
-    optimizer: str
-    attn: str
-    ckpt: str
-    precision: str
-    offload: str
-    lora_r: int
-    lora_targets: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["lora_targets"] = list(self.lora_targets)
-        return d
 
 
 def _quant_bytes(n: int, rows: int, weights: str, double_quant: bool) -> int:
@@ -106,29 +66,32 @@ def _optimizer_bytes(tensors: list[tuple[int, int, int]], optimizer: str) -> int
 def estimate_hf(arch: HFArch, *, micro_batch: int, seq_len: int, finetune: str = "full", lora_r: int = 8,
                 lora_targets: tuple[str, ...] | None = None, lora_dropout: float = 0.0, weights: str = "",
                 optimizer: str = "adamw", attn: str = "sdpa", ckpt: str = "none", precision: str = "fp32",
-                offload: str = "none", accum: int = 1, double_quant: bool = True, cuda: bool = True) -> HFEstimate:
+                offload: str = "none", accum: int = 1, double_quant: bool = True, cuda: bool = True) -> Estimate:
     """Predict one rank's memory for fine-tuning ``arch``. ``weights`` defaults to fp32 (full; lora
     under --precision fp32), bf16 (lora in 16-bit) or nf4 (qlora)."""
     if finetune not in FINETUNES:
-        raise ValueError(f"unknown --finetune {finetune!r}; use full, lora or qlora")
+        raise ParamError(f"unknown {{finetune}} {finetune!r}; use full, lora or qlora", "finetune")
     weights = weights or {"full": "fp32", "lora": "fp32" if precision == "fp32" else "bf16", "qlora": "nf4"}[finetune]
-    for val, allowed, flag in ((weights, WEIGHTS, "--weights"), (optimizer, OPTIMIZERS, "--optimizer"),
-                               (attn, ATTNS, "--attn"), (precision, ("fp32", "bf16", "fp16"), "--precision"),
-                               (ckpt, ("none", "block"), "--ckpt (a Hugging Face model checkpoints whole layers)"),
-                               (offload, ("none", "optimizer"), "--offload")):
+    for val, allowed, name in ((weights, WEIGHTS, "weights"), (optimizer, OPTIMIZERS, "optimizer"),
+                               (attn, ATTNS, "attn"), (precision, ("fp32", "bf16", "fp16"), "precision"),
+                               (offload, ("none", "optimizer"), "offload")):
         if val not in allowed:
-            raise ValueError(f"unknown {flag.split(' ')[0]} {val!r}; use {', '.join(allowed)}"
-                             + ("" if " " not in flag else f" for {flag.split(' ', 1)[1][1:-1]}"))
+            raise ParamError(f"unknown {{{name}}} {val!r}; use {', '.join(allowed)}", name)
+    if ckpt not in ("none", "block"):
+        raise ParamError(f"unknown {{ckpt}} {ckpt!r}; use none or block for a Hugging Face model (it checkpoints "
+                         f"whole layers)", "ckpt")
     if micro_batch < 1 or seq_len < 1 or accum < 1 or lora_r < 1:
-        raise ValueError("--batch, --seq-len, --accum and --lora-r must be >= 1")
+        raise ParamError("{micro_batch}, {seq_len}, {accum} and {lora_r} must be >= 1", "micro_batch", "seq_len",
+                         "accum", "lora_r")
     quantized = weights in ("int8", "nf4")
     if finetune == "qlora" and not quantized:
-        raise ValueError(f"--finetune qlora trains adapters over 4/8-bit weights; use --weights nf4 or int8, "
-                         f"not {weights} (or --finetune lora)")
+        raise ParamError(f"{{finetune}} qlora trains adapters over 4/8-bit weights; use {{weights}} nf4 or int8, "
+                         f"not {weights} (or {{finetune}} lora)", "finetune", "weights")
     if quantized and finetune == "full":
-        raise ValueError(f"{weights} weights cannot be trained directly; use --finetune qlora (or lora)")
+        raise ParamError(f"{weights} weights cannot be trained directly; use {{finetune}} qlora (or lora)", "finetune")
     if attn == "flash" and precision == "fp32" and weights in ("fp32", "int8", "nf4"):
-        raise ValueError("--attn flash runs in 16-bit only; add --precision bf16 (or use --attn sdpa)")
+        raise ParamError("{attn} flash runs in 16-bit only; use {precision} bf16 (or {attn} sdpa)", "attn",
+                         "precision")
     lora = finetune != "full"
     targets = arch.resolve_targets(lora_targets) if lora else ()
     w = _BYTES.get(weights, 4)
@@ -186,8 +149,8 @@ def estimate_hf(arch: HFArch, *, micro_batch: int, seq_len: int, finetune: str =
     flops = (6 * n_mat if not lora else 4 * n_mat + 6 * n_lora) + attention
     refwd = (weight_fl + attn_fl) * arch.n_layer if s.ckpt else 0
     dequant = n_q * (2 + int(s.ckpt)) * (compute + (0.52 if weights == "nf4" else 1)) if quantized else 0
-    return HFEstimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act["total"],
-                      peak_bytes=fixed + backward, forward_peak_bytes=fixed + act["total"] + (grads if accum > 1 else 0),
+    return Estimate(params_bytes=params, grads_bytes=grads, optimizer_bytes=opt, activations_bytes=act["total"],
+                    peak_bytes=fixed + backward, forward_peak_bytes=fixed + act["total"] + (grads if accum > 1 else 0),
                       host_bytes=host, recompute_bytes=recompute, flops_per_token=flops,
                       recompute_flops_per_token=refwd, weight_copies_bytes=act["weight_copies"],
                       logits_grad_bytes=logits_grads, dequant_bytes=int(dequant), n_params=arch.n_params(),
@@ -197,31 +160,16 @@ def estimate_hf(arch: HFArch, *, micro_batch: int, seq_len: int, finetune: str =
                       lora_r=lora_r if lora else 0, lora_targets=targets)
 
 
-@dataclass(frozen=True, slots=True)
-class FinetuneFit:
-    finetune: str
-    weights: str
-    optimizer: str
-    ckpt: str
-    micro_batch: int
-    """Largest micro-batch that fits (0: not even one)."""
-    peak_bytes: int
-    step_s: float
-    step_cost: float
-    """Step time relative to a full bf16 fine-tune without checkpointing at the same tokens per step."""
-    trainable_params: int
-
-
-def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_step: int = 0, max_batch: int = 256,
-                 time_model: Any = None, attn: str = "sdpa", usable: float = 0.92,
-                 **adapter: Any) -> list[FinetuneFit]:
+def hf_fits(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_step: int = 0, max_batch: int = 256,
+                 time_model: Any = None, attn: str = "sdpa",
+                 **adapter: Any) -> list[FitOption]:
     """Full, LoRA (bf16 base) and QLoRA (nf4 base, double quantization) mixes in 16-bit compute, with
     and without checkpointing, AdamW or 8-bit AdamW, fastest first; each at its largest micro-batch.
     ``adapter``: lora_r, lora_targets, lora_dropout, double_quant for the LoRA and QLoRA rows."""
     from gpudash.memmodel.steptime import StepTimeModel
 
     model = time_model or StepTimeModel()
-    cap = card_bytes * usable
+    cap = usable_bytes(card_bytes)
     tokens = tokens_per_step or seq_len
     ref = model.step(estimate_hf(arch, micro_batch=1, seq_len=seq_len, precision="bf16", attn=attn), tokens).total_s
     out = []
@@ -240,20 +188,21 @@ def what_fits_hf(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_st
                         hi = mid - 1
                 est = estimate_hf(arch, micro_batch=max(best, 1), seq_len=seq_len, **kw)
                 t = model.step(est, tokens).total_s
-                out.append(FinetuneFit(finetune, weights, optimizer, ckpt, best, est.peak_bytes, t, t / ref - 1,
-                                       est.trainable_params))
+                costs = [f"recompute {ckpt}"] * (ckpt != "none") + [f"dequantize {weights}"] * (weights == "nf4")
+                out.append(FitOption(finetune, weights, optimizer, ckpt, "bf16", "none", best, est.peak_bytes,
+                                     est.host_bytes, t, t / ref - 1, est.trainable_params, ", ".join(costs) or "none"))
     out.sort(key=lambda f: (f.micro_batch == 0, f.step_s, f.peak_bytes))
     return out
 
 
-def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
+def hf_notes(arch: HFArch, est: Estimate) -> list[str]:
     """Why the numbers look as they do, as sentences (``gpudash estimate`` prints them)."""
-    from gpudash.memmodel.estimator import fmt_gb
+    from gpudash.units import human_bytes
 
     notes: list[str] = []
     frozen = est.n_params - est.trainable_params
     if est.finetune != "full":
-        copies = (f" (under autocast, a 16-bit copy of its fp32 weight: {fmt_gb(est.weight_copies_bytes)} in all)"
+        copies = (f" (under autocast, a 16-bit copy of its fp32 weight: {human_bytes(est.weight_copies_bytes)} in all)"
                   if est.weight_copies_bytes else "")
         first = ("" if est.ckpt != "none" else
                  "; what runs before the first adapter keeps nothing (no input there needs a gradient)")
@@ -265,18 +214,18 @@ def explain_hf(arch: HFArch, est: HFEstimate) -> list[str]:
         other = 4 * (arch.n_params() - n_lin)
         bits = 8 * (est.params_bytes - other - 4 * (est.trainable_params if est.finetune != "full" else 0)) / n_lin
         notes.append(f"{est.weights} decoder weights take {bits:.3f} bits per parameter with their quantization "
-                     f"constants; embeddings, head and norms stay fp32 ({fmt_gb(other)}), as peft's "
+                     f"constants; embeddings, head and norms stay fp32 ({human_bytes(other)}), as peft's "
                      f"prepare_model_for_kbit_training casts them; each linear is dequantized to 16 bits per call "
                      f"(one layer's weight at a time)")
     if est.optimizer == "paged_adamw8bit":
         notes.append("paged_adamw8bit's state is counted on the device; bitsandbytes pages it to host RAM "
                      "(unified memory) only when the device runs out")
     if est.peak_moment == "activations":
-        notes.append(f"the peak comes early in backward: saved activations ({fmt_gb(est.activations_bytes)}), the "
-                     f"logits' gradients ({fmt_gb(est.logits_grad_bytes)})"
-                     + (f" and the layer being recomputed ({fmt_gb(est.recompute_bytes)})" if est.recompute_bytes
+        notes.append(f"the peak comes early in backward: saved activations ({human_bytes(est.activations_bytes)}), the "
+                     f"logits' gradients ({human_bytes(est.logits_grad_bytes)})"
+                     + (f" and the layer being recomputed ({human_bytes(est.recompute_bytes)})" if est.recompute_bytes
                         else "") + " alive, few gradients made yet")
     else:
-        notes.append(f"the peak comes at the end of backward, when every gradient exists ({fmt_gb(est.grads_bytes)})"
+        notes.append(f"the peak comes at the end of backward, when every gradient exists ({human_bytes(est.grads_bytes)})"
                      f" and the activations are freed")
     return notes

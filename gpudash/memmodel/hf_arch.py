@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpudash.memmodel.plan import ParamError
+
 __all__ = ["CONFIG_DIR", "FAMILIES", "LORA_DEFAULT_TARGETS", "HFArch", "Linear", "hf_preset", "load_config"]
 
 CONFIG_DIR = Path(__file__).with_name("configs")
@@ -135,8 +137,8 @@ class HFArch:
         short = {n.split(".")[-1] for n in names}  # PEFT matches a name's last part: c_proj is both
         bad = [t for t in targets if t not in names and t not in short]
         if bad:
-            raise ValueError(f"--lora-targets {','.join(bad)}: no such module in a {self.family} layer; "
-                             f"choose from {','.join(names)} (or all-linear)")
+            raise ParamError(f"{{lora_targets}} {','.join(bad)}: no such module in a {self.family} layer; "
+                             f"choose from {','.join(names)} (or all-linear)", "lora_targets")
         return tuple(dict.fromkeys(targets))
 
     def scaled(self, **fields: Any) -> HFArch:
@@ -191,11 +193,11 @@ def load_config(path: str | Path) -> HFArch:
     try:
         cfg = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"--config {path}: no such file; pass a Hugging Face config.json") from None
+        raise ParamError(f"{{path}} {path}: no such file; pass a Hugging Face config.json", "path") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--config {path}: not a readable JSON file ({exc})") from None
+        raise ParamError(f"{{path}} {path}: not a readable JSON file ({exc})", "path") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"--config {path}: expected a JSON object, as config.json is")
+        raise ParamError(f"{{path}} {path}: expected a JSON object, as config.json is", "path")
     return HFArch.from_dict(cfg, name=p.parent.name if p.name == "config.json" else p.stem)
 
 

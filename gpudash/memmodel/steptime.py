@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpudash.memmodel.plan import ParamError
+
 __all__ = ["StepTime", "StepTimeModel"]
 
 
@@ -50,9 +52,9 @@ class StepTimeModel:
 
     def __post_init__(self) -> None:
         if not self.tflops > 0:
-            raise ValueError("--tflops must be > 0")
+            raise ParamError("{tflops} must be > 0", "tflops")
         if not self.pcie_gbps > 0:
-            raise ValueError("--pcie-gbps must be > 0")
+            raise ParamError("{pcie_gbps} must be > 0", "pcie_gbps")
 
     def step(self, est: Any, tokens_per_step: int) -> StepTime:
         """Seconds of one optimizer step of ``tokens_per_step`` tokens for an :class:`Estimate`'s mix."""

@@ -1,9 +1,10 @@
 """Adaptive micro-batch size with OOM recovery, and the CPU stand-ins for an OOM.
 
-The controller starts at the estimator's safe micro-batch, grows it x1.2
-every ``grow_every`` good steps while the measured peak stays under the low
-end of the target band (70-85 % of capacity) and the grown batch is predicted
-to stay under the high end, and shrinks it x0.8 after an OOM. The effective
+The controller starts at the largest micro-batch the estimator predicts under
+:data:`GROW_BELOW` of capacity, grows it x1.2 every ``grow_every`` good steps
+while the measured peak stays under that share and the grown batch is
+predicted to stay within the share of the card every plan may use
+(:data:`gpudash.memmodel.plan.CARD_SHARE`, what ``gpudash estimate`` calls fitting), and shrinks it x0.8 after an OOM. The effective
 batch (samples per optimizer step) never changes: a smaller micro-batch
 means more gradient-accumulation micro-steps.
 
@@ -22,17 +23,22 @@ from typing import Any
 
 import torch
 
+from gpudash.memmodel.plan import CARD_SHARE
 from gpudash.units import distinct_bytes
 
-__all__ = ["AdaptiveBatch", "BudgetMeter", "OOMInjector", "tensor_bytes"]
+__all__ = ["GROW_BELOW", "AdaptiveBatch", "BudgetMeter", "OOMInjector", "tensor_bytes"]
 
 GROW = 1.2
 SHRINK = 0.8
+GROW_BELOW = 0.70
+"""The controller's own number, below the card share: it starts where the prediction is under this
+share of capacity and grows while the measured peak is, so that measurement, not the estimate alone,
+takes the micro-batch up to what fits."""
 
 
 class AdaptiveBatch:
     def __init__(self, effective: int, start: int, *, adaptive: bool, max_micro: int | None = None,
-                 target: tuple[float, float] = (0.70, 0.85), grow_every: int = 5) -> None:
+                 target: tuple[float, float] = (GROW_BELOW, CARD_SHARE), grow_every: int = 5) -> None:
         if effective < 1 or start < 1:
             raise ValueError("batch sizes must be >= 1")
         self.effective = effective

@@ -24,9 +24,10 @@ import torch
 from gpudash.analysis.stability import SPIKE_WINDOW, trailing_spike
 from gpudash.collectors.env import placement
 from gpudash.collectors.oom import record_oom
-from gpudash.memmodel.estimator import Estimate, estimate, estimate_step, fmt_gb, safe_micro_batch
+from gpudash.memmodel.estimator import estimate, estimate_step, safe_micro_batch
+from gpudash.memmodel.plan import Estimate
 from gpudash.monitor import Monitor
-from gpudash.trainer.batching import AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
+from gpudash.trainer.batching import GROW_BELOW, AdaptiveBatch, BudgetMeter, OOMInjector, tensor_bytes
 from gpudash.trainer.checkpointing import apply_checkpointing, parse_mode
 from gpudash.trainer.config import TrainConfig
 from gpudash.trainer.data import LengthBuckets, MicroBatch, corpus_samples, micro_batches
@@ -161,14 +162,14 @@ class Trainer:
         elif self.capacity is None:
             start = eff
         else:
-            start = safe_micro_batch(self.model_cfg, capacity_bytes=self.capacity, seq_len=self.seq_len,
-                                     limit=eff, fraction=0.75, **self._techniques())
+            start = safe_micro_batch(self.model_cfg, card_bytes=self.capacity, seq_len=self.seq_len,
+                                     limit=eff, share=GROW_BELOW, **self._techniques())
             if start == 0:
                 static = estimate(self.model_cfg, micro_batch=1, seq_len=self.seq_len, **self._techniques())
                 fixed = static.params_bytes + static.optimizer_bytes + static.grads_bytes
                 if fixed > self.capacity:
-                    raise ValueError(f"{cfg.preset} needs {fmt_gb(fixed)} before any activation, more than the "
-                                     f"capacity {fmt_gb(self.capacity)}; see `gpudash estimate --preset {cfg.preset} "
+                    raise ValueError(f"{cfg.preset} needs {human_bytes(fixed)} before any activation, more than the "
+                                     f"capacity {human_bytes(self.capacity)}; see `gpudash estimate --preset {cfg.preset} "
                                      f"--card-gb N` for a mix that fits")
                 start = 1
         self.batch = AdaptiveBatch(eff, start, adaptive=cfg.micro_fixed is None,

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from gpudash.memmodel.estimator import Estimate
+from gpudash.memmodel.plan import Estimate
 from gpudash.trainer.config import TrainConfig
 from gpudash.units import distinct_bytes
 

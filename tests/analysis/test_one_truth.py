@@ -208,9 +208,9 @@ def test_every_surface_states_the_same_facts(name: str, runs_dir: Path, client: 
             assert "parameters (trainable)" in names and "parameters (frozen)" in names
         for text in (info, html):
             assert "trainable" in text and "frozen" in text
-        from gpudash.analysis.verdict import fmt_bytes
+        from gpudash.units import human_bytes
 
-        assert fmt_bytes(facts.trainable_params_bytes) in info
+        assert human_bytes(facts.trainable_params_bytes) in info
 
     # the trainer's end-of-run lines
     from gpudash.commands.train import summary_lines

@@ -8,8 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from helpers.oom_messages import LEGACY
+
 from gpudash.analysis import summarize
-from gpudash.analysis.oom import oom_reports, oom_verdicts, parse_oom_message
+from gpudash.analysis.oom import oom_reports, oom_verdicts
+from gpudash.store.oom_message import parse_oom_message
 
 GiB = 2**30
 
@@ -100,14 +103,14 @@ def test_oom_event_without_numbers_from_the_cuda_message(tmp_path: Path) -> None
     assert r.requested_bytes == 4 * GiB and r.verdict == "did not fit"
 
 
-def test_parse_both_message_formats() -> None:
-    new = parse_oom_message("Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 7.79 GiB of which "
-                            "3.44 MiB is free. Of the allocated memory 7.50 GiB is allocated by PyTorch, and "
-                            "100.00 MiB is reserved by PyTorch but unallocated.")
-    assert new["requested_bytes"] == 20 * 2**20 and new["reserved_unallocated_bytes"] == 100 * 2**20
-    old = parse_oom_message("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.79 GiB total capacity; "
-                            "7.50 GiB already allocated; 3.44 MiB free; 7.60 GiB reserved in total by PyTorch)")
-    assert old["capacity_bytes"] == 7.79 * GiB and old["reserved_unallocated_bytes"] > 0
+def test_forensics_read_the_message_as_the_collector_does(tmp_path: Path) -> None:
+    """One parser: a legacy message in an event with no numbers gives the report the collector's bytes."""
+    run = _loop_then_oom_event(tmp_path, "legacy")
+    run.events.loc[run.events["kind"] == "oom", "message"] = LEGACY
+    (r,) = oom_reports(run)
+    d = parse_oom_message(LEGACY)
+    assert r.capacity_bytes == d["capacity_bytes"] == round(15.78 * GiB)  # binary, as torch prints it
+    assert r.reserved_unallocated_bytes == d["reserved_unallocated_bytes"] > 0
 
 
 def test_injected_oom_is_named_as_a_testing_aid(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import gpudash
-from gpudash.collectors.oom import parse_oom_message, record_oom
+from gpudash.collectors.oom import record_oom
 from gpudash.monitor import Monitor
+from gpudash.store.oom_message import parse_oom_message
 from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
 
 torch = pytest.importorskip("torch")

@@ -55,7 +55,7 @@ def test_downsampled_page_shows_every_rows_numbers(two_ranks: Path) -> None:
     import gpudash
     from gpudash.analysis.ranks import rank_summary
     from gpudash.analysis.rates import fmt_rate, rate_of
-    from gpudash.server.layouts.common import fmt_num
+    from gpudash.units import fmt_num
 
     run = gpudash.load_run(two_ranks)
     whole = ranks.rank_rows(run.steps, run.memory)

@@ -107,7 +107,7 @@ def test_snapshots_that_cannot_be_read_say_why(run: Path, monkeypatch: pytest.Mo
 
 def test_the_page_and_the_cli_show_the_same_diff(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One fact, one place: the run page's diff table and ``gpudash diff-snapshots --json`` agree."""
-    from gpudash.server.layouts.common import fmt_bytes
+    from gpudash.units import human_bytes
 
     maps = snapshot_views.load_snapshots(RunReader(run))
     page = _json_children(diff_children(maps, maps[0], maps[1]))
@@ -115,5 +115,5 @@ def test_the_page_and_the_cli_show_the_same_diff(run: Path, capsys: pytest.Captu
     data = json.loads(capsys.readouterr().out)
     for s in data["stacks"][:5]:
         sign = "+" if s["delta_bytes"] > 0 else "-"
-        assert sign + fmt_bytes(abs(s["delta_bytes"])) in page
-    assert ("+" + fmt_bytes(data["allocated_delta_bytes"])) in page
+        assert sign + human_bytes(abs(s["delta_bytes"])) in page
+    assert ("+" + human_bytes(data["allocated_delta_bytes"])) in page

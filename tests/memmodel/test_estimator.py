@@ -5,17 +5,12 @@ import re
 import pytest
 import torch
 
-from gpudash.memmodel.estimator import (
-    ModelShape,
-    estimate,
-    estimate_step,
-    explain,
-    fmt_gb,
-    safe_micro_batch,
-    what_fits,
-)
+from gpudash.memmodel.estimator import ModelShape, estimate, estimate_step, safe_micro_batch
+from gpudash.memmodel.fit import explain, what_fits
+from gpudash.memmodel.plan import CARD_SHARE
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.trainer.model import GPT, preset
+from gpudash.units import human_bytes
 
 SAME_SHAPE = {"seq_len": 64, "min_len": 64, "batch": 8, "steps": 3}
 
@@ -91,10 +86,10 @@ def test_llama_7b_on_a_24_gb_card() -> None:
 def test_safe_micro_batch_respects_capacity() -> None:
     cfg = preset("gpt2-124m")
     cap = 16 * 2**30
-    b = safe_micro_batch(cfg, capacity_bytes=cap, seq_len=1024, limit=256, fraction=0.8)
+    b = safe_micro_batch(cfg, card_bytes=cap, seq_len=1024, limit=256)
     assert b >= 1
-    assert estimate(cfg, micro_batch=b, seq_len=1024, accum=2).peak_bytes <= 0.8 * cap
-    assert estimate(cfg, micro_batch=b + 1, seq_len=1024, accum=2).peak_bytes > 0.8 * cap
+    assert estimate(cfg, micro_batch=b, seq_len=1024, accum=2).peak_bytes <= CARD_SHARE * cap
+    assert estimate(cfg, micro_batch=b + 1, seq_len=1024, accum=2).peak_bytes > CARD_SHARE * cap
 
 
 def test_recompute_flops_follow_the_checkpointed_regions() -> None:
@@ -196,7 +191,7 @@ def test_peak_below_the_sum_of_categories_is_explained_by_when_it_happens() -> N
         total = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
         assert est.peak_bytes < total
         note = next(n for n in explain(cfg, est) if "sum of the categories" in n)
-        assert words in note and fmt_gb(est.peak_bytes) in note and fmt_gb(total) in note
+        assert words in note and human_bytes(est.peak_bytes) in note and human_bytes(total) in note
     assert "tied embedding's two partial gradients" in explain(cfg, late)[-1]  # gpt2 ties its head
     # with accumulation the later micro-batches run on top of every gradient: the peak is above the sum
     accum = estimate(cfg, micro_batch=8, seq_len=1024, accum=2)
@@ -221,7 +216,7 @@ def test_step_time_model_arithmetic() -> None:
     moved = model.step(off, 1000)
     assert moved.transfer_bytes == 2 * 4 * 10_000  # fp32 gradients out, fp32 weights back
     assert moved.transfer_s == pytest.approx(80_000 / 16e9)
-    with pytest.raises(ValueError, match="--pcie-gbps"):
+    with pytest.raises(ValueError, match="pcie_gbps"):  # the parameter; the CLI says --pcie-gbps
         StepTimeModel(pcie_gbps=0)
 
 

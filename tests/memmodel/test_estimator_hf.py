@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpudash.memmodel.finetune import estimate_hf, what_fits_hf
+from gpudash.memmodel.finetune import estimate_hf
+from gpudash.memmodel.fit import what_fits
 from gpudash.memmodel.hf_activations import Setting, saved_bytes
 from gpudash.memmodel.hf_arch import HFArch, hf_preset
+from gpudash.memmodel.plan import CARD_SHARE
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -91,10 +93,10 @@ def test_what_fits_a_7b_on_small_cards_is_lora_and_qlora() -> None:
     arch = hf_preset("llama-2-7b")
     assert arch is not None
     for gb in (24, 16, 12, 8):
-        fits = [f for f in what_fits_hf(arch, card_bytes=gb * 2**30, seq_len=512) if f.micro_batch]
+        fits = [f for f in what_fits(arch, card_bytes=gb * 2**30, seq_len=512) if f.micro_batch]
         assert fits and all(f.finetune != "full" for f in fits)
-        assert all(f.peak_bytes <= gb * 2**30 * 0.92 for f in fits)
-    eight = [f.finetune for f in what_fits_hf(arch, card_bytes=8 * 2**30, seq_len=512) if f.micro_batch]
+        assert all(f.peak_bytes <= gb * 2**30 * CARD_SHARE for f in fits)
+    eight = [f.finetune for f in what_fits(arch, card_bytes=8 * 2**30, seq_len=512) if f.micro_batch]
     assert set(eight) == {"qlora"}
 
 
@@ -164,7 +166,7 @@ def test_bad_finetune_input_gets_one_line(args: list[str], words: str, tmp_path:
 
 def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFixture[str]) -> None:
     from gpudash.cli import main
-    from gpudash.memmodel.estimator import fmt_gb
+    from gpudash.units import human_bytes
 
     argv = ["estimate", "--preset", "llama-2-7b", "--finetune", "qlora", "--ckpt", "block", "--precision", "bf16",
             "--optimizer", "paged_adamw8bit", "--batch", "2", "--seq-len", "512", "--card-gb", "12"]
@@ -173,7 +175,7 @@ def test_cli_table_and_json_agree_for_a_shipped_preset(capsys: pytest.CaptureFix
     assert d["fits_card"] and d["what_fits"] and d["trainable_params"] == 4_194_304  # r=8 on q,v: 32 x 2 x 8 x 8192
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert re.search(rf"peak_bytes\s+{re.escape(fmt_gb(d['peak_bytes']))}", text)
+    assert re.search(rf"peak_bytes\s+{re.escape(human_bytes(d['peak_bytes'], 2))}", text)
     assert "qlora" in text and "no weight gradients for frozen matrices" in text.replace("\n    ", " ")
 
 
@@ -188,25 +190,25 @@ def test_default_lora_targets_are_pefts() -> None:
 
 
 def test_notes_say_what_lora_and_nf4_change() -> None:
-    from gpudash.memmodel.finetune import explain_hf
+    from gpudash.memmodel.fit import explain
 
     arch = hf_preset("llama-2-7b")
     assert arch is not None
     est = estimate_hf(arch, micro_batch=1, seq_len=256, finetune="qlora", precision="bf16", ckpt="block")
-    notes = " ".join(explain_hf(arch, est))
+    notes = " ".join(explain(arch, est))
     assert f"{est.n_params - est.trainable_params:,} frozen parameters" in notes
     assert "4.127 bits per parameter" in notes  # 4 bits + 8/64 + 32/(64*256) bits of constants
     assert "before the first adapter" not in notes  # under checkpointing the layer inputs need gradients
     full = estimate_hf(arch, micro_batch=1, seq_len=256, precision="bf16")
-    assert "frozen" not in " ".join(explain_hf(arch, full))
+    assert "frozen" not in " ".join(explain(arch, full))
 
 
 def test_what_fits_uses_the_asked_adapters() -> None:
     arch = hf_preset("llama-2-7b")
     assert arch is not None
-    small = [f for f in what_fits_hf(arch, card_bytes=12 * 2**30, seq_len=512) if f.finetune == "qlora"]
-    big = [f for f in what_fits_hf(arch, card_bytes=12 * 2**30, seq_len=512, lora_r=64,
+    small = [f for f in what_fits(arch, card_bytes=12 * 2**30, seq_len=512) if f.finetune == "qlora"]
+    big = [f for f in what_fits(arch, card_bytes=12 * 2**30, seq_len=512, lora_r=64,
                                    lora_targets=("all-linear",)) if f.finetune == "qlora"]
     assert small[0].trainable_params == 4_194_304 and big[0].trainable_params == 159_907_840
-    assert all(f.trainable_params == 6_738_415_616 for f in what_fits_hf(arch, card_bytes=12 * 2**30, seq_len=512,
+    assert all(f.trainable_params == 6_738_415_616 for f in what_fits(arch, card_bytes=12 * 2**30, seq_len=512,
                                                                           lora_r=64) if f.finetune == "full")

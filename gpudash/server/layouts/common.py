@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 from dash import html
 from gpudash.server.layouts.fig import Fig
-from gpudash.units import fmt_duration, human_bytes
+from gpudash.units import fmt_duration
 
 __all__ = [
     "UIREVISION",
@@ -21,8 +21,6 @@ __all__ = [
     "byte_unit",
     "hover_template",
     "time_unit",
-    "fmt_bytes",
-    "fmt_num",
     "fmt_s",
     "note",
     "plot_text",
@@ -100,20 +98,8 @@ def plot_text(value: object, limit: int = 300) -> str:
     return _html.escape(text, quote=False)
 
 
-def fmt_bytes(n: float | None) -> str:
-    return human_bytes(n)
-
-
 def fmt_s(s: float | None) -> str:
     return fmt_duration(s)
-
-
-def fmt_num(v: float | None, digits: int = 3) -> str:
-    if v is None or not math.isfinite(v):
-        return "-"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.{digits}g}"
 
 
 #: Binary byte units (as torch's OOM message): plotly's own ``s`` tick format would say "MB" for MiB values.

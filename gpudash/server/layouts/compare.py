@@ -17,7 +17,6 @@ from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.server.layouts.common import (
     base_figure,
     byte_unit,
-    fmt_bytes,
     fmt_s,
     hover_template,
     note,
@@ -31,6 +30,7 @@ from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.memory import CATEGORIES
 from gpudash.server.layouts.series import WINDOW
+from gpudash.units import human_bytes
 
 __all__ = ["COMPARE_GRAPHS", "compare_figures", "compare_page", "compare_rows", "total_memory"]
 
@@ -116,9 +116,9 @@ def compare_rows(views: list[tuple[str, RunView]], facts: list[Any], baseline: i
     for i, ((name, _), f) in enumerate(zip(views, facts, strict=True)):
         row: dict[str, Any] = {"run": name + (" (baseline)" if i == baseline else "")}
         for label, key in _PEAK_KEYS.items():
-            row[label] = fmt_bytes((f.peak_bytes or {}).get(key)) if f is not None else "-"
+            row[label] = human_bytes((f.peak_bytes or {}).get(key)) if f is not None else "-"
         peak, med, tps = (head(f, k) for k in ("peak_memory_bytes", "step_time_median_s", "tokens_per_s"))
-        row.update({"peak memory": fmt_bytes(peak if np.isfinite(peak) else None),
+        row.update({"peak memory": human_bytes(peak if np.isfinite(peak) else None),
                     "peak vs baseline": rel(peak, b["peak_memory_bytes"]),
                     "median step": fmt_s(med), "step time vs baseline": rel(med, b["step_time_median_s"]),
                     "tokens/s": fmt_rate(tps if np.isfinite(tps) else None),

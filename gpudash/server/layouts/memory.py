@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from gpudash.analysis import memory_parts
 from gpudash.analysis.memory_parts import has_frozen_params
-from gpudash.server.layouts.common import base_figure, byte_unit, fmt_bytes, plot_text, unit_axis, waiting_figure
+from gpudash.server.layouts.common import base_figure, byte_unit, plot_text, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.series import Series, add_series, series_xy
 from gpudash.store.schema import MEMORY_PARTS
@@ -180,7 +180,7 @@ def memory_at_figure(values: dict[str, float]) -> Fig:
     fig = base_figure(title, height=300, xaxis_title="", yaxis_title="memory", bytes_axis=unit)
     fig.add_trace({"type": "bar", "x": labels, "y": [values[k] / scale for k in labels],
                    "marker": {"color": [colors.get(k, "#888") for k in labels]},
-                   "text": [fmt_bytes(values[k]) for k in labels], "textposition": "auto", "hoverinfo": "x+text"})
+                   "text": [human_bytes(values[k]) for k in labels], "textposition": "auto", "hoverinfo": "x+text"})
     fig.update_layout(hovermode="closest", showlegend=False)
     return fig
 
@@ -233,7 +233,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     keep = list(np.argsort(-sizes)[:max_segments]) if len(segs) else []
     all_blocks = blocks
     blocks = blocks[blocks["_seg"].isin(keep)]
-    labels = {i: f"seg {i} ({fmt_bytes(sizes[i])})" for i in keep}
+    labels = {i: f"seg {i} ({human_bytes(sizes[i])})" for i in keep}
     if "address" in blocks:
         blocks = blocks.sort_values(["_seg", "address"])
     blocks["_offset"] = blocks.groupby("_seg")[size_c].cumsum() - blocks[size_c]
@@ -241,7 +241,7 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     states = blocks[state_c].astype(str) if state_c else pd.Series("active_allocated", index=blocks.index)
     for state in sorted(states.unique()):
         b = blocks[states == state]
-        hover = [f"{plot_text(state)} {fmt_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
+        hover = [f"{plot_text(state)} {human_bytes(sz)}" + (f"<br>{plot_text(_frame_text(fr))}" if frame_c else "")
                  for sz, fr in zip(b[size_c], b[frame_c] if frame_c else [None] * len(b), strict=False)]
         fig.add_trace({"type": "bar", "orientation": "h", "y": [labels[int(s)] for s in b["_seg"]],
                        "x": (b[size_c].astype(float) / scale).tolist(), "base": (b["_offset"].astype(float) / scale).tolist(),
@@ -255,15 +255,15 @@ def segment_map_figure(mm: Any, max_segments: int = 60) -> Fig:
     largest = float(getattr(mm, "largest_free_bytes", all_free.max() if len(all_free) else 0.0))
     shown = f"all {len(segs)} segments" if len(keep) == len(segs) else \
         f"showing the {len(keep)} largest of {len(segs)} segments"
-    fig.add_annotation(text=f"{shown}<br>free in all {len(segs)}: {fmt_bytes(total_free)} of "
-                            f"{fmt_bytes(float(sizes.sum()))} reserved · largest free block {fmt_bytes(largest)}",
+    fig.add_annotation(text=f"{shown}<br>free in all {len(segs)}: {human_bytes(total_free)} of "
+                            f"{human_bytes(float(sizes.sum()))} reserved · largest free block {human_bytes(largest)}",
                        showarrow=False, xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
                        align="left", font={"size": 11, "color": "#666"})
     free = blocks[states == "inactive"] if state_c else blocks.iloc[:0]
     if len(free) and float(free[size_c].max()) >= largest:
         big = free.loc[free[size_c].idxmax()]
         fig.add_annotation(x=(float(big["_offset"]) + float(big[size_c]) / 2) / scale, y=labels[int(big["_seg"])],
-                           text=f"largest free block {fmt_bytes(float(big[size_c]))}",
+                           text=f"largest free block {human_bytes(float(big[size_c]))}",
                            showarrow=True, arrowhead=2, ax=40, ay=-30)
     # fixed margins, no automargin (Plotly draws a figure whose margins it grows twice: half of this chart's
     # draw): room for the longest segment label on the left, the ticks, axis title and legend below
@@ -291,8 +291,8 @@ def activations_figure(acts: pd.DataFrame, step: int | None = None, rank: int = 
     fig.update_layout(hovermode="closest", showlegend=False)
     fig.update_xaxes(type="category")  # module names such as "0", "1" (nn.Sequential) are names, not numbers
     fig.update_layout(title={"text": f"Activations per module (step {last}, total "
-                                     f"{fmt_bytes(float(a['bytes'].sum()))})"})
+                                     f"{human_bytes(float(a['bytes'].sum()))})"})
     fig.add_trace({"type": "bar", "x": [plot_text(m) for m in a["module"]], "y": (a["bytes"].astype(float) / scale).tolist(),
-                   "text": [fmt_bytes(float(b)) for b in a["bytes"]], "hoverinfo": "x+text",
+                   "text": [human_bytes(float(b)) for b in a["bytes"]], "hoverinfo": "x+text",
                    "marker": {"color": "#d62728"}})
     return fig

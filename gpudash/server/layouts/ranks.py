@@ -25,9 +25,10 @@ from gpudash.analysis.ranks import (
     rank_summary,
     rank_work,
 )
-from gpudash.server.layouts.common import base_figure, fmt_bytes, fmt_num, fmt_s, note, plot_text
+from gpudash.server.layouts.common import base_figure, fmt_s, note, plot_text
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.stability import lights_row
+from gpudash.units import fmt_num, human_bytes
 
 __all__ = ["HEATMAP_RANKS", "node_rows", "rank_count", "rank_heatmap_figure", "rank_nodes", "rank_rows",
            "rank_step_figure", "ranks_box", "ranks_children", "ranks_table", "straggler_lights", "straggler_list"]
@@ -80,7 +81,7 @@ def rank_rows(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, str] |
             row[f"{ph}_median"] = fmt_s(_num(r.get(f"{ph}_median_s")))
         row["samples_s"] = fmt_num(_num(r.get("samples_per_s")))
         row["tokens_s"] = fmt_num(_num(r.get("tokens_per_s")))
-        row["memory_peak"] = fmt_bytes(_num(r.get("memory_peak_bytes")))
+        row["memory_peak"] = human_bytes(_num(r.get("memory_peak_bytes")))
         share = _num(r.get("slowest_share"))
         row["slowest_share"] = "-" if share is None else f"{100 * share:.0f} %"
         rows.append(row)

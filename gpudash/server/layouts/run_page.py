@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from dash import dcc, html
 from gpudash.server.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.server.layouts.common import base_figure, fmt_bytes, note, recorded_reason, source_reason, waiting_figure
+from gpudash.server.layouts.common import base_figure, note, recorded_reason, source_reason, waiting_figure
 from gpudash.server.layouts.data import RunView
 from gpudash.server.layouts.downsample import downsample_indices
 from gpudash.server.layouts.fig import Fig
@@ -22,6 +22,7 @@ from gpudash.server.layouts.snapshot_diff_view import diff_options, largest_chil
 from gpudash.server.layouts.style import DRAW_FIRST
 from gpudash.server.layouts.viewstate import zoom_store
 from gpudash.server.layouts.xaxis import XMODES, XAxis, style_figure, time_range_of, with_x
+from gpudash.units import human_bytes
 
 __all__ = ["EAGER", "LAZY", "PLACEHOLDER", "TABLES", "TABLE_PLACEHOLDER", "build_table", "table_placeholder", "page_graph", "placeholder", "LIVE_GRAPHS", "REPLAY_S", "SECTIONS", "section_nav", "SPEEDS", "STEP_GRAPHS", "build_graph", "cursor_shape", "graph_specs", "replay_speed",
            "RunPageData", "run_page", "speed_options", "summary_children"]
@@ -313,7 +314,7 @@ def _header(p: RunPageData, last: int | None) -> html.Div:
         html.Div([dcc.Link("← all runs", href=href("/")), html.H2(str(meta.get("name") or p.run_id), id="run-name")]),
         html.Div([
             html.Span(view.status, id="run-status", className=f"status status-{view.status}"),
-            html.Span(f" {device_label(meta)}" + (f" ({fmt_bytes(float(cap))})" if cap else ""), className="muted"),
+            html.Span(f" {device_label(meta)}" + (f" ({human_bytes(float(cap))})" if cap else ""), className="muted"),
             html.Span(" · rank ", className="muted"),
             *[dcc.Link(str(r), href=href(f"/run/{p.run_id}?rank={r}"),
                        className="rank-link" + (" current" if r == p.rank else "")) for r in view.ranks],

@@ -19,7 +19,7 @@ from dash import dcc, html
 from gpudash.analysis.progress import Progress
 from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.errors import RunError
-from gpudash.server.layouts.common import fmt_bytes, fmt_s, note
+from gpudash.server.layouts.common import fmt_s, note
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.progressbar import progress_cell
 from gpudash.server.runcache import WAIT_S, RunBusy, shared_cache
@@ -30,6 +30,7 @@ from gpudash.store.run import merged_meta, run_start
 from gpudash.store.runid import list_run_dirs
 from gpudash.store.schema import rank_from_db_name
 from gpudash.store.summarystore import summary_store
+from gpudash.units import human_bytes
 
 __all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
            "page_label", "read_meta", "run_stamp", "run_summary", "runs_page", "runs_table"]
@@ -322,7 +323,7 @@ def runs_table(runs_dir: Path, rows: list[dict[str, Any]], picked: set[str] | No
             html.Td(fmt_s(r.get("duration_s"))),
             html.Td(f"{r['steps']:,}"),
             html.Td(progress_cell(Progress.from_json(r.get("progress")), r.get("status")), className="progress-cell"),
-            html.Td(fmt_bytes(r.get("peak_bytes"))),
+            html.Td(human_bytes(r.get("peak_bytes"))),
             html.Td(fmt_rate(r.get("tokens_per_s"))),
             html.Td(fmt_rate(r.get("samples_per_s"))),
             html.Td(fmt_mfu(r.get("mfu"))),

@@ -8,14 +8,15 @@ from typing import Any
 
 from dash import dcc, html
 from gpudash.analysis.snapshot_diff import LiveAllocation, SnapshotDiff, largest_live, snapshot_diff
-from gpudash.server.layouts.common import base_figure, byte_unit, fmt_bytes, note, plot_text, unit_axis
+from gpudash.server.layouts.common import base_figure, byte_unit, note, plot_text, unit_axis
 from gpudash.server.layouts.fig import Fig
+from gpudash.units import human_bytes
 
 __all__ = ["diff_children", "diff_figure", "diff_options", "largest_children"]
 
 
 def _signed(n: int) -> str:
-    return ("+" if n > 0 else "-" if n < 0 else "±") + fmt_bytes(abs(n))
+    return ("+" if n > 0 else "-" if n < 0 else "±") + human_bytes(abs(n))
 
 
 def _frames(stack: str) -> list[Any]:
@@ -34,7 +35,7 @@ def largest_children(mm: Any, n: int = 15) -> list[Any]:
     if not rows:
         return [note("largest live allocations: none in this snapshot")]
     head = html.Tr([html.Th("size"), html.Th("requested"), html.Th("address"), html.Th("allocated by")])
-    body = [html.Tr([html.Td(fmt_bytes(r.size)), html.Td(fmt_bytes(r.requested_size)), html.Td(f"{r.address:#x}"),
+    body = [html.Tr([html.Td(human_bytes(r.size)), html.Td(human_bytes(r.requested_size)), html.Td(f"{r.address:#x}"),
                      html.Td(_frames(r.stack))]) for r in rows]
     return [html.H4(f"Largest live allocations (of {len(mm.blocks[mm.blocks['state'] == 'active_allocated']):,})"),
             html.Div(html.Table([html.Thead(head), html.Tbody(body)], id="largest-allocations", className="table"),
@@ -77,7 +78,7 @@ def _totals(diff: SnapshotDiff) -> html.Table:
 
     head = html.Tr([html.Th(""), html.Th(f"A: {name(a) or 'snapshot'}"), html.Th(f"B: {name(b) or 'snapshot'}"),
                     html.Th("change")])
-    body = [html.Tr([html.Td(label), html.Td(fmt_bytes(x)), html.Td(fmt_bytes(y)), html.Td(_signed(y - x))])
+    body = [html.Tr([html.Td(label), html.Td(human_bytes(x)), html.Td(human_bytes(y)), html.Td(_signed(y - x))])
             for label, x, y in (("allocated", a.allocated_bytes, b.allocated_bytes),
                                 ("reserved", a.reserved_bytes, b.reserved_bytes), ("free", a.free_bytes, b.free_bytes),
                                 ("largest free block", a.largest_free_bytes, b.largest_free_bytes))]
@@ -99,7 +100,7 @@ def diff_children(maps: list[Any], before: Any, after: Any, graph_config: Any = 
         return parts
     parts.append(dcc.Graph(id="snapshot-diff-graph", figure=diff_figure(diff), config=graph_config))
     head = html.Tr([html.Th("change"), html.Th("A"), html.Th("B"), html.Th("allocations"), html.Th("stack")])
-    body = [html.Tr([html.Td(_signed(r.delta_bytes)), html.Td(fmt_bytes(r.before_bytes)), html.Td(fmt_bytes(r.after_bytes)),
+    body = [html.Tr([html.Td(_signed(r.delta_bytes)), html.Td(human_bytes(r.before_bytes)), html.Td(human_bytes(r.after_bytes)),
                      html.Td(f"{r.before_count:,} -> {r.after_count:,}"), html.Td(_frames(r.stack))]) for r in diff.rows]
     parts.append(html.Table([html.Thead(head), html.Tbody(body)], id="snapshot-diff-table", className="table"))
     if diff.more:

@@ -19,7 +19,6 @@ from gpudash.server.layouts import memory
 from gpudash.server.layouts.common import (
     base_figure,
     byte_unit,
-    fmt_bytes,
     note,
     plot_text,
     source_reason,
@@ -30,7 +29,7 @@ from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.inputs import as_float
 from gpudash.server.layouts.viewstate import relayout_range
 from gpudash.store.reader import RunReader
-from gpudash.units import fmt_duration
+from gpudash.units import fmt_duration, human_bytes
 
 __all__ = ["alloc_timeline_child", "alloc_timeline_figure", "alloc_timeline_view", "load_snapshots", "map_key",
            "pick_snapshot", "segment_map_view", "shown_map", "snapshot_options",
@@ -148,7 +147,7 @@ def _band_hover(b: Band, t0_us: float) -> str:
     frames = [plot_text(f, 160) for f in b.stack.split("\n") if f] or [_NO_FRAMES]
     if b.stack_of_free and b.stack:
         frames.insert(0, "freed by:")
-    return f"{fmt_bytes(b.size)} at {b.address:#x}<br>{life}<br>" + "<br>".join(frames)
+    return f"{human_bytes(b.size)} at {b.address:#x}<br>{life}<br>" + "<br>".join(frames)
 
 
 def _notes(tl: AllocTimeline) -> list[str]:
@@ -223,9 +222,9 @@ def _alloc_timeline_figure(mm: Any, tl: AllocTimeline | None, window: tuple[floa
         return waiting_figure(fig, _NO_TRACE)
     unit, scale = byte_unit(float(tl.peak_bytes) or None)
     if tl.window is None:
-        title += f": peak {fmt_bytes(tl.peak_bytes)} at event {tl.peak_x:,} of {tl.events:,}"
+        title += f": peak {human_bytes(tl.peak_bytes)} at event {tl.peak_x:,} of {tl.events:,}"
     else:
-        title += (f": events {tl.window[0]:,}-{tl.window[1]:,} of {tl.events:,} (peak here {fmt_bytes(tl.peak_bytes)} "
+        title += (f": events {tl.window[0]:,}-{tl.window[1]:,} of {tl.events:,} (peak here {human_bytes(tl.peak_bytes)} "
                   f"at {tl.peak_x:,})")
     fig = base_figure(title, height=460, xaxis_title="allocation event (each alloc or free is one step)",
                       yaxis_title="live bytes", bytes_axis=unit)
@@ -238,7 +237,7 @@ def _alloc_timeline_figure(mm: Any, tl: AllocTimeline | None, window: tuple[floa
     x = [int(v) for v in tl.x]
     fig.add_trace({"type": "scatter", "mode": "lines", "x": x, "y": [v / scale for v in tl.drawn],
                    "line": {"width": 0, "shape": "hv"}, "hoverinfo": "skip", "name": "drawn bands"})
-    merged_text = [f"{tl.merged:,} smaller allocations: {fmt_bytes(float(t - d))}<br>live in all: {fmt_bytes(float(t))}"
+    merged_text = [f"{tl.merged:,} smaller allocations: {human_bytes(float(t - d))}<br>live in all: {human_bytes(float(t))}"
                    for d, t in zip(tl.drawn, tl.total, strict=True)]
     fig.add_trace({"type": "scatter", "mode": "lines", "x": x, "y": [v / scale for v in tl.total], "fill": "tonexty",
                    "fillcolor": _MERGED, "line": {"width": 0.8, "color": "#777", "shape": "hv"},
