@@ -49,6 +49,8 @@ PUBLISH_INTERVAL_S = 3.0
 MERGE_EVERY = 64
 #: Seconds between attempts while the store refuses.
 RETRY_S = 2.0
+#: Seconds the end of a run waits for a store that is refusing at that moment (the records stay local).
+FAILING_GRACE_S = 5.0
 #: ``report(message, key)``: say a problem once (the writer's reporter).
 Report = Callable[[str, str], None]
 
@@ -166,6 +168,8 @@ class SegmentPublisher:
                     except (sqlite3.Error, OSError) as exc:
                         self._report(f"publish: cannot merge the segments of {table} ({exc}); they stay as they are",
                                      f"merge {table}")
+        if self.failing is not None:
+            timeout = min(timeout, FAILING_GRACE_S)
         self._deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
