@@ -146,10 +146,14 @@ class RunReader:
         return read_run_json(self.path, self.problems)
 
     def rank_meta(self) -> dict[int, dict[str, Any]]:
+        if self._mirror is not None:  # published segments: the newest meta (at most one listing a second)
+            self.refresh()
         return {rank: r.meta() for rank, r in sorted(self.ranks.items())}
 
     def status(self) -> str:
         """``live`` if any rank is live, else ``crashed`` if any crashed, else ``finished``."""
+        if self._mirror is not None:
+            self.refresh()
         if not self.ranks:
             return "crashed"
         states = [r.status() for r in self.ranks.values()]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,3 +161,58 @@ def test_a_missing_run_in_a_bucket_is_one_clear_line(s3: str) -> None:
     _bucket("runs")
     with pytest.raises(RunError, match="not a gpudash run"):
         load_run("s3://runs/nothing-here")
+
+
+def _get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _until(check: Any, seconds: float = 60.0) -> Any:
+    import time
+
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            got = check()
+        except OSError:
+            got = None
+        if got or time.monotonic() > end:
+            return got
+        time.sleep(0.3)
+
+
+def test_serve_an_s3_prefix_shows_a_live_run_then_its_end(s3: str, tmp_path: Path) -> None:
+    """``gpudash serve s3://bucket/prefix`` in another process: the run recorded into the bucket is listed live,
+    its summary answers from its segments, and it turns finished when the run ends."""
+    _bucket("runs")
+    url = "s3://runs/team/exp1"
+    port = _free_port()
+    mon = Monitor(url, flush_interval=0.05, host_hz=0.0, handle_signals=False)
+    server = None
+    try:
+        _record(mon, range(6))
+        pub = mon.recorder._publisher
+        assert mon.recorder.flush() and pub is not None and pub.uploaded(20)
+        server = subprocess.Popen([sys.executable, "-m", "gpudash", "serve", "s3://runs/team", "--port", str(port)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        api = f"http://127.0.0.1:{port}/api/runs"
+
+        def listed(status: str) -> Any:
+            runs = _get_json(api)["runs"]
+            return runs if runs and runs[0]["id"] == "exp1" and runs[0]["status"] == status else None
+
+        assert _until(lambda: listed("live")), _get_json(api)
+        summary = _get_json(f"{api}/exp1/summary")
+        assert summary["meta"]["name"] == "exp1" and summary["meta"]["segments"] is True
+    finally:
+        mon.close()
+    try:
+        assert _until(lambda: listed("finished")), _get_json(api)
+    finally:
+        assert server is not None
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    assert "serving s3://runs/team" in out
