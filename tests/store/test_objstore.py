@@ -216,3 +216,24 @@ def test_serve_an_s3_prefix_shows_a_live_run_then_its_end(s3: str, tmp_path: Pat
         server.terminate()
         out, _ = server.communicate(timeout=30)
     assert "serving s3://runs/team" in out
+
+
+def test_gpudash_run_records_an_unchanged_script_into_s3(s3: str, tmp_path: Path) -> None:
+    """``gpudash run --run-dir s3://...``: the unchanged example script is recorded into the bucket."""
+    pytest.importorskip("torch")
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    _bucket("runs")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)])
+    proc = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", "s3://runs/plain", "--",
+                           sys.executable, str(root / "examples" / "unchanged" / "train_plain.py"), "--steps", "4"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "recording into s3://runs/plain" in proc.stderr
+    run = load_run("s3://runs/plain")
+    try:
+        assert run.status == "finished" and list(run.steps["step"]) == [0, 1, 2, 3] and run.name == "plain"
+    finally:
+        run.close()

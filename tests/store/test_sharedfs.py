@@ -293,3 +293,41 @@ def test_damaged_node_and_publish_meta_is_ignored_not_fatal(tmp_path: Path) -> N
             assert any("publish_interval is 'soon'" in p for p in reader.all_problems())
         finally:
             reader.close()
+
+
+def test_segments_are_merged_as_the_run_goes_and_readers_keep_every_row(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every MERGE_EVERY segments of a table become one (put before the small ones go): a reader that
+    followed the small ones and one that opens the run afresh both see every row, once, in order."""
+    monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
+    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
+    monkeypatch.setattr(publish, "MERGE_EVERY", 3)
+    monkeypatch.setattr(mirror, "SYNC_S", 0.0)
+    run_dir = tmp_path / "run"
+    with Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
+        pub = mon.recorder._publisher
+        assert pub is not None
+        follower = None
+        try:
+            for i in range(10):
+                _record(mon, range(i * 3, i * 3 + 3))
+                assert mon.recorder.flush() and pub.uploaded(10)
+                if follower is None:
+                    follower = RunReader(run_dir)
+                follower.refresh()
+                assert list(follower.read_table("steps")["step"]) == list(range(i * 3 + 3))
+            names = _segments(run_dir)
+            assert len(names) < 10  # merged as it went: not one file per publish
+            spans = [tuple(int(x) for x in n.removesuffix(".parquet").split("-")) for n in names]
+            assert spans[0][0] == 0 and spans[-1][1] == 30
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # one chain, no overlap
+            fresh = RunReader(run_dir)
+            try:
+                assert list(fresh.read_table("steps")["step"]) == list(range(30))
+            finally:
+                fresh.close()
+        finally:
+            if follower is not None:
+                follower.close()
+    assert _segments(run_dir) == ["000000000000-000000000030.parquet"]
