@@ -45,6 +45,8 @@ SEGMENTS_DIR = "segments"
 PUBLISHED_TABLES = tuple(TABLE_BASE_COLUMNS)
 _SEGMENT = re.compile(r"^(\d{12})-(\d{12})\.parquet$")
 _RANK = re.compile(r"^rank=(\d{1,10})$")
+#: Names a segment's column may not have (SQLite's row id, the reader's own): never a column gpudash writes.
+_NOT_COLUMNS = frozenset({"_rowid", "rowid", "oid", "_rowid_", "rank"})
 #: Rows per Parquet row group (and per batch read from SQLite when a big range is exported).
 BATCH_ROWS = 65_536
 
@@ -249,11 +251,12 @@ class SegmentCache:
             self._report(f"{name}: no _rowid column; not a gpudash segment, skipped")
             return 0
         have = self.have.get(table, 0)
-        tab = tab.filter(pc.greater(tab.column("_rowid"), have))
+        # a file from anyone: rows in rowid order, and no column under a name SQLite or the reader use themselves
+        tab = tab.filter(pc.greater(tab.column("_rowid"), have)).sort_by("_rowid")
         if not tab.num_rows:
             return 0
         known = table_columns(self.conn, table)
-        cols = [c for c in tab.column_names if c != "_rowid"]
+        cols = [c for c in tab.column_names if c.lower() not in _NOT_COLUMNS]
         new = [(c, _sql_type(tab.schema.field(c).type)) for c in cols if c not in known]
         refused = add_columns(self.conn, table, new) if new else {}
         cols = [c for c in cols if c not in refused]

@@ -331,3 +331,35 @@ def test_segments_are_merged_as_the_run_goes_and_readers_keep_every_row(tmp_path
             if follower is not None:
                 follower.close()
     assert _segments(run_dir) == ["000000000000-000000000030.parquet"]
+
+
+def test_a_damaged_segment_is_named_and_the_rows_before_it_shown(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment that is not Parquet (truncated, overwritten by someone): the reader says which, shows the
+    rows before it, and nothing raises; the merge at the end of the run replaces it from the live database."""
+    monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
+    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
+    monkeypatch.setattr(publish, "MERGE_EVERY", 1000)
+    run_dir = tmp_path / "run"
+    mon = Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False)
+    pub = mon.recorder._publisher
+    assert pub is not None
+    for i in range(3):
+        _record(mon, range(i * 2, i * 2 + 2))
+        assert mon.recorder.flush() and pub.uploaded(10)
+    names = _segments(run_dir)
+    second = run_dir / SEGMENTS_DIR / "rank=0" / "steps" / names[1]
+    second.write_bytes(second.read_bytes()[:40])
+    run = load_run(run_dir)
+    try:
+        assert list(run.steps["step"]) == list(range(int(names[0].split("-")[1][:12])))
+        assert any(names[1] in p and "not a readable Parquet file" in p for p in run.problems)
+    finally:
+        run.close()
+        mon.close()
+    run = load_run(run_dir)  # the merge at the end wrote every row again from the live database
+    try:
+        assert list(run.steps["step"]) == list(range(6)) and run.problems == []
+    finally:
+        run.close()
