@@ -34,6 +34,6 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
   fi
 fi
 
-EXTRAS=${GPUDASH_EXTRAS:-train,dev,hf,lightning}
+EXTRAS=${GPUDASH_EXTRAS:-train,dev,hf,lightning,s3}
 echo "bootstrap: installing gpudash[$EXTRAS] (editable)"
 "${PIP[@]}" -e ".[${EXTRAS}]"

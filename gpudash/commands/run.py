@@ -32,6 +32,7 @@ from gpudash.commands._flags import add_alert_arguments, add_fields, add_server_
 from gpudash.commands.train import monitor_from_args
 from gpudash.errors import UserError
 from gpudash.options import DEFAULT_PORT, MonitorOptions, options_to_json
+from gpudash.store.objstore import is_url, run_name
 from gpudash.zerocode.agent import ENV_OPTIONS, ENV_RUN_DIR, say
 
 __all__ = ["add_arguments", "child_env", "default_run_name", "run"]
@@ -41,8 +42,9 @@ BOOT_DIR = Path(gpudash.__file__).resolve().parent / "zerocode" / "_boot"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = "gpudash run [--run-dir DIR] [--serve [--port PORT] ...] [recording flags] -- COMMAND [ARGS ...]"
-    p.add_argument("--run-dir", type=Path, default=None,
-                   help="where to record (default: runs/<script>-<date>-<time>)")
+    p.add_argument("--run-dir", default=None,
+                   help="where to record: a folder, or an object-store URL such as s3://bucket/runs/exp1 "
+                        "(default: runs/<script>-<date>-<time>)")
     p.add_argument("--serve", action="store_true", help="serve the live dashboard beside the job and print its URL")
     add_server_arguments(p.add_argument_group("the dashboard, with --serve"), busy="when busy, a free one")
     add_fields(p.add_argument_group("recording (gpudash.MonitorOptions, for every process of COMMAND)"),
@@ -71,7 +73,7 @@ def _in_site_packages(path: Path) -> bool:
     return any(part in ("site-packages", "dist-packages") for part in path.parts)
 
 
-def child_env(base: dict[str, str], run_dir: Path, options: MonitorOptions) -> dict[str, str]:
+def child_env(base: dict[str, str], run_dir: Path | str, options: MonitorOptions) -> dict[str, str]:
     """The environment COMMAND runs in: the boot folder first on PYTHONPATH (the user's
     entries kept after it), gpudash's source tree last when it is not installed, and
     where and how to record."""
@@ -111,7 +113,7 @@ def _announce_when_up(host: str, port: int, url: str, server: subprocess.Popen[b
         "the dashboard did not start (is gpudash installed with its dashboard?)")
 
 
-def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path, args: argparse.Namespace) -> int:
+def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str, args: argparse.Namespace) -> int:
     from gpudash.server.access import TOKEN_ENV, check_bind, resolve_token, token_from_env
 
     token = resolve_token(args.token)
@@ -123,12 +125,13 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path, args
     server_env = dict(os.environ)
     if token is not None:
         server_env[TOKEN_ENV] = token  # to the server by its environment: a token in argv shows in `ps`
-    argv = [sys.executable, "-m", "gpudash", "serve", str(run_dir.parent), "--host", args.host, "--port", str(port)]
+    parent = str(run_dir).rstrip("/").rsplit("/", 1)[0] if is_url(run_dir) else str(Path(run_dir).parent)
+    argv = [sys.executable, "-m", "gpudash", "serve", parent, "--host", args.host, "--port", str(port)]
     for name in args.allow_host:
         argv += ["--allow-host", name]
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env=server_env)
-    url = f"http://{shown}:{port}/run/{quote(run_dir.name)}"
+    url = f"http://{shown}:{port}/run/{quote(run_name(run_dir))}"
     if token is not None:  # a token kept in the environment is never printed
         url += f"?token=${TOKEN_ENV}" if token_from_env(args.token) else f"?token={quote(token)}"
     threading.Thread(target=_announce_when_up, args=(args.host, port, url, server), daemon=True).start()
@@ -173,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     if server_flags and not args.serve:
         raise UserError(f"{', '.join(server_flags)} set(s) the dashboard served beside the job: add --serve, "
                         "or leave them out")
-    run_dir = (args.run_dir or Path("runs") / default_run_name(command)).resolve()
+    run_dir: Path | str = args.run_dir if args.run_dir and is_url(args.run_dir) else \
+        Path(args.run_dir or Path("runs") / default_run_name(command)).resolve()
     options = monitor_from_args(args)
     env = child_env(dict(os.environ), run_dir, options)
     program = shutil.which(command[0], path=env.get("PATH"))

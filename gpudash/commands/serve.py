@@ -5,18 +5,24 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpudash.commands._flags import add_alert_arguments, add_server_arguments, alerts_from_args
 from gpudash.errors import UserError
 from gpudash.server.access import TOKEN_ENV, resolve_token, token_from_env
 from gpudash.server.app import serve_in_thread
+from gpudash.store.objstore import is_url, open_store, run_name
+
+if TYPE_CHECKING:
+    from gpudash.store.runsync import RunsMirror
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs_dir", nargs="?", type=Path, default=Path("runs"),
-                   help="a directory of runs (default: runs)")
+    p.add_argument("runs_dir", nargs="?", default="runs",
+                   help="a directory of runs, or an object-store prefix of runs such as s3://bucket/runs "
+                        "(default: runs)")
     add_server_arguments(p)
     p.add_argument("--metrics", action="store_true",
                    help="also serve Prometheus metrics of every run at /metrics (for Grafana)")
@@ -33,7 +39,12 @@ def run(args: argparse.Namespace) -> int:
     defer("pandas")
     from gpudash.store.runid import list_run_dirs
 
-    runs_dir: Path = args.runs_dir
+    mirror = None
+    if is_url(args.runs_dir):
+        mirror = _mirror(args.runs_dir)
+        runs_dir = mirror.local
+    else:
+        runs_dir = Path(args.runs_dir)
     if not runs_dir.is_dir():
         raise UserError(f"{runs_dir}: no such directory (pass the folder your runs are written to)")
     if not list_run_dirs(runs_dir) and resolve_is_run(runs_dir):
@@ -56,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     if token_from_env(args.token):  # a secret kept in the environment is never printed to a terminal or a log
         url = url.split("?token=")[0] + f"?token=${TOKEN_ENV}"
-    print(f"gpudash: serving {runs_dir} at {url}  (Ctrl-C to stop)", flush=True)
+    shown = f"{args.runs_dir} (mirrored every {mirror.every_s:g} s into {runs_dir})" if mirror else runs_dir
+    print(f"gpudash: serving {shown} at {url}  (Ctrl-C to stop)", flush=True)
     alerts = None
     if alert_opts is not None:
         from gpudash.alerts.watch import ServeAlerts
@@ -71,6 +83,33 @@ def run(args: argparse.Namespace) -> int:
         if alerts is not None:
             alerts.stop()
         stop()
+        if mirror is not None:
+            mirror.stop()
+
+
+def _mirror(url: str) -> RunsMirror:
+    """The runs under an object-store prefix, copied as they are published into a private local folder
+    that the dashboard serves (:mod:`gpudash.store.runsync`); a prefix that is itself a run serves its parent."""
+    import tempfile
+
+    from gpudash.errors import RunError
+    from gpudash.store.runsync import RunsMirror
+    from gpudash.store.schema import RUN_META_FILE
+    from gpudash.store.segments import SEGMENTS_DIR
+
+    try:
+        store = open_store(url)
+        if store.exists(RUN_META_FILE) or store.exists(SEGMENTS_DIR):
+            print(f"gpudash: {url} is a run; serving its parent {url.rstrip('/').rsplit('/', 1)[0]}")
+            url = url.rstrip("/").rsplit("/", 1)[0]
+        mirror = RunsMirror(url, Path(tempfile.mkdtemp(prefix="gpudash-serve-")) / run_name(url))
+    except RunError as exc:
+        raise UserError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the driver raises: one line
+        raise UserError(f"{url}: cannot read the store ({type(exc).__name__}: {str(exc)[:200]}); check the URL, "
+                        "the credentials (AWS_*) and the endpoint (AWS_ENDPOINT_URL)") from None
+    mirror.start()
+    return mirror
 
 
 def resolve_is_run(path: Path) -> bool:

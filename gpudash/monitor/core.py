@@ -28,6 +28,7 @@ from gpudash.monitor.memory_rows import MemoryRow
 from gpudash.monitor.names import StoredNames
 from gpudash.monitor.timing import Phase, Step
 from gpudash.options import MonitorOptions
+from gpudash.store.objstore import is_url, local_staging, run_name
 from gpudash.store.schema import column_name
 from gpudash.store.writer import OPEN_ERRORS, Recorder, write_run_meta
 
@@ -76,8 +77,11 @@ class Monitor:
         where = placement()
         self.rank = where.rank if rank is None else rank
         self.world_size = where.world_size if world_size is None else world_size
-        self.run_dir = Path(run_dir)
-        self.name = name or self.run_dir.name
+        #: an object-store URL (``s3://bucket/runs/exp1``): recorded in a local staging folder (``run_dir``)
+        #: and published there as segments by the writer's uploader thread
+        self.url = str(run_dir).rstrip("/") if is_url(run_dir) else None
+        self.run_dir = local_staging(self.url) if self.url else Path(run_dir)
+        self.name = name or (run_name(self.url) if self.url else self.run_dir.name)
         self.step_index = 0
         self.total_steps: int | None = None
         self.current_phase: str | None = None
@@ -109,7 +113,7 @@ class Monitor:
             if config:
                 meta["config"] = config
             self.recorder = Recorder(self.run_dir, rank=self.rank, flush_interval=options.flush_interval,
-                                     capacity=options.buffer_records, meta=meta)
+                                     capacity=options.buffer_records, meta=meta, publish_to=self.url)
         except OPEN_ERRORS as exc:
             raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
                            f"to gpudash.Monitor") from exc

@@ -35,12 +35,14 @@ def run_stamp(path: Path) -> tuple[Any, ...]:
         entries = sorted(Path(path).iterdir())
     except OSError:
         return ()
+    # a run published as segments (gpudash.store.segments): each rank's meta.json is rewritten at every publish
+    entries += sorted(Path(path).glob("segments/rank=*/meta.json"))
     for p in entries:
         try:
             st = p.stat()
         except OSError:
             continue
-        out.append((p.name, st.st_mtime_ns, st.st_size))
+        out.append((p.name if p.parent == Path(path) else str(p.relative_to(path)), st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 

@@ -1,6 +1,7 @@
 """The run directory: writer (training side), reader and ``load_run`` (dashboard side).
 
-Imports only the standard library, numpy and pandas, so a run copied from a
+Imports only the standard library, numpy and pandas (and, for runs published to
+shared storage, pyarrow and fsspec, when first used), so a run copied from a
 cluster opens on a laptop without torch.
 """
 

@@ -60,8 +60,11 @@ def _pid_alive(pid: int) -> bool:
 class RankReader:
     """One rank's database."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, live_log: bool = True) -> None:
         self.path = path
+        #: whether the file's write-ahead log is its writer's (its mtime a heartbeat); False for a private
+        #: copy of published segments (:mod:`gpudash.store.mirror`), whose meta carries the heartbeat
+        self.live_log = live_log
         self.rank = rank_from_db_name(path.name) or 0
         self.problems: list[str] = []
         self._columns: dict[str, list[str]] = {}
@@ -114,7 +117,7 @@ class RankReader:
             except (TypeError, ValueError, RecursionError, MemoryError):
                 out[key] = value
         meta = clean_meta(out, f"{self.path.name} meta", self.problems)
-        beat = log_heartbeat(self.path)  # newer than the stored heartbeat while the writer lives
+        beat = log_heartbeat(self.path) if self.live_log else None  # newer than the stored heartbeat while the writer lives
         if beat is not None and beat > float(meta.get("heartbeat") or 0):
             meta["heartbeat"] = min(beat, time.time())  # a log stamped in the future is not a writer seen then
         return meta

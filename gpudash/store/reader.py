@@ -20,6 +20,8 @@ from gpudash.errors import RunError
 from gpudash.store import bounded
 from gpudash.store.bounded import damage
 from gpudash.store.meta import read_run_json
+from gpudash.store.mirror import SegmentMirror, unpublished_note
+from gpudash.store.objstore import RUN_META_BYTES, Store, is_url, open_store, run_name
 from gpudash.store.rankreader import RankReader, _time_where, merged_span
 from gpudash.store.schema import (
     NUMERIC_TABLES,
@@ -29,6 +31,7 @@ from gpudash.store.schema import (
     TABLE_BASE_COLUMNS,
     rank_from_db_name,
 )
+from gpudash.store.segments import SEGMENTS_DIR
 
 __all__ = ["Cursor", "RankReader", "RunReader", "is_run_dir", "read_run_json"]
 
@@ -37,7 +40,7 @@ Cursor = dict[str, int]  # "rank/table" -> last rowid seen
 
 def is_run_dir(path: Path) -> bool:
     try:
-        return (path / RUN_META_FILE).is_file() or any(
+        return (path / RUN_META_FILE).is_file() or (path / SEGMENTS_DIR).is_dir() or any(
             rank_from_db_name(p.name.removesuffix("-wal")) is not None for p in path.iterdir()
         )
     except OSError:
@@ -45,55 +48,112 @@ def is_run_dir(path: Path) -> bool:
 
 
 class RunReader:
-    """All ranks of one run directory."""
+    """All ranks of one run: a run directory (rank files, or segments published into it from other nodes:
+    :mod:`gpudash.store.segments`), or an object-store URL (``s3://bucket/runs/exp1``) holding segments."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir)
-        if not self.path.exists():
-            raise RunError(f"{self.path}: no such run directory (check the path; runs are folders)")
-        if not self.path.is_dir():
-            raise RunError(f"{self.path}: not a directory (pass the run folder, not a file in it)")
         self.problems: list[str] = []
         self.ranks: dict[int, RankReader] = {}
+        self.url = str(run_dir).rstrip("/") if is_url(run_dir) else None
+        self._mirror: SegmentMirror | None = None
+        if self.url is not None:
+            self._open_url(self.url)
+        else:
+            self.path = Path(run_dir)
+            if not self.path.exists():
+                raise RunError(f"{self.path}: no such run directory (check the path; runs are folders)")
+            if not self.path.is_dir():
+                raise RunError(f"{self.path}: not a directory (pass the run folder, not a file in it)")
         self.refresh()
         if not self.ranks and not self.problems and not (self.path / RUN_META_FILE).exists():
-            raise RunError(f"{self.path}: not a gpudash run (no rank*.db or run.json inside)")
+            raise RunError(f"{self.url or self.path}: not a gpudash run (no rank*.db, segments/ or run.json inside)")
+
+    def _open_url(self, url: str) -> None:
+        """A run in an object store: its segments mirrored into a private folder named like the run, which
+        also holds a copy of its ``run.json``; :attr:`path` is that folder."""
+        store = open_store(url)
+        self._mirror = SegmentMirror(store, self._problem)
+        self.path = self._mirror.folder / run_name(url)
+        self.path.mkdir()
+        try:
+            found = store.exists(RUN_META_FILE) or bool(store.find(SEGMENTS_DIR))
+        except Exception as exc:  # noqa: BLE001 - whatever the driver raises: one line
+            self._mirror.close()
+            raise RunError(f"{url}: cannot read the store ({type(exc).__name__}: {str(exc)[:200]}); check the "
+                           "URL, the credentials (AWS_*) and the endpoint (AWS_ENDPOINT_URL)") from None
+        if not found:
+            self._mirror.close()
+            raise RunError(f"{url}: not a gpudash run (no run.json or segments/ there)")
+        self._fetch_run_json(store)
+
+    def _fetch_run_json(self, store: Store) -> None:
+        if (self.path / RUN_META_FILE).exists():
+            return
+        try:
+            (self.path / RUN_META_FILE).write_bytes(store.get(RUN_META_FILE, limit=RUN_META_BYTES))
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - noted; the ranks are still read
+            self._problem(f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {str(exc)[:200]})")
+
+    def _problem(self, msg: str) -> None:
+        if msg not in self.problems:
+            self.problems.append(msg)
 
     def refresh(self) -> None:
-        """Pick up ranks that started writing since the reader opened."""
+        """Pick up ranks that started writing since the reader opened (and segments published since)."""
         found = {p.name.removesuffix("-wal") for p in self.path.glob("rank*.db-wal")}
         found.update(p.name for p in self.path.glob("rank*.db"))
         for db in sorted(self.path / n for n in found):
             rank = rank_from_db_name(db.name)
             if rank is None or rank in self.ranks:
                 continue
-            try:
-                self.ranks[rank] = RankReader(db)
-            except (sqlite3.DatabaseError, OSError, MemoryError) as exc:
-                msg = f"{db.name}: unreadable ({damage(exc)}); that rank's records are lost, other ranks shown"
-                if msg not in self.problems:
-                    self.problems.append(msg)
+            self._open_rank(rank, db)
+        if self._mirror is None and self.url is None and (self.path / SEGMENTS_DIR).is_dir():
+            self._mirror = SegmentMirror(open_store(self.path), self._problem)
+        if self._mirror is not None:
+            if self.url is not None:
+                self._fetch_run_json(self._mirror.store)
+            for rank, db in sorted(self._mirror.sync().items()):
+                if rank not in self.ranks:  # a rank file beside its segments (an older whole copy) is read first
+                    self._open_rank(rank, db, published=True)
         for r in self.ranks.values():
             r.refresh_columns()
+
+    def _open_rank(self, rank: int, db: Path, published: bool = False) -> None:
+        try:
+            self.ranks[rank] = RankReader(db, live_log=not published)
+        except (sqlite3.DatabaseError, OSError, MemoryError) as exc:
+            self._problem(f"{db.name}: unreadable ({damage(exc)}); that rank's records are lost, other ranks shown")
 
     def close(self) -> None:
         for r in self.ranks.values():
             r.close()
+        if self._mirror is not None:
+            self._mirror.close()
 
     def all_problems(self) -> list[str]:
         out = list(self.problems)
         for r in self.ranks.values():
             out += [p for p in r.problems if p not in out]
+            if not r.live_log:  # published: name what a crashed rank did not publish
+                meta = r.meta()
+                if r.status(meta) == "crashed":
+                    out.append(unpublished_note(r.rank, meta))
         return out
 
     def run_meta(self) -> dict[str, Any]:
         return read_run_json(self.path, self.problems)
 
     def rank_meta(self) -> dict[int, dict[str, Any]]:
+        if self._mirror is not None:  # published segments: the newest meta (at most one listing a second)
+            self.refresh()
         return {rank: r.meta() for rank, r in sorted(self.ranks.items())}
 
     def status(self) -> str:
         """``live`` if any rank is live, else ``crashed`` if any crashed, else ``finished``."""
+        if self._mirror is not None:
+            self.refresh()
         if not self.ranks:
             return "crashed"
         states = [r.status() for r in self.ranks.values()]

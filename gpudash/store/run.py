@@ -155,7 +155,7 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     status = reader.status()
     settle_status(meta, rank_meta, status)
     return Run(
-        path=Path(path),
+        path=reader.path,  # an object-store run: the private folder named like it (``reader.url`` says where)
         meta=meta,
         status=status,
         steps=steps,

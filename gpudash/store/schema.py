@@ -7,6 +7,8 @@ A run is a folder::
       rank0.db          one SQLite database (WAL mode) per rank
       rank1.db          ...
       snapshot.request  optional: the dashboard asks the trainer for a snapshot
+      segments/         instead of rankN.db on shared storage (NFS, Lustre, FUSE, S3): each rank's
+                        rows as append-only Parquet files (see gpudash.store.segments)
 
 Each ``rankN.db`` holds the tables below. Tables marked *dynamic* grow a new
 column the first time a record carries a new key, so ``monitor.log(foo=1)``

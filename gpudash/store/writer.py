@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.failures import is_transient
+from gpudash.store.publish import SegmentPublisher
 from gpudash.store.rankfile import wal_path
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
-from gpudash.store.sharedfs import Publisher, shared_mode
+from gpudash.store.sharedfs import shared_mode
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
@@ -88,6 +89,7 @@ class Recorder:
         flush_interval: float = 0.5,
         capacity: int = 200_000,
         meta: dict[str, Any] | None = None,
+        publish_to: str | None = None,
     ) -> None:
         if flush_interval <= 0:
             raise ValueError("flush_interval must be > 0 seconds")
@@ -118,9 +120,14 @@ class Recorder:
         self._publish_failed = False  # the last attempt to publish a copy failed
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
-        # a run folder other hosts share: the live database on local storage, copies published here
-        shared = shared_mode(self.run_dir)
-        self._publisher = Publisher(self.path) if shared else None
+        # a run folder other hosts share, or an object store (``publish_to``, with ``run_dir`` a local staging
+        # folder): the live database on local storage, its new rows published there as segments
+        shared = f"object store {publish_to}" if publish_to else shared_mode(self.run_dir)
+        self._publisher = None
+        if shared:
+            self._publisher = SegmentPublisher(publish_to or self.run_dir, rank, self._report_publish,
+                                               live_dir=self.run_dir if publish_to else None,
+                                               run_json=self.run_dir / RUN_META_FILE if publish_to else None)
         live = self._publisher.live_path if self._publisher else self.path
         self._conn = connect(live)
         self._wal = wal_path(live)
@@ -188,18 +195,26 @@ class Recorder:
             print(f"gpudash: {len(self._retry)} records could not be written to {self.path} before it closed "
                   f"({self._failing[1] if self._failing else 'write failed'})", file=sys.stderr)
             self._retry = []
+        pub = self._publisher
+        complete = False
+        if pub is not None:
+            try:
+                complete = not self._publish_failed and pub.finish(self._conn, timeout=min(timeout, 60.0))
+            except BaseException as exc:  # noqa: BLE001 - the records stay in the live database
+                self._report(f"writer: publishing the end of the run failed ({type(exc).__name__}: {exc})",
+                             event=False)
         try:
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.close()
         except sqlite3.Error:
             pass
-        pub = self._publisher
         if pub is not None:
-            if not self._publish_failed and pub.published_at > 0 and self.path.exists():
-                pub.cleanup()  # the last copy holds everything
+            if complete:
+                pub.cleanup()  # the store holds every record
             else:
-                print(f"gpudash: the last copy of {self.path} could not be published; every record is in "
-                      f"{pub.live_path} (copy it there)", file=sys.stderr)
+                print(f"gpudash: {pub.pending()} segment(s) of {self.path.name} could not be published to "
+                      f"{pub.dest}; every record is in {pub.live_path}, and the segments waiting in {pub.outbox} "
+                      f"(copy that folder's contents into the run: e.g. aws s3 sync or cp -r)", file=sys.stderr)
 
     @property
     def closed(self) -> bool:
@@ -215,8 +230,6 @@ class Recorder:
                 serving = self._req_seq
                 asked = serving > self._done_seq  # flush() waits: store the roll-ups too
             publishing = self._publisher is not None and (stopping or self._publisher.due())
-            if publishing:
-                self._plan_publish()
             try:
                 self._flush_once(final=stopping, everything=stopping or asked or publishing)
             except BaseException as exc:  # noqa: BLE001 - the writer outlives anything a record does
@@ -237,18 +250,8 @@ class Recorder:
         except OSError:
             pass  # no log yet, or none any more (closed): the heartbeat in meta says when the writer was last seen
 
-    def _plan_publish(self) -> None:
-        """The spacing of the copies, written into the one about to be made where it changed (a big run's
-        copies come less often: readers must not call it crashed between two)."""
-        pub = self._publisher
-        assert pub is not None
-        want = round(pub.wanted(), 1)
-        if want != pub.advertised and abs(want - pub.advertised) >= 0.25 * pub.advertised:  # small: no meta row
-            pub.advertised = want
-            self.put_meta(publish_interval=want)
-
     def _publish(self) -> None:
-        """Shared-filesystem mode: a consistent copy of the live database into the run folder."""
+        """Shared storage: the rows committed since the last publish, as segments for the uploader."""
         assert self._publisher is not None
         try:
             self._publisher.publish(self._conn)
@@ -377,6 +380,10 @@ class Recorder:
         print(f"gpudash: {self.path}: {msg}", file=sys.stderr)
         self.put("events", {"time": since, "step": self._last_step, "kind": "write_error", "message": msg,
                             "data": {"error": why, "dropped_records": self.dropped}})
+
+    def _report_publish(self, msg: str, key: str) -> None:
+        """The uploader's states (failing, resumed): said once each, and recorded as events in the run."""
+        self._report(msg, key=key, kind="publish")
 
     def _report(self, msg: str, *, key: str | None = None, event: bool = True, kind: str = "write_error") -> None:
         """Say a problem once: in ``errors``, on stderr and (if it can be written) as an event."""

@@ -1,6 +1,6 @@
 """Shared-filesystem safe mode: detection from /proc/self/mountinfo, the live database on local storage,
-checkpointed immutable copies published into the run folder by write-then-rename, readers that follow them;
-on a real FUSE mount (bindfs) and by forcing the mode."""
+its new rows published into the run folder as append-only segments, readers that follow them; on a real
+FUSE mount (bindfs) and by forcing the mode. Object stores: tests/store/test_objstore.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 
 from gpudash import load_run
 from gpudash.monitor import Monitor
-from gpudash.store import sharedfs
+from gpudash.store import mirror, publish, sharedfs
 from gpudash.store.reader import RankReader, RunReader
+from gpudash.store.segments import SEGMENTS_DIR
 from gpudash.store.sharedfs import mount_of, shared_mode
 
 MOUNTINFO = """\
@@ -70,21 +71,26 @@ def _files(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()}
 
 
+def _segments(run_dir: Path, table: str = "steps") -> list[str]:
+    return sorted(p.name for p in (run_dir / SEGMENTS_DIR / "rank=0" / table).iterdir())
+
+
 def _run_in_shared_mode(run_dir: Path, local: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(local))
-    monkeypatch.setattr(sharedfs, "PUBLISH_INTERVAL_S", 0.0)  # publish at every flush: the test waits for none
+    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)  # publish at every flush: the test waits for none
+    monkeypatch.setattr(mirror, "SYNC_S", 0.0)  # readers list the segments at every refresh
     mon = Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False)
     try:
-        assert mon.recorder._publisher is not None
-        live = mon.recorder._publisher.live_path
+        pub = mon.recorder._publisher
+        assert pub is not None
+        live = pub.live_path
         assert live.parent.parent == local
         _record(mon, range(5))
-        assert mon.recorder.flush()
-        # the run folder holds a finished-looking copy: no log, no shared-memory index beside it
-        assert _files(run_dir) == {"run.json", "rank0.db"}
-        with open(run_dir / "rank0.db", "rb") as f:
-            header = f.read(20)
-        assert header[18:20] == b"\x01\x01"  # rollback journal, not WAL
+        assert mon.recorder.flush() and pub.uploaded(10)
+        # the run folder holds no database: immutable segments and the rank's meta
+        assert _files(run_dir) == {"run.json", SEGMENTS_DIR}
+        assert _files(run_dir / SEGMENTS_DIR / "rank=0") >= {"meta.json", "steps", "events"}
+        first = _segments(run_dir)
         assert live.exists()
         reader = RunReader(run_dir)
         try:
@@ -93,15 +99,19 @@ def _run_in_shared_mode(run_dir: Path, local: Path, monkeypatch: pytest.MonkeyPa
             assert meta["live_db"] == str(live) and meta["publish_interval"] == 0.0
             assert list(reader.read_table("steps")["step"]) == list(range(5))
             _record(mon, range(5, 9))
-            assert mon.recorder.flush()
-            reader.refresh()  # a newer copy replaced the file: the reader follows it
+            assert mon.recorder.flush() and pub.uploaded(10)
+            # append-only: the files published before are still there, unchanged; one more holds the new rows
+            later = _segments(run_dir)
+            assert set(first) < set(later) and later[-1].endswith("-000000000009.parquet")
+            reader.refresh()
             assert list(reader.read_table("steps")["step"]) == list(range(9))
-            assert _files(run_dir) == {"run.json", "rank0.db"}  # the reader wrote nothing there
+            assert _files(run_dir) == {"run.json", SEGMENTS_DIR}  # the reader wrote nothing there
         finally:
             reader.close()
     finally:
         mon.close()
-    assert not live.parent.exists()  # the last copy holds everything: the live one is gone
+    assert not live.parent.exists()  # the store holds everything: the live copy is gone
+    assert _segments(run_dir) == ["000000000000-000000000009.parquet"]  # compacted at the end of the run
     run = load_run(run_dir)
     try:
         assert run.status == "finished" and list(run.steps["step"]) == list(range(9))
@@ -110,7 +120,7 @@ def _run_in_shared_mode(run_dir: Path, local: Path, monkeypatch: pytest.MonkeyPa
         run.close()
 
 
-def test_forced_shared_mode_publishes_immutable_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forced_shared_mode_publishes_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
     _run_in_shared_mode(tmp_path / "run", tmp_path / "local", monkeypatch)
 
@@ -129,75 +139,54 @@ def test_a_copy_lagging_by_the_publish_interval_is_still_live(tmp_path: Path) ->
         r.close()
 
 
-def test_copies_of_a_big_run_come_less_often_and_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each copy is the whole database: once copying takes more than PUBLISH_SHARE of the time, copies are
-    spaced out, and the copy says its new spacing first, so readers do not call the run crashed between two."""
-    monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
-    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
-    monkeypatch.setattr(sharedfs, "PUBLISH_INTERVAL_S", 0.2)
-    real = sharedfs._fsync_dir
-
-    def slow(folder: Path) -> None:  # each copy's last flush: a big database on a slow mount
-        time.sleep(0.1)
-        real(folder)
-
-    monkeypatch.setattr(sharedfs, "_fsync_dir", slow)
+def test_old_whole_copy_runs_still_read(tmp_path: Path) -> None:
+    """Runs published by earlier versions: a rollback-journal copy of each rank's database in the run folder."""
     run_dir = tmp_path / "run"
-    copies: list[float] = []
     with Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
-        pub = mon.recorder._publisher
-        assert pub is not None and pub.interval == 0.2
-        deadline = time.time() + 15
-        while len(copies) < 3 and time.time() < deadline:
-            _record(mon, range(len(copies), len(copies) + 1))
-            if pub.published_at and (not copies or pub.published_at != copies[-1]):
-                copies.append(pub.published_at)
-            time.sleep(0.02)
-        assert len(copies) == 3, copies
-        assert pub.last_cost_s >= 0.1 and pub.advertised >= 2 * 0.1 / sharedfs.PUBLISH_SHARE  # 2 s at least
-        assert copies[2] - copies[1] >= 0.1 / sharedfs.PUBLISH_SHARE * 0.9  # spaced by the cost, not 0.2 s
-        reader = RunReader(run_dir)
-        try:
-            meta = reader.rank_meta()[0]
-            assert meta["publish_interval"] == pub.advertised  # the copies say how far apart they come
-            assert reader.status() == "live"
-            rank = RankReader(run_dir / "rank0.db")
-            try:  # a reader waiting for the next copy: live for three of its spacings
-                assert rank.status(meta, float(meta["heartbeat"]) + 2.5 * pub.advertised) == "live"
-            finally:
-                rank.close()
-        finally:
-            reader.close()
-    assert load_run(run_dir).status == "finished"
+        _record(mon, range(4))
+    with sqlite3.connect(run_dir / "rank0.db") as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    assert _files(run_dir) == {"run.json", "rank0.db"}
+    run = load_run(run_dir)
+    try:
+        assert run.status == "finished" and list(run.steps["step"]) == list(range(4))
+    finally:
+        run.close()
 
 
 def test_a_failed_publish_is_said_once_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
     monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
-    monkeypatch.setattr(sharedfs, "PUBLISH_INTERVAL_S", 0.0)
-    real = sharedfs.Publisher.publish
-    fails = {"n": 2}
+    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
+    monkeypatch.setattr(publish, "RETRY_S", 0.05)
+    from gpudash.store.objstore import Store
 
-    def flaky(self: sharedfs.Publisher, conn: sqlite3.Connection) -> None:
+    real = Store.put
+    fails = {"n": 3}
+
+    def flaky(self: Store, name: str, data: bytes) -> None:
         if fails["n"]:
             fails["n"] -= 1
             raise OSError(28, "No space left on device")
-        real(self, conn)
+        real(self, name, data)
 
-    monkeypatch.setattr(sharedfs.Publisher, "publish", flaky)
+    monkeypatch.setattr(Store, "put", flaky)
     run_dir = tmp_path / "run"
     with Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
         _record(mon, range(3))
         mon.recorder.flush()
-        mon.recorder.flush()
-        assert [e for e in mon.recorder.errors if "cannot publish" in e] == [mon.recorder.errors[0]]
-        assert "No space left on device" in mon.recorder.errors[0]
+        pub = mon.recorder._publisher
+        assert pub is not None and pub.uploaded(10)
+        failing = [e for e in mon.recorder.errors if "cannot upload" in e]
+        assert len(failing) == 1 and "No space left on device" in failing[0]
+        assert any("resumed" in e and "nothing was lost" in e for e in mon.recorder.errors)
         _record(mon, range(3, 6))
-    assert capsys.readouterr().err.count("cannot publish") == 1
+    assert capsys.readouterr().err.count("cannot upload") == 1
     run = load_run(run_dir)
     try:
         assert run.status == "finished" and len(run.steps) == 6
+        assert {"publish"} <= set(run.events["kind"])  # the outage is in the run, for every reader
     finally:
         run.close()
     assert not any((tmp_path / "local").iterdir())
@@ -231,7 +220,7 @@ def test_real_fuse_mount_is_detected_and_recorded_safely(tmp_path: Path, monkeyp
         why = shared_mode(mnt / "run")
         assert why is not None and "fuse" in why and str(mnt) in why
         _run_in_shared_mode(mnt / "run", tmp_path / "local", monkeypatch)
-        assert _files(src / "run") == {"run.json", "rank0.db"}  # what other hosts would see
+        assert _files(src / "run") == {"run.json", SEGMENTS_DIR}  # what other hosts would see
         run = load_run(src / "run")
         try:
             assert run.status == "finished" and len(run.steps) == 9
@@ -243,19 +232,26 @@ def test_real_fuse_mount_is_detected_and_recorded_safely(tmp_path: Path, monkeyp
 
 
 @pytest.mark.slow
-def test_a_killed_rank_leaves_its_last_copy_and_the_full_live_database(tmp_path: Path) -> None:
-    """SIGKILL: the run folder keeps the last published copy (read as crashed); the live database on local
-    storage keeps every record, and the copy's meta says where it is."""
+def test_a_killed_rank_leaves_its_segments_and_the_full_live_database(tmp_path: Path) -> None:
+    """SIGKILL: the run folder keeps every segment published (read as crashed, the gap named); the live
+    database on local storage keeps every record, and the published meta says where it is."""
     import signal
     import sys
 
     script = (
         "import sys, time\n"
-        "import gpudash.store.sharedfs as s\n"
-        "s.PUBLISH_INTERVAL_S = 0.0\n"
+        "import gpudash.store.publish as p\n"
+        "p.PUBLISH_INTERVAL_S = 0.0\n"
         "from gpudash.monitor import Monitor\n"
         "mon = Monitor(sys.argv[1], flush_interval=0.05, host_hz=0.0, handle_signals=False)\n"
         "for i in range(5):\n"
+        "    with mon.step():\n"
+        "        mon.log(loss=1.0)\n"
+        "mon.recorder.flush()\n"
+        "assert mon.recorder._publisher.uploaded(20)\n"
+        "p.PUBLISH_INTERVAL_S = 3600.0\n"
+        "mon.recorder._publisher.interval = 3600.0\n"
+        "for i in range(5, 8):\n"
         "    with mon.step():\n"
         "        mon.log(loss=1.0)\n"
         "mon.recorder.flush()\n"
@@ -273,13 +269,14 @@ def test_a_killed_rank_leaves_its_last_copy_and_the_full_live_database(tmp_path:
         proc.wait(30)
     run = load_run(run_dir)
     try:
-        assert run.status == "crashed" and len(run.steps) == 5
+        assert run.status == "crashed" and list(run.steps["step"]) == list(range(5))
         live = Path(run.rank_meta[0]["live_db"])
+        assert any("stopped publishing" in p and str(live) in p for p in run.problems)
     finally:
         run.close()
     assert live.exists() and live.parent.parent == tmp_path / "local"
     with sqlite3.connect(f"file:{live}?mode=ro", uri=True) as conn:
-        assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 5
+        assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 8
 
 
 def test_damaged_node_and_publish_meta_is_ignored_not_fatal(tmp_path: Path) -> None:
@@ -296,3 +293,73 @@ def test_damaged_node_and_publish_meta_is_ignored_not_fatal(tmp_path: Path) -> N
             assert any("publish_interval is 'soon'" in p for p in reader.all_problems())
         finally:
             reader.close()
+
+
+def test_segments_are_merged_as_the_run_goes_and_readers_keep_every_row(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every MERGE_EVERY segments of a table become one (put before the small ones go): a reader that
+    followed the small ones and one that opens the run afresh both see every row, once, in order."""
+    monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
+    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
+    monkeypatch.setattr(publish, "MERGE_EVERY", 3)
+    monkeypatch.setattr(mirror, "SYNC_S", 0.0)
+    run_dir = tmp_path / "run"
+    with Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
+        pub = mon.recorder._publisher
+        assert pub is not None
+        follower = None
+        try:
+            for i in range(10):
+                _record(mon, range(i * 3, i * 3 + 3))
+                assert mon.recorder.flush() and pub.uploaded(10)
+                if follower is None:
+                    follower = RunReader(run_dir)
+                follower.refresh()
+                assert list(follower.read_table("steps")["step"]) == list(range(i * 3 + 3))
+            names = _segments(run_dir)
+            assert len(names) < 10  # merged as it went: not one file per publish
+            spans = [tuple(int(x) for x in n.removesuffix(".parquet").split("-")) for n in names]
+            assert spans[0][0] == 0 and spans[-1][1] == 30
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # one chain, no overlap
+            fresh = RunReader(run_dir)
+            try:
+                assert list(fresh.read_table("steps")["step"]) == list(range(30))
+            finally:
+                fresh.close()
+        finally:
+            if follower is not None:
+                follower.close()
+    assert _segments(run_dir) == ["000000000000-000000000030.parquet"]
+
+
+def test_a_damaged_segment_is_named_and_the_rows_before_it_shown(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment that is not Parquet (truncated, overwritten by someone): the reader says which, shows the
+    rows before it, and nothing raises; the merge at the end of the run replaces it from the live database."""
+    monkeypatch.setenv(sharedfs.SHARED_ENV, "1")
+    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
+    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
+    monkeypatch.setattr(publish, "MERGE_EVERY", 1000)
+    run_dir = tmp_path / "run"
+    mon = Monitor(run_dir, flush_interval=0.05, host_hz=0.0, handle_signals=False)
+    pub = mon.recorder._publisher
+    assert pub is not None
+    for i in range(3):
+        _record(mon, range(i * 2, i * 2 + 2))
+        assert mon.recorder.flush() and pub.uploaded(10)
+    names = _segments(run_dir)
+    second = run_dir / SEGMENTS_DIR / "rank=0" / "steps" / names[1]
+    second.write_bytes(second.read_bytes()[:40])
+    run = load_run(run_dir)
+    try:
+        assert list(run.steps["step"]) == list(range(int(names[0].split("-")[1][:12])))
+        assert any(names[1] in p and "not a readable Parquet file" in p for p in run.problems)
+    finally:
+        run.close()
+        mon.close()
+    run = load_run(run_dir)  # the merge at the end wrote every row again from the live database
+    try:
+        assert list(run.steps["step"]) == list(range(6)) and run.problems == []
+    finally:
+        run.close()

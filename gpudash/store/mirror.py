@@ -1,0 +1,107 @@
+"""The reading side of published segments: each rank's segments, followed into a private SQLite cache.
+
+:class:`SegmentMirror` lists a run's ``segments/`` (one listing request on an object store, at most once
+per :data:`SYNC_S`), fetches the segments each rank's cache does not hold yet, in rowid order
+(:func:`gpudash.store.segments.chain`), and the rank's ``meta.json``. The caches are ordinary rank
+databases in a private folder, read by :class:`~gpudash.store.rankreader.RankReader` as any other, so a
+published run (on a shared filesystem or in S3) answers every query as a local one does. A store that
+fails is noted once and the caches keep what they hold.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpudash.store.objstore import Store
+from gpudash.store.schema import rank_db_name
+from gpudash.store.segments import SEGMENTS_DIR, SegmentCache, rank_meta_name, segment_ranks
+
+__all__ = ["SYNC_S", "SegmentMirror", "unpublished_note"]
+
+#: Seconds between two listings of the store (a dashboard tick asks more often).
+SYNC_S = 1.0
+#: The largest ``meta.json`` read (gpudash writes a few kB).
+META_BYTES = 4 << 20
+
+
+class SegmentMirror:
+    """Private caches of the ranks a run published as segments."""
+
+    def __init__(self, store: Store, note: Callable[[str], None], folder: Path | None = None) -> None:
+        self.store = store
+        self._note = note
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if folder is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-")
+            folder = Path(self._tmp.name)
+        self.folder = folder
+        self.caches: dict[int, SegmentCache] = {}
+        self._synced_at = -1e18
+        self._failed = False
+
+    def close(self) -> None:
+        for cache in self.caches.values():
+            cache.close()
+        self.caches.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def sync(self, force: bool = False) -> dict[int, Path]:
+        """Fetch what is new; the caches' paths by rank."""
+        if force or time.monotonic() - self._synced_at >= SYNC_S:
+            self._synced_at = time.monotonic()
+            try:
+                self._sync()
+                if self._failed:
+                    self._failed = False
+                    self._note(f"{self.store.location}: reachable again")
+            except Exception as exc:  # noqa: BLE001 - a store that fails is a state: shown, retried next tick
+                if not self._failed:
+                    self._failed = True
+                    self._note(f"{self.store.location}: cannot read the published segments "
+                               f"({type(exc).__name__}: {str(exc)[:200]}); showing what was read before")
+        return {rank: c.path for rank, c in self.caches.items()}
+
+    def _rank_note(self, rank: int) -> Callable[[str], None]:
+        return lambda msg: self._note(f"rank {rank}: {msg}")
+
+    def _sync(self) -> None:
+        files = self.store.find(SEGMENTS_DIR)
+        present: set[str] = set(files)
+        for rank, tables in sorted(segment_ranks(files).items()):
+            cache = self.caches.get(rank)
+            if cache is None:
+                try:
+                    cache = self.caches[rank] = SegmentCache(self.folder / rank_db_name(rank), self._rank_note(rank))
+                except sqlite3.Error as exc:
+                    self._note(f"rank {rank}: no room for a private copy of its segments in {self.folder} ({exc})")
+                    continue
+            for table, segments in tables.items():
+                for _after, _last, name in cache.wanted(table, segments):
+                    try:
+                        data = self.store.get(name)
+                    except FileNotFoundError:
+                        break  # merged and removed since the listing: the next listing names the merged file
+                    if not cache.ingest(table, data, name):
+                        break
+            meta = rank_meta_name(rank)
+            if meta in present:  # after the rows: a meta that says "finished" comes with all of them
+                try:
+                    cache.set_meta(self.store.get(meta, limit=META_BYTES))
+                except FileNotFoundError:
+                    pass
+
+
+def unpublished_note(rank: int, meta: dict[str, Any]) -> str:
+    """What a crashed rank that published segments left unpublished, and where it is."""
+    when = meta.get("published_at") or meta.get("heartbeat")
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(when))) if isinstance(when, (int, float)) else "?"
+    where = f"{meta.get('host', '?')}:{meta.get('live_db', '?')}"
+    return (f"rank {rank} stopped publishing at {at} (everything up to then is here); what it recorded after "
+            f"that is only in its live database {where} and the segments waiting beside it in outbox/")

@@ -1,0 +1,124 @@
+"""A folder of runs in an object store, kept as a local folder of published runs (``gpudash serve s3://...``).
+
+:class:`RunsMirror` lists the prefix (one listing request), and for every run directly under it (a
+folder holding ``run.json`` or ``segments/``) copies into a local folder what it does not hold yet:
+``run.json`` once, each segment once (segments are immutable: the name is the content), each rank's
+``meta.json`` when it changed size or time; a segment removed by a merge is removed here too. The local
+folder is then an ordinary folder of published runs (:mod:`gpudash.store.segments`), which the dashboard
+serves, lists and scrapes like any other; a live run stays live, a few seconds behind.
+
+Only names of the published layout are copied (a run id of safe characters, then ``run.json`` or
+``segments/rank=N/meta.json`` or ``segments/rank=N/TABLE/AFTER-LAST.parquet``), each object bounded in
+size: whatever else a bucket holds is never fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpudash.store.objstore import RUN_META_BYTES, Store, open_store
+from gpudash.store.schema import RUN_META_FILE
+from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
+
+__all__ = ["RunsMirror", "mirrored_name"]
+
+
+def mirrored_name(key: str) -> tuple[str, str] | None:
+    """(run id, name inside the run) of an object key under the runs prefix, when it is part of the
+    published layout; None for anything else."""
+    from gpudash.store.runid import valid_run_id
+
+    parts = key.split("/")
+    if len(parts) < 2 or not valid_run_id(parts[0]):
+        return None
+    rest = parts[1:]
+    if rest == [RUN_META_FILE]:
+        return parts[0], RUN_META_FILE
+    if len(rest) < 3 or rest[0] != SEGMENTS_DIR or rank_of_folder(rest[1]) is None:
+        return None
+    if len(rest) == 3 and rest[2] == "meta.json":
+        return parts[0], "/".join(rest)
+    if len(rest) == 4 and rest[2] in PUBLISHED_TABLES and parse_segment(rest[3]) is not None:
+        return parts[0], "/".join(rest)
+    return None
+
+
+class RunsMirror:
+    """Keeps ``local`` in step with the runs under ``location`` (a URL), every ``every_s`` seconds."""
+
+    def __init__(self, location: str, local: Path, every_s: float = 2.0) -> None:
+        self.store: Store = open_store(location)
+        self.local = local
+        self.every_s = every_s
+        self.errors: list[str] = []
+        self._seen: dict[str, Any] = {}  # local name -> the remote object's identity when copied
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        local.mkdir(parents=True, exist_ok=True)
+
+    def sync_once(self) -> int:
+        """Copy what changed; returns objects copied. A failing store raises (the caller says so)."""
+        self.store.fs.invalidate_cache(self.store.root)  # a live run's listing changes: never from a cache
+        listing = self.store.fs.find(self.store.root, detail=True)
+        root = self.store.root.rstrip("/") + "/"
+        wanted: dict[str, tuple[str, Any, int]] = {}
+        for full, info in listing.items():
+            key = str(full)[len(root):] if str(full).startswith(root) else None
+            named = mirrored_name(key) if key else None
+            if named is None:
+                continue
+            local = f"{named[0]}/{named[1]}"
+            size = int(info.get("size") or 0)
+            ident = (size, info.get("LastModified") or info.get("mtime") or info.get("ETag"))
+            wanted[local] = (key, ident, size)  # type: ignore[assignment]
+        copied = 0
+        for local, (key, ident, size) in sorted(wanted.items()):
+            if self._seen.get(local) == ident:
+                continue
+            limit = RUN_META_BYTES if local.endswith((".json",)) else None
+            if limit is not None and size > limit:
+                continue
+            try:
+                data = self.store.get(key) if limit is None else self.store.get(key, limit=limit)
+            except FileNotFoundError:
+                continue  # removed by a merge since the listing
+            dest = self.local / local
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dest)
+            self._seen[local] = ident
+            copied += 1
+        for local in [n for n in self._seen if n not in wanted and "/" + SEGMENTS_DIR + "/" in n]:
+            (self.local / local).unlink(missing_ok=True)  # merged away upstream
+            del self._seen[local]
+        return copied
+
+    def start(self) -> None:
+        """Sync now (a failure is one clear line in :attr:`errors`), then every ``every_s`` seconds in a thread."""
+        self._sync_logged()
+        self._thread = threading.Thread(target=self._loop, name="gpudash-runs-mirror", daemon=True)
+        self._thread.start()
+
+    def _sync_logged(self) -> None:
+        try:
+            self.sync_once()
+        except Exception as exc:  # noqa: BLE001 - a store that fails is a state: said once, retried
+            msg = f"{self.store.location}: cannot list the runs ({type(exc).__name__}: {str(exc)[:200]})"
+            if msg not in self.errors:
+                self.errors.append(msg)
+                import sys
+
+                print(f"gpudash: {msg}; retrying every {self.every_s:g} s", file=sys.stderr)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sync_logged()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
