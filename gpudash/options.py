@@ -36,7 +36,7 @@ DEFAULT_PORT = 8050
 
 #: Every kind of alert gpudash raises (the rules live in gpudash.analysis.alerts).
 ALERT_KINDS = ("nonfinite", "loss_spike", "oom", "stall", "headroom", "alloc_retries", "straggler",
-               "precision_fallback", "crashed")
+               "precision_fallback", "crashed", "leak")
 
 
 def check_webhook_url(url: str) -> str:
@@ -155,6 +155,8 @@ class MonitorOptions:
     eval_splits: tuple[str, ...] = ()
     """gpudash run: names of the equal, consecutive groups of batches one evaluation runs (train,val for
     nanoGPT's estimate_loss): each group's mean loss is recorded as eval_loss_NAME beside eval_loss (all)."""
+    leak_poll_s: float = 5.0
+    """Seconds between looks for a leak (memory held between steps growing step after step; 0: off)."""
     alerts: Any = dataclasses.field(default=None, metadata={"cli": {"skip": "the --alert flags"}})
     """Alerts during the run (AlertOptions; also True, a webhook URL or a dict of its fields; None: off)."""
 
@@ -163,7 +165,7 @@ class MonitorOptions:
             raise ValueError("flush_interval must be > 0 seconds")
         if self.buffer_records < 100:
             raise ValueError("buffer_records must be >= 100")
-        for name in ("host_hz", "device_hz", "stacks_hz"):
+        for name in ("host_hz", "device_hz", "stacks_hz", "leak_poll_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.memory_every < 1:

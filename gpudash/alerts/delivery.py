@@ -48,7 +48,7 @@ def say(msg: str) -> None:
 def add_alert_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--alert-webhook", default=None, metavar="URL",
                    help="alert during the run: POST each alert (NaN loss, spike, OOM, stall, memory near the card, "
-                        "allocator retries, straggler, precision fallback, crash) as JSON to URL (Slack, Discord "
+                        "allocator retries, straggler, precision fallback, crash, leak) as JSON to URL (Slack, Discord "
                         "or any http(s) receiver); alerts also go to stderr, the desktop and the run's events")
     p.add_argument("--alert", action="append", default=[], metavar="KEY=VALUE",
                    help=f"an AlertOptions field (turns alerts on; repeatable): {', '.join(f.name for f in fields(AlertOptions))}"
