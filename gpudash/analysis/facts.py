@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.frames import numeric as _num
+from gpudash.analysis.leak import Leak, leak_text, run_leak
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.phases import run_phases
@@ -91,6 +92,8 @@ class Facts:
     """Why a run has no step, when it knows (``gpudash run`` says so rather than a silent "finished")."""
     recent: Throughput = field(default_factory=Throughput)
     """The rates over the last :data:`gpudash.analysis.rates.RECENT_STEPS` steps (what a live run does now)."""
+    leak: Leak | None = None
+    """Memory held between steps that grows step after step (:func:`gpudash.analysis.leak.run_leak`)."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -256,7 +259,7 @@ def run_facts(run: Run) -> Facts:
                     "straggler_ratio": STRAGGLER_RATIO},
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
-        recent=throughput(steps, run.meta, last=RECENT_STEPS),
+        recent=throughput(steps, run.meta, last=RECENT_STEPS), leak=run_leak(run),
         **_params_facts(run, peaks))
 
 
@@ -334,6 +337,8 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows.append(("non-finite", f"{len(facts.nonfinite_steps)} step(s)" +
                  (f" (steps {_steps_text(facts.nonfinite_steps)})" if facts.nonfinite_steps else "")))
     rows.append(("OOMs", str(facts.oom_count)))
+    if facts.leak is not None:
+        rows.append(("leak", leak_text(facts.leak)))
     if facts.dropped_records or facts.dropped_values:
         rows.append(("not recorded", f"{facts.dropped_records:,} record(s) dropped (the writer's buffer was full), "
                                      f"{facts.dropped_values:,} value(s) that could not be stored"))

@@ -360,6 +360,14 @@ def _runs_out(source: str, g: Growth, mem: pd.DataFrame, host: pd.DataFrame,
     return total, g.last_step + max(0, math.ceil(avail / g.per_step_bytes))
 
 
+def _host(run: Any) -> pd.DataFrame:
+    """The run's host samples; none for a Run built in memory without a reader or host rows."""
+    if "host" in getattr(run, "__dict__", {}) or getattr(run, "_reader", None) is not None:
+        host: pd.DataFrame = run.host
+        return host
+    return pd.DataFrame()
+
+
 def _of_rank(df: pd.DataFrame, rank: int) -> pd.DataFrame:
     return df[df["rank"] == rank] if len(df) and "rank" in df else df
 
@@ -369,9 +377,10 @@ def run_leak(run: Any) -> Leak | None:
     from gpudash.analysis.memory import capacity_bytes
 
     mem, steps = run.memory, run.steps
-    host = run.host
     if not len(steps) or "step" not in steps:
         return None
+    # on GPU the allocator's rows say it all: the host table (the largest, read lazily) is read only on CPU
+    host = _host(run) if numeric(mem, "allocated_bytes") is None else pd.DataFrame()
     cap = capacity_bytes(run)
     first = numeric(steps, "step")
     first_step = float(first.min()) if first is not None and first.notna().any() else None

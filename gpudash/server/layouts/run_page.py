@@ -13,6 +13,7 @@ from gpudash.server.layouts.common import base_figure, fmt_bytes, note, recorded
 from gpudash.server.layouts.data import RunView
 from gpudash.server.layouts.downsample import downsample_indices
 from gpudash.server.layouts.fig import Fig
+from gpudash.server.layouts.leakline import leak_line
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.progressbar import progress_bar
 from gpudash.server.layouts.runs import device_label
@@ -332,6 +333,7 @@ def run_page(run_id: str, view: RunView, rank: int, figs: dict[str, Fig], specs:
         ]),
         html.Div(progress_bar(facts.progress if facts is not None else None), id="run-progress",
                  className="run-progress"),
+        leak_line(facts.leak if facts is not None else None),
         html.Div([html.Span("x axis ", className="muted"),
                   dcc.RadioItems(id="x-mode", options=[{"label": label, "value": v} for v, label in XMODES],
                                  value=(extra.get("x") or XAxis()).mode, inline=True, className="x-mode")],
