@@ -37,16 +37,17 @@ def main() -> None:
     ap.add_argument("--keep", choices=("tensor", "item"), default="tensor")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, args.width), nn.ReLU(), nn.Linear(args.width, args.width), nn.ReLU(),
-                          nn.Linear(args.width, 10))
+                          nn.Linear(args.width, 10)).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     losses = []
     for step in range(args.steps):
-        x = torch.randn(args.batch, 64)
-        y = torch.randint(0, 10, (args.batch,))
+        x = torch.randn(args.batch, 64, device=args.device)
+        y = torch.randint(0, 10, (args.batch,), device=args.device)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward(retain_graph=True)
