@@ -146,8 +146,9 @@ class LeakWatch:
         """Ask the snapshot collector for one at the end of the current step (bounded)."""
         if self._asked >= MAX_SNAPSHOTS:
             return False
-        col = next((c for c in self.monitor.collectors if getattr(c, "name", "") == "snapshots"), None)
-        if col is None or getattr(col, "_take", None) is None:
+        col = next((c for c in self.monitor.collectors if getattr(c, "name", "") == "snapshots"
+                    and getattr(c, "_take", None) is not None), None)  # one that can take them (CUDA, or a test's)
+        if col is None:
             return False
         self._asked += 1
         col.request()
