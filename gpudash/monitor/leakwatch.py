@@ -120,7 +120,8 @@ class LeakWatch:
         if on_gpu and self._before_step is None and self.monitor.step_index >= 2 * WARMUP_STEPS:
             self._before_step = self.monitor.step_index
             self._snapshot()  # the "before" a later leak's diff starts from
-        leak = leak_of(mem, host, steps, capacity=self._capacity(mem), first_step=self.first_step)
+        rank = self.monitor.rank if self.monitor.world_size > 1 else None
+        leak = leak_of(mem, host, steps, capacity=self._capacity(mem), rank=rank, first_step=self.first_step)
         if leak is None:
             self._quiet += 1
             if self._quiet >= QUIET_LOOKS:
