@@ -37,7 +37,7 @@ DEFAULT_PORT = 8050
 
 #: Every kind of alert gpudash raises (the rules live in gpudash.analysis.alerts).
 ALERT_KINDS = ("nonfinite", "loss_spike", "oom", "stall", "headroom", "alloc_retries", "straggler",
-               "precision_fallback", "crashed")
+               "precision_fallback", "crashed", "leak")
 
 
 def cli(*, flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None,
@@ -71,7 +71,7 @@ class AlertOptions:
 
     webhook: str | None = dataclasses.field(default=None, metadata=cli(flag="--alert-webhook", metavar="URL"))
     """POST each alert as JSON to this http(s) URL (with Slack's text and Discord's content); alerts
-    (NaN loss, spike, OOM, stall, memory near the card, allocator retries, straggler, precision fallback, crash)
+    (NaN loss, spike, OOM, stall, memory near the card, allocator retries, straggler, precision fallback, crash, leak)
     also go to stderr, the desktop and the run's events."""
     desktop: bool = True
     """Also show a desktop notification (``notify-send``) where one is available."""
@@ -178,6 +178,8 @@ class MonitorOptions:
     eval_splits: tuple[str, ...] = ()
     """gpudash run: names of the equal, consecutive groups of batches one evaluation runs (train,val for
     nanoGPT's estimate_loss): each group's mean loss is recorded as eval_loss_NAME beside eval_loss (all)."""
+    leak_poll_s: float = 5.0
+    """Seconds between looks for a leak (memory held between steps growing step after step; 0: off)."""
     alerts: Any = dataclasses.field(default=None, metadata=cli(flag="--alert", repeat=alert_items))
     """Alerts during the run: AlertOptions fields as KEY=VALUE (repeatable; turns alerts on), e.g. cooldown_s=60,
     kinds=nonfinite,oom,crashed, desktop=false (from Python also True, a webhook URL or AlertOptions; None: off)."""
@@ -187,7 +189,7 @@ class MonitorOptions:
             raise ValueError("flush_interval must be > 0 seconds")
         if self.buffer_records < 100:
             raise ValueError("buffer_records must be >= 100")
-        for name in ("host_hz", "device_hz", "stacks_hz"):
+        for name in ("host_hz", "device_hz", "stacks_hz", "leak_poll_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.memory_every < 1:

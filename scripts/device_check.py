@@ -9,6 +9,8 @@ Writes into OUT_DIR:
   cards.md              per emulated card (24/16/8 GB): largest model and batch that trains,
                         techniques needed, real OOMs recovered from
   estimator.md          predicted vs measured peak per cell (error %)
+  leak.md               the leak rule on a loop keeping its losses (and the fixed loop): the live event's
+                        growth per step against the bytes the loop keeps, and the frames the snapshot diff names
   collectors.txt        collector costs (benchmarks/collectors.py) and Monitor overhead ratio
   fixtures/             allocator snapshot pickle + NVML recording for the CPU tests
   summary.json          every number above, machine-readable
@@ -230,6 +232,62 @@ def cards(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, An
     return results
 
 
+# ---- the leak rule (issue 37) --------------------------------------------------------------------------
+def leak(out: Path, gpu: bool, timeout: float) -> dict[str, Any]:
+    """tests/zoo/scripts/keep_losses.py under `gpudash run`, unchanged: keeping its losses (a leak the live watch
+    must name, with frames from the snapshot diff on GPU) and keeping loss.item() (none)."""
+    from gpudash.analysis.facts import run_facts
+    from gpudash.analysis.leak import recorded_leaks
+
+    script = ROOT / "tests" / "zoo" / "scripts" / "keep_losses.py"
+    res: dict[str, Any] = {}
+    for keep in ("tensor", "item"):
+        run_dir = out / "runs" / f"leak-{keep}"
+        # activations measured once: gpudash's pack hook keeps a retained graph of each measured step (its own bug)
+        cmd = [sys.executable, "-m", "gpudash", "run", "--run-dir", str(run_dir), "--host-hz", "20", "--leak-poll-s", "1",
+               "--activations-every", "1000000",
+               *(["--snapshot-every", "100"] if gpu else []), "--", sys.executable, str(script), "--keep", keep,
+               "--steps", "600" if gpu else "250", "--device", "cuda" if gpu else "cpu",
+               *(["--width", "4096", "--batch", "256"] if gpu else [])]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            res[keep] = {"error": f"timed out after {timeout:.0f} s"}
+            continue
+        kept = next((int(w) for line in proc.stdout.splitlines() if line.startswith("kept bytes per step")
+                     for w in line.split()[-1:]), None)
+        row: dict[str, Any] = {"rc": proc.returncode, "kept_bytes_per_step": kept}
+        try:
+            run = gpudash.load_run(run_dir)
+        except gpudash.RunError as exc:
+            res[keep] = {**row, "error": str(exc)}
+            continue
+        live = recorded_leaks(run)
+        fact = run_facts(run).leak
+        run.close()
+        row["events"] = len(live)
+        if live:
+            lk = live[0]
+            row.update(source=lk.source, live_per_step_bytes=lk.per_step_bytes, found_at_step=lk.last_step,
+                       category=lk.category, frames=[(f.get("stack", "").split("\n")[0], f.get("delta_bytes"))
+                                                     for f in lk.frames][:3], full_at_step=lk.full_at_step)
+            if kept:
+                row["ratio_to_kept"] = lk.per_step_bytes / kept
+        row["fact_per_step_bytes"] = fact.per_step_bytes if fact else None
+        res[keep] = row
+    lines = ["# the leak rule on keep_losses.py (issue 37)", "",
+             table([[k, str(r.get("events", "-")), str(r.get("source", "-")), human_bytes(r["live_per_step_bytes"])
+                     if r.get("live_per_step_bytes") else "-",
+                     human_bytes(r["kept_bytes_per_step"]) if r.get("kept_bytes_per_step") else "-",
+                     f"{r['ratio_to_kept']:.3f}" if r.get("ratio_to_kept") else "-", str(r.get("found_at_step", "-")),
+                     "; ".join(f"{s} +{human_bytes(d or 0)}" for s, d in r.get("frames") or []) or "-"]
+                    for k, r in res.items()],
+                   ["keeps", "leak events", "source", "live growth/step", "kept/step", "ratio", "found at step",
+                    "frames (snapshot diff)"])]
+    (out / "leak.md").write_text("\n".join(lines) + "\n")
+    return res
+
+
 # ---- collectors and overhead ----------------------------------------------------------------
 def collectors(out: Path, gpu: bool) -> str:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "collectors.py")]
@@ -322,7 +380,7 @@ def main() -> int:
     ap.add_argument("out", nargs="?", type=Path, default=Path(os.environ.get("OUT", "device-check")))
     ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
     ap.add_argument("--run-timeout", type=float, default=0, help="seconds per trainer run (default 90 GPU, 120 CPU)")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: strategies,cards,collectors,overhead")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: strategies,cards,collectors,overhead,leak")
     args = ap.parse_args()
     gpu = cuda_available()
     steps = args.steps or (12 if gpu else 4)
@@ -358,6 +416,9 @@ def main() -> int:
         with open(out / "collectors.txt", "a") as f:
             f.write(f"\nMonitor (all collectors) vs bare: {json.dumps(summary['overhead'])}\n")
         save("overhead")
+    if "leak" not in skip:
+        summary["leak"] = leak(out, gpu, 180.0)
+        save("leak")
     if "strategies" not in skip:
         strat = strategies(out, gpu, steps, timeout)
         save("strategies")

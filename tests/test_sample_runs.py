@@ -55,4 +55,7 @@ def test_sample_run_loads_with_its_verdicts(name: str, tmp_path: Path) -> None:
     assert len(run.steps) > 0
     kinds = {v.kind for v in summarize(run)}
     assert set(sample.expect_kinds) <= kinds, kinds
+    from gpudash.analysis.facts import run_facts
+
+    assert run_facts(run).leak is None  # no sample run leaks (issue 37: no false leak)
     run.close()

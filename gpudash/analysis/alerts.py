@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.leak import leak_text, recorded_leaks
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes
 from gpudash.analysis.oom import oom_reports
 from gpudash.analysis.progress import step_period
@@ -195,6 +196,13 @@ def _stragglers(run: Run) -> list[Alert]:
     return out
 
 
+def _leaks(run: Run) -> list[Alert]:
+    """The leaks the training process's leak watch recorded (the leak rule on its trailing rows, which hold
+    what this window does not: the host samples), each one alert."""
+    return [Alert("leak", leak_text(lk), step=lk.last_step, rank=lk.rank, data=lk.as_dict())
+            for lk in recorded_leaks(run)]
+
+
 def _crashed(run: Run) -> list[Alert]:
     if run.status != "crashed":
         return []
@@ -233,6 +241,8 @@ def evaluate(run: Run, now: float | None = None, *, complete: bool = True, stall
         out += _stall(run, now, stall_factor, stall_min_s)
     if "straggler" in want:
         out += _stragglers(run)
+    if "leak" in want:
+        out += _leaks(run)
     if "crashed" in want:
         out += _crashed(run)
     return out

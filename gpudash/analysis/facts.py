@@ -18,6 +18,7 @@ import pandas as pd
 
 from gpudash.analysis.bottleneck import Bound, run_bound
 from gpudash.analysis.frames import numeric as _num
+from gpudash.analysis.leak import Leak, leak_text, run_leak
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.memory_parts import frozen_params
@@ -96,6 +97,8 @@ class Facts:
     bound: Bound | None = None
     """What bounds the step time (input-, compute-, host/offload- or synchronization-bound), as the bottleneck
     verdict judges it (:func:`gpudash.analysis.bottleneck.run_bound`); None without recorded phases."""
+    leak: Leak | None = None
+    """Memory held between steps that grows step after step (:func:`gpudash.analysis.leak.run_leak`)."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -262,6 +265,7 @@ def run_facts(run: Run) -> Facts:
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
         recent=throughput(steps, run.meta, last=RECENT_STEPS), bound=run_bound(run),
+        leak=run_leak(run),
         **_params_facts(run, peaks))
 
 
@@ -339,6 +343,8 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows.append(("non-finite", f"{len(facts.nonfinite_steps)} step(s)" +
                  (f" (steps {_steps_text(facts.nonfinite_steps)})" if facts.nonfinite_steps else "")))
     rows.append(("OOMs", str(facts.oom_count)))
+    if facts.leak is not None:
+        rows.append(("leak", leak_text(facts.leak)))
     if facts.dropped_records or facts.dropped_values:
         rows.append(("not recorded", f"{facts.dropped_records:,} record(s) dropped (the writer's buffer was full), "
                                      f"{facts.dropped_values:,} value(s) that could not be stored"))

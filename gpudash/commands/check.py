@@ -58,6 +58,8 @@ class GateRules:
     """No OOM (recovered or not)."""
     max_spikes: int | None = None
     """At most this many loss spikes."""
+    no_leak: bool = False
+    """No leak: memory held between steps that grows step after step (the run's leak fact)."""
     baseline: str | None = None
     """The baseline run (a rules file's is relative to the file)."""
 
@@ -72,7 +74,7 @@ class GateRules:
         if self.max_spikes is not None and (not isinstance(self.max_spikes, int) or isinstance(self.max_spikes, bool)
                                             or self.max_spikes < 0):
             raise ValueError(f"max_spikes {self.max_spikes!r}: expected a whole number >= 0")
-        for name in ("no_nonfinite", "no_oom"):
+        for name in ("no_nonfinite", "no_oom", "no_leak"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} {getattr(self, name)!r}: expected true or false")
 
@@ -179,6 +181,12 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
         out.append(Outcome("max_spikes", len(sp) <= rules.max_spikes,
                            f"{len(sp)} loss spike(s)" + (f" (steps {', '.join(map(str, sp[:8]))})" if sp else "")
                            + f" (limit {rules.max_spikes})", value=float(len(sp)), limit=float(rules.max_spikes)))
+    if rules.no_leak:
+        from gpudash.analysis.leak import leak_text
+
+        lk = facts.leak
+        out.append(Outcome("no_leak", lk is None, "no leak" if lk is None else leak_text(lk),
+                           value=None if lk is None else float(lk.per_step_bytes), limit=0.0))
     return out
 
 
@@ -193,6 +201,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-peak-gib", type=float, default=None, metavar="GIB", help="fail if peak memory exceeds GIB")
     p.add_argument("--no-nonfinite", action="store_true", default=None, help="fail on any non-finite (NaN/Inf) step")
     p.add_argument("--no-oom", action="store_true", default=None, help="fail on any OOM")
+    p.add_argument("--no-leak", action="store_true", default=None,
+                   help="fail when memory held between steps grows step after step (a leak)")
     p.add_argument("--max-spikes", type=int, default=None, metavar="N", help="fail on more than N loss spikes")
     p.add_argument("--rules", type=Path, default=None, metavar="FILE",
                    help="rules from a TOML file (same names: max_peak_increase = \"5%%\", no_oom = true, "

@@ -127,6 +127,11 @@ class Monitor:
             self.add_step_hooks(end=self._record_cuda_device)
         for collector in default_collectors(options):
             self.add_collector(collector)
+        self._leaks: Any = None
+        if options.leak_poll_s > 0:
+            from gpudash.monitor.leakwatch import LeakWatch
+
+            self._leaks = LeakWatch(self, options.leak_poll_s)
         self._alerts: Any = None
         if options.alerts is not None and self.rank == 0:  # rank 0 watches every rank's files
             from gpudash.alerts.watch import start_alerts
@@ -278,6 +283,8 @@ class Monitor:
                 c.stop()
             except Exception:  # noqa: BLE001 - closing must always reach the writer
                 pass
+        if self._leaks is not None:
+            self._leaks.stop()
         if self._alerts is not None:  # the last look (a crash alert) is recorded before the writer closes
             self._alerts.finish(status, reason, flush=self.recorder.flush)
         self.recorder.close(status=status, reason=reason)

@@ -33,6 +33,8 @@ def test_device_check_runs_on_cpu(tmp_path: Path) -> None:
     assert block["activations_bytes"] < plain["activations_bytes"]
     card = summary["cards"][0]
     assert card["rc"] == 0 and card["ooms"] >= 1  # the injected OOM was recovered from
-    for name in ("strategies.md", "cards.md", "estimator.md", "collectors.txt"):
+    leak = summary["leak"]  # the leak part runs on CPU too: the kept losses leak, the fixed loop does not
+    assert leak["tensor"]["events"] == 1 and leak["item"]["events"] == 0, leak
+    for name in ("strategies.md", "cards.md", "estimator.md", "collectors.txt", "leak.md"):
         assert (out / name).read_text().strip()
     assert summary["overhead"]["ratio"] > 0

@@ -24,6 +24,7 @@ _SKIP = {"time", "rank", "gpu", "step", "total_bytes", "threads"}
 #: Legend names of the recorded columns (anything else: the column name without its unit suffix, in words).
 LABELS: dict[str, str] = {
     "cpu_pct": "process CPU", "system_cpu_pct": "all CPUs", "rss_bytes": "process RSS",
+    "malloc_used_bytes": "malloc in use",
     "available_bytes": "RAM available", "pinned_bytes": "pinned host memory", "util_pct": "GPU utilization",
     "mem_util_pct": "memory controller busy", "sm_active_pct": "SM active", "sm_occupancy_pct": "SM occupancy",
     "tensor_active_pct": "tensor cores active", "dram_active_pct": "DRAM active", "pcie_tx_mib_s": "PCIe TX",
@@ -32,7 +33,7 @@ LABELS: dict[str, str] = {
     "used_bytes": "device memory used", "process_bytes": "this process on the device",
 }
 #: Byte columns that get a panel of their own (a 500 MiB RSS is a flat line on a 64 GiB "RAM available" axis).
-OWN_PANEL = {"rss_bytes": "process RSS", "available_bytes": "RAM available"}
+OWN_PANEL = {"rss_bytes": "process RSS", "malloc_used_bytes": "process RSS", "available_bytes": "RAM available"}
 
 
 def label_of(col: str) -> str:

@@ -13,6 +13,7 @@ from gpudash.server.layouts.common import base_figure, note, recorded_reason, so
 from gpudash.server.layouts.data import RunView
 from gpudash.server.layouts.downsample import downsample_indices
 from gpudash.server.layouts.fig import Fig
+from gpudash.server.layouts.leakline import leak_line
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.progressbar import progress_bar
 from gpudash.server.layouts.run_page_data import RunPageData
@@ -324,6 +325,7 @@ def _header(p: RunPageData, last: int | None) -> html.Div:
         ]),
         html.Div(progress_bar(p.facts.progress if p.facts is not None else None), id="run-progress",
                  className="run-progress"),
+        leak_line(p.facts.leak if p.facts is not None else None),
         html.Div([html.Span("x axis ", className="muted"),
                   dcc.RadioItems(id="x-mode", options=[{"label": label, "value": v} for v, label in XMODES],
                                  value=p.x.mode, inline=True, className="x-mode")],

@@ -1,0 +1,90 @@
+"""The Monitor's leak watch end to end on recorded rows: a leak on a "GPU" (allocated bytes at step ends that grow
+1 MiB a step, logged as the allocator collector would) is recorded once as a ``leak`` event while the loop runs,
+with the frames the snapshot diff names between the snapshot it asked for after the warm-up and the one it asked
+for when it found the leak. ``take_snapshot`` stands in for ``torch.cuda.memory._snapshot`` (no GPU here): each
+call returns the synthetic fixture plus one live block per step so far, allocated from ``keep.py:7``."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+from gpudash import load_run
+from gpudash.analysis.facts import run_facts
+from gpudash.analysis.leak import LEAK_EVENT, leak_text, recorded_leaks
+from gpudash.collectors.snapshots import SnapshotCollector
+from gpudash.monitor import Monitor
+
+FIXTURE = Path(__file__).parent / "fixtures" / "snapshot_synthetic.pickle"
+MiB = 2**20
+BASE = 2 * 2**30
+
+
+def _snapshots(monitor: list[Monitor]) -> Any:
+    with open(FIXTURE, "rb") as f:
+        base = pickle.load(f)  # our own fixture: trusted
+
+    def take() -> dict[str, Any]:
+        snap = copy.deepcopy(base)
+        n = monitor[0].step_index
+        frames = [{"filename": "/home/me/keep.py", "line": 7, "name": "main"}]
+        addr = 1 << 44
+        snap["segments"].append({
+            "device": 0, "address": addr, "total_size": max(n, 1) * MiB, "stream": 0, "segment_type": "large",
+            "allocated_size": n * MiB, "active_size": n * MiB, "requested_size": n * MiB, "is_expandable": False,
+            "blocks": [{"address": addr + i * MiB, "size": MiB, "requested_size": MiB, "state": "active_allocated",
+                        "frames": frames} for i in range(n)]})
+        return snap
+    return take
+
+
+def test_a_growing_allocation_is_named_with_its_frames_while_the_loop_runs(tmp_path: Path) -> None:
+    holder: list[Monitor] = []
+    steps = 400
+    with Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0.05) as m:
+        holder.append(m)
+        m.add_collector(SnapshotCollector(take_snapshot=_snapshots(holder), poll_interval=0.05))
+        found_at = None
+        for i in range(steps):
+            with m.step():
+                m.log_memory(allocated_bytes=BASE + i * MiB, device_total_bytes=80 * 2**30)
+            if i % 20 == 0:
+                m.flush(5.0)  # rows reach the file the watch reads (the writer does this every 0.5 s)
+                time.sleep(0.2)  # the watch looks (every 0.05 s here) while the loop runs
+                if found_at is None and m._leaks.found:
+                    found_at = i
+    assert found_at is not None and found_at < steps - 1  # found while the loop ran
+    run = load_run(tmp_path / "r")
+    try:
+        events = run.events[run.events["kind"] == LEAK_EVENT]
+        assert len(events) == 1
+        live = recorded_leaks(run)[0]
+        assert live.source == "allocated_bytes" and abs(live.per_step_bytes - MiB) < 0.01 * MiB
+        assert live.frames and "keep.py" in live.frames[0]["stack"], live.frames
+        assert live.frames[0]["delta_bytes"] > 0 and live.frames[0]["before_step"] < live.frames[0]["after_step"]
+        assert len(run.snapshots) <= 4  # bounded
+        facts = run_facts(run)
+        assert facts.leak is not None and facts.leak.frames == live.frames  # the fact carries the live frames
+        assert facts.leak.full_at_step is not None and facts.leak.full_at_step > steps
+        assert "most grown: " in leak_text(facts.leak)
+    finally:
+        run.close()
+
+
+def test_a_flat_run_gets_no_leak_and_the_watch_can_be_off(tmp_path: Path) -> None:
+    with Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0.05) as m:
+        for i in range(300):
+            with m.step():
+                m.log_memory(allocated_bytes=BASE + (i % 7) * MiB)
+            if i % 50 == 0:
+                m.flush(5.0)
+    with Monitor(tmp_path / "off", host_hz=0, leak_poll_s=0) as m:
+        assert m._leaks is None
+    run = load_run(tmp_path / "r")
+    try:
+        assert not (run.events["kind"] == LEAK_EVENT).any() and run_facts(run).leak is None
+    finally:
+        run.close()
