@@ -19,12 +19,16 @@ REAL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real-sna
 __all__ = ["REAL", "grow_snapshot", "write_snapshot"]
 
 
-def grow_snapshot(n: int, real: Path = REAL) -> dict[str, Any]:
-    """The real snapshot with a trace of ``n`` entries (its segments as recorded)."""
+def grow_snapshot(n: int, real: Path = REAL, frames: int = 0) -> dict[str, Any]:
+    """The real snapshot with a trace of ``n`` entries (its segments as recorded). ``frames``: each entry's
+    stack padded to that many frames with shared native frames (``file.cpp``), as a snapshot recorded with
+    ``_record_memory_history(stacks="all")`` holds: 53 make a 400,000-entry file of 137 MB."""
     with open(real, "rb") as f:
         snap = pickle.load(f)  # our own fixture, not a stranger's file
     entries = snap["device_traces"][0]
     span = max(e["time_us"] for e in entries) - min(e["time_us"] for e in entries) + 1
+    native = [{"filename": f"/pytorch/c10/cuda/CUDACachingAllocator{i}.cpp", "line": i, "name": f"c10::alloc{i}()"}
+              for i in range(400)]
     out: list[dict[str, Any]] = []
     rep = 0
     while len(out) < n:
@@ -35,14 +39,16 @@ def grow_snapshot(n: int, real: Path = REAL) -> dict[str, Any]:
             d = dict(e)
             d["addr"] = e["addr"] + shift
             d["time_us"] = e["time_us"] + rep * span
-            d["frames"] = list(e["frames"])
+            pad = max(0, frames - len(e["frames"]))
+            k = (len(e["frames"]) * 7) % (len(native) - pad) if pad else 0
+            d["frames"] = native[k:k + pad] + list(e["frames"])  # innermost (native) first, as torch orders them
             out.append(d)
         rep += 1
     snap["device_traces"] = [out]
     return snap
 
 
-def write_snapshot(n: int, path: Path) -> Path:
+def write_snapshot(n: int, path: Path, frames: int = 0) -> Path:
     with open(path, "wb") as f:
-        pickle.dump(grow_snapshot(n), f, protocol=4)
+        pickle.dump(grow_snapshot(n, frames=frames), f, protocol=4)
     return path

@@ -4,6 +4,7 @@ allocation timeline's first draw.
     .venv/bin/python benchmarks/snapshots.py                  # 100k, 400k, 1M entries; print the table
     .venv/bin/python benchmarks/snapshots.py --write          # also update benchmarks/RESULTS.md
     .venv/bin/python benchmarks/snapshots.py --sizes 100000 --repeats 1
+    .venv/bin/python benchmarks/snapshots.py --sizes 400000 --frames 53   # deep stacks: a 137 MB file
 
 Snapshots are grown from the real fixture's trace and frames (benchmarks/snapshot_gen.py; the fixture is
 tests/fixtures/real-snapshot/, MIT, LICENSE beside it). Each measurement runs in a child process of its own;
@@ -85,13 +86,15 @@ def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 #: --head-start: also time a first visit after gpudash serve's head start
 HEAD_START = False
+#: --frames: each trace entry's stack padded to this many frames (0: the fixture's own, ~3)
+FRAMES = 0
 
 
 def measure(n: int, work: Path, repeats: int, env: dict[str, str], browser: bool) -> dict[str, Any]:
     # written by a child: a forked child's peak RSS starts at its parent's, so this process stays small
     snap = work / f"snapshot-{n}.pickle"
     _child([sys.executable, "-c", "import sys; from snapshot_gen import write_snapshot; from pathlib import Path; "
-            "write_snapshot(int(sys.argv[1]), Path(sys.argv[2]))", str(n), str(snap)],
+            "write_snapshot(int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))", str(n), str(snap), str(FRAMES)],
            {**env, "PYTHONPATH": f"{env['PYTHONPATH']}{os.pathsep}{Path(__file__).resolve().parent}"})
     loads: list[tuple[float, float]] = []
     imports: list[tuple[float, float]] = []
@@ -203,9 +206,12 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     ap.add_argument("--head-start", action="store_true",
                     help="with --browser: also time the first visit after the server's head start (gpudash serve)")
+    ap.add_argument("--frames", type=int, default=0,
+                    help="pad each entry's stack to N frames with shared native frames (53: the 137 MB file at 400k)")
     args = ap.parse_args()
-    global HEAD_START
+    global HEAD_START, FRAMES
     HEAD_START = args.head_start
+    FRAMES = args.frames
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory(prefix="gpudash-snapbench-") as tmp:
         rows = [measure(n, Path(tmp), args.repeats, env, args.browser) for n in args.sizes]

@@ -54,6 +54,59 @@ def _memory_series(memory: pd.DataFrame) -> tuple[pd.Series, str] | None:
     return None
 
 
+class _Grid:
+    """Rows of a frame with ``rank`` and ``step`` columns as step x rank matrices (numpy, NaN where a rank did
+    not record a step; the last row wins where one recorded a step twice): the step-by-step comparisons of the
+    ranks read every row this way, as pandas pivots took seconds on a long many-rank run."""
+
+    __slots__ = ("steps", "ranks", "_rows", "_cells", "_shape")
+
+    def __init__(self, df: pd.DataFrame, required: tuple[str, ...] = ()) -> None:
+        step = pd.to_numeric(df["step"], errors="coerce").to_numpy(dtype=float)
+        rank = pd.to_numeric(df["rank"], errors="coerce").to_numpy(dtype=float)
+        ok = np.isfinite(step) & np.isfinite(rank)
+        for col in required:
+            ok &= np.isfinite(pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float))
+        rows = np.flatnonzero(ok)
+        self.steps, si = np.unique(step[rows].astype(np.int64), return_inverse=True)
+        self.ranks, ri = np.unique(rank[rows].astype(np.int64), return_inverse=True)
+        cells = si * len(self.ranks) + ri
+        # the last row of each (step, rank): unique's first index into the reversed cells
+        _, last = np.unique(cells[::-1], return_index=True)
+        keep = len(cells) - 1 - last
+        self._rows, self._cells = rows[keep], cells[keep]
+        self._shape = (len(self.steps), len(self.ranks))
+
+    def matrix(self, values: Any) -> np.ndarray:
+        """``values`` (a column of the frame, aligned with its rows) as a step x rank float matrix."""
+        v = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
+        out = np.full(self._shape[0] * self._shape[1], np.nan)
+        out[self._cells] = v[self._rows]
+        return out.reshape(self._shape)
+
+
+def _row_quantile(mat: np.ndarray, q: float) -> np.ndarray:
+    """Per row, the ``q`` quantile of its values, NaN skipped (linear, as numpy's default; NaN for a row with
+    none): ``np.nanquantile`` along an axis loops in Python, a second over 2,000 x 64."""
+    srt = np.sort(mat, axis=1)  # NaN last
+    n = (~np.isnan(mat)).sum(axis=1)
+    pos = q * np.maximum(n - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
+    a = np.take_along_axis(srt, lo[:, None], axis=1)[:, 0]
+    b = np.take_along_axis(srt, hi[:, None], axis=1)[:, 0]
+    return np.where(n > 0, a + (b - a) * (pos - lo), np.nan)
+
+
+def _slowest(mat: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per row, the rank of the largest value (NaN where the row has none)."""
+    has = ~np.isnan(mat).all(axis=1)
+    out = np.full(len(mat), np.nan)
+    if has.any():
+        out[has] = ranks[np.argmax(np.where(np.isnan(mat[has]), -np.inf, mat[has]), axis=1)]
+    return out
+
+
 def rank_skew(run: Any) -> pd.DataFrame:
     """Per-step spread across ranks of step time, phase times and memory.
 
@@ -70,46 +123,57 @@ def rank_skew(run: Any) -> pd.DataFrame:
       ``memory_imbalance`` (max / mean - 1) when memory was recorded; the
       ``memory_source`` attribute of the frame names the column compared.
 
-    An empty frame (same columns) means fewer than two ranks.
+    An empty frame (same columns) means fewer than two ranks. Every row is read (numpy step x rank
+    matrices: 64 ranks x 2,000 steps in tens of milliseconds).
     """
     steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
     memory: pd.DataFrame = getattr(run, "memory", pd.DataFrame())
     base = ["ranks", "duration_min_s", "duration_median_s", "duration_max_s", "slowest_rank", "skew_s",
             "skew_ratio"]
-    if steps.empty or "rank" not in steps or "duration_s" not in steps or steps["rank"].nunique() < 2:
+    if (steps.empty or not {"rank", "step", "duration_s"} <= set(steps.columns)
+            or steps["rank"].nunique() < 2):
         out = pd.DataFrame(columns=base)
         out.index.name = "step"
         return out
-    s = steps.dropna(subset=["step", "duration_s"]).drop_duplicates(["rank", "step"], keep="last")
-    dur = s.pivot(index="step", columns="rank", values="duration_s").astype(float)
-    dur = dur[dur.notna().sum(axis=1) >= 2]
-    out = pd.DataFrame(index=dur.index)
-    out["ranks"] = dur.notna().sum(axis=1).astype("int64")
-    out["duration_min_s"] = dur.min(axis=1)
-    out["duration_median_s"] = dur.median(axis=1)
-    out["duration_max_s"] = dur.max(axis=1)
-    out["slowest_rank"] = dur.idxmax(axis=1).astype("int64")
-    out["skew_s"] = out["duration_max_s"] - out["duration_min_s"]
-    median = out["duration_median_s"].where(out["duration_median_s"] > 0)
-    out["skew_ratio"] = out["duration_max_s"] / median - 1.0
-    phases = [c for c in phase_columns(s, getattr(run, "meta", None)) if pd.api.types.is_numeric_dtype(s[c])]
-    for ph in phases:
-        p = s.pivot(index="step", columns="rank", values=ph).astype(float).reindex(out.index)
-        name = ph.removesuffix("_s")
-        out[f"{name}_skew_s"] = p.max(axis=1) - p.min(axis=1)
-        filled = p.fillna(-np.inf)
-        out[f"{name}_slowest_rank"] = filled.idxmax(axis=1).where(p.notna().any(axis=1))
+    grid = _Grid(steps, ("duration_s",))
+    dur = grid.matrix(steps["duration_s"])
+    counts = (~np.isnan(dur)).sum(axis=1)
+    two = counts >= 2
+    dur = dur[two]
+    index = pd.Index(grid.steps[two], name="step")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lo, hi = np.fmin.reduce(dur, axis=1), np.fmax.reduce(dur, axis=1)
+        median = _row_quantile(dur, 0.5)
+        cols: dict[str, Any] = {
+            "ranks": counts[two].astype("int64"), "duration_min_s": lo, "duration_median_s": median,
+            "duration_max_s": hi, "slowest_rank": _slowest(dur, grid.ranks).astype("int64"), "skew_s": hi - lo,
+            "skew_ratio": hi / np.where(median > 0, median, np.nan) - 1.0}
+        phases = [c for c in phase_columns(steps, getattr(run, "meta", None))
+                  if pd.api.types.is_numeric_dtype(steps[c])]
+        for ph in phases:
+            p = grid.matrix(steps[ph])[two]
+            name = ph.removesuffix("_s")
+            cols[f"{name}_skew_s"] = np.fmax.reduce(p, axis=1) - np.fmin.reduce(p, axis=1)
+            cols[f"{name}_slowest_rank"] = _slowest(p, grid.ranks)
+    out = pd.DataFrame(cols, index=index)
     mem = _memory_series(memory) if not memory.empty and {"rank", "step"} <= set(memory.columns) else None
     if mem is not None:
         values, source = mem
-        m = memory.assign(_mem=values).dropna(subset=["step", "_mem"])
-        m = m.drop_duplicates(["rank", "step"], keep="last")
-        piv = m.pivot(index="step", columns="rank", values="_mem").reindex(out.index)
-        out["memory_min_bytes"] = piv.min(axis=1)
-        out["memory_max_bytes"] = piv.max(axis=1)
-        out["heaviest_rank"] = piv.fillna(-np.inf).idxmax(axis=1).where(piv.notna().any(axis=1))
-        mean = piv.mean(axis=1)
-        out["memory_imbalance"] = out["memory_max_bytes"] / mean.where(mean > 0) - 1.0
+        m = memory.assign(_mem=values)
+        mgrid = _Grid(m, ("_mem",))
+        full = mgrid.matrix(m["_mem"])
+        # the memory grid's steps lined up with the step-time rows (NaN where memory has no such step)
+        piv = np.full((len(index), full.shape[1]), np.nan)
+        at = np.minimum(np.searchsorted(mgrid.steps, index.to_numpy()), max(len(mgrid.steps) - 1, 0))
+        found = mgrid.steps[at] == index.to_numpy() if len(mgrid.steps) else np.zeros(len(index), bool)
+        piv[found] = full[at[found]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["memory_min_bytes"] = np.fmin.reduce(piv, axis=1) if piv.shape[1] else np.nan
+            out["memory_max_bytes"] = np.fmax.reduce(piv, axis=1) if piv.shape[1] else np.nan
+            out["heaviest_rank"] = _slowest(piv, mgrid.ranks) if piv.shape[1] else np.nan
+            n = (~np.isnan(piv)).sum(axis=1)
+            mean = np.where(n > 0, np.nansum(piv, axis=1) / np.maximum(n, 1), np.nan)
+            out["memory_imbalance"] = out["memory_max_bytes"] / np.where(mean > 0, mean, np.nan) - 1.0
         out.attrs["memory_source"] = source
     out.index = out.index.astype("int64")
     out.index.name = "step"
@@ -141,13 +205,11 @@ def straggler_summary(skew: pd.DataFrame, threshold: float = 0.1) -> dict[str, A
     return out
 
 
-def rank_summary(run: Any, skew_from: Any = None) -> pd.DataFrame:
+def rank_summary(run: Any) -> pd.DataFrame:
     """One row per rank: steps recorded, median and p95 step time, median of each
     phase, peak memory, samples/s and tokens/s (``samples_per_s``, ``tokens_per_s``: wall time, as
     :func:`gpudash.analysis.rates.rate_of`) and how often this rank was the slowest (``slowest_share``).
-    Every row counts: pass the full steps, not a downsampled frame. ``skew_from``: the frames the slowest-rank
-    share is read from instead (a step-by-step comparison of the ranks: a downsampled view keeps it cheap on a
-    long run; the other columns are sums, medians and peaks, cheap over every row)."""
+    Every row counts: pass the full steps, not a downsampled frame."""
     steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
     memory: pd.DataFrame = getattr(run, "memory", pd.DataFrame())
     if steps.empty or "rank" not in steps or "duration_s" not in steps:
@@ -166,7 +228,7 @@ def rank_summary(run: Any, skew_from: Any = None) -> pd.DataFrame:
         values, source = mem
         out["memory_peak_bytes"] = values.groupby(memory["rank"]).max()
         out.attrs["memory_source"] = source
-    skew = rank_skew(run if skew_from is None else skew_from)
+    skew = rank_skew(run)
     if not skew.empty:
         share = skew["slowest_rank"].value_counts() / len(skew)
         out["slowest_share"] = share.reindex(out.index).fillna(0.0)
@@ -206,29 +268,41 @@ def rank_work(run: Any) -> pd.DataFrame:
     steps: pd.DataFrame = getattr(run, "steps", pd.DataFrame())
     if steps.empty or not {"rank", "step", "duration_s"} <= set(steps.columns):
         return pd.DataFrame()
-    cols = ["rank", "step", "duration_s"] + ([f"{WAIT_PHASE}_s"] if f"{WAIT_PHASE}_s" in steps else [])
-    s = steps[cols].apply(pd.to_numeric, errors="coerce").dropna(subset=["rank", "step", "duration_s"])
-    s = s.drop_duplicates(["rank", "step"], keep="last")
+    grid = _Grid(steps, ("duration_s",))
+    work = grid.matrix(steps["duration_s"])
     measure = "step time"
-    work = s["duration_s"]
-    if len(cols) == 4 and s[cols[3]].notna().any():
-        work = (s["duration_s"] - s[cols[3]].fillna(0.0)).clip(lower=0.0)
-        measure = f"step time outside {WAIT_PHASE}"
-    out = s.assign(work=work).pivot(index="step", columns="rank", values="work").astype(float)
-    out.index = out.index.astype("int64")
-    out.columns = out.columns.astype("int64")
+    wait = f"{WAIT_PHASE}_s"
+    if wait in steps:
+        waited = grid.matrix(steps[wait])
+        if not np.isnan(waited).all():
+            work = np.clip(work - np.nan_to_num(waited), 0.0, None)
+            measure = f"step time outside {WAIT_PHASE}"
+    out = pd.DataFrame(work, index=pd.Index(grid.steps, name="step"), columns=pd.Index(grid.ranks, name="rank"))
     out.attrs["measure"] = measure
     return out
 
 
+def _excess(grid_values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Per rank: the median over steps of how much longer it took than the step's lower-quartile rank, as a
+    share of ``scale`` (the step's median step time)."""
+    # the reference is a fast rank (the lower quartile), not the median one: when a whole node of the
+    # run's ranks is slow, half of them can be slow and the median rank is one of them
+    reference = _row_quantile(grid_values, 0.25)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        late = (grid_values - reference[:, None]) / np.where(scale > 0, scale, np.nan)[:, None]
+    return _row_quantile(late.T, 0.5)
+
+
 def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
                     threshold: float = STRAGGLER_RATIO) -> dict[str, Any]:
-    """Stragglers by node. Each rank's ``excess``: the median over steps of how much longer its own work
-    (:func:`rank_work`) took than the step's lower-quartile rank's, as a share of the step's median step
-    time (0.25: a quarter of a step late). A node whose ranks all exceed
-    ``threshold`` while another node has a rank that does not is a *node* straggler (a slow machine,
-    network link or shared data source), named once instead of as one straggler per rank; the ranks that
-    straggle on an otherwise healthy node are rank stragglers.
+    """Stragglers by node. Each rank's ``excess``: the median over steps of how much longer it took than the
+    step's lower-quartile rank, as a share of the step's median step time (0.25: a quarter of a step late),
+    the larger of two measures: its own work (:func:`rank_work`: under DDP the fast ranks wait for the slow
+    one in backward, so all step times are alike and only the time outside backward tells) and its step
+    time (ranks that do not wait for each other: a rank slow in backward itself takes longer steps). A node
+    whose ranks all exceed ``threshold`` while another node has a rank that does not is a *node* straggler
+    (a slow machine, network link or shared data source), named once instead of as one straggler per rank;
+    the ranks that straggle on an otherwise healthy node are rank stragglers. Every row is read.
 
     ``nodes`` maps rank -> node name (:func:`rank_nodes`); default: ``run.rank_meta``. Returns
     ``measure``, ``steps``, ``ranks`` (a frame indexed by rank: ``node``, ``excess``, ``straggler``),
@@ -237,23 +311,26 @@ def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
     if nodes is None:
         nodes = rank_nodes(getattr(run, "rank_meta", {}) or {})
     work = rank_work(run)
-    if not work.empty:
-        work = work[work.notna().sum(axis=1) >= 2]
-    empty: dict[str, Any] = {"measure": work.attrs.get("measure", "step time"), "steps": 0,
+    measure = str(work.attrs.get("measure", "step time"))
+    empty: dict[str, Any] = {"measure": measure, "steps": 0,
                              "ranks": pd.DataFrame(columns=["node", "excess", "straggler"]),
                              "nodes": pd.DataFrame(columns=["ranks", "slow_ranks", "excess_median", "straggler"]),
                              "node_stragglers": [], "rank_stragglers": []}
     if work.empty or work.shape[1] < 2:
         return empty
-    # the reference is a fast rank (the lower quartile), not the median one: when a whole node of the
-    # run's ranks is slow, half of them can be slow and the median rank is one of them
-    reference = work.quantile(0.25, axis=1)
+    w = work.to_numpy()
+    two = (~np.isnan(w)).sum(axis=1) >= 2
+    if not two.any():
+        return empty
     steps: pd.DataFrame = run.steps
-    dur = (steps[["rank", "step", "duration_s"]].apply(pd.to_numeric, errors="coerce")
-           .dropna().groupby("step")["duration_s"].median())
-    dur.index = dur.index.astype("int64")
-    scale = dur.reindex(work.index)
-    excess = work.sub(reference, axis=0).div(scale.where(scale > 0), axis=0).median(axis=0)
+    dur = _Grid(steps, ("duration_s",)).matrix(steps["duration_s"])[two]  # the same grid as rank_work's
+    w = w[two]
+    scale = _row_quantile(dur, 0.5)
+    excess_v = _excess(w, scale)
+    if measure != "step time":
+        excess_v = np.fmax(excess_v, _excess(dur, scale))
+        measure = f"{measure}, or step time where longer"
+    excess = pd.Series(excess_v, index=work.columns)
     ranks = pd.DataFrame({"node": [nodes.get(int(r), "?") for r in excess.index], "excess": excess.astype(float)},
                          index=excess.index.astype("int64"))
     ranks.index.name = "rank"
@@ -270,10 +347,9 @@ def node_stragglers(run: Any, nodes: dict[int, str] | None = None,
                           for node, s in zip(ranks["node"], slow, strict=True)]
     node_list = by_node[by_node["straggler"]].sort_values("excess_median", ascending=False).index.tolist()
     rank_list = ranks[ranks["straggler"] == "rank"].sort_values("excess", ascending=False).index.tolist()
-    return {"measure": work.attrs.get("measure", "step time"), "steps": int(len(work)), "ranks": ranks,
+    return {"measure": measure, "steps": int(two.sum()), "ranks": ranks,
             "nodes": by_node, "node_stragglers": [str(n) for n in node_list],
             "rank_stragglers": [int(r) for r in rank_list]}
-
 
 
 def run_stragglers(run: Any) -> dict[str, Any]:

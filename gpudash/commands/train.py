@@ -11,6 +11,8 @@ default and help), plus the alert flags. Testing aids (documented, off by defaul
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fields(p.add_argument_group("recording (gpudash.MonitorOptions)"), MonitorOptions, "monitor",
                skip=("alerts",))
     add_alert_arguments(p.add_argument_group("alerts (gpudash.AlertOptions)"))
+    # the documented form until the options became flags of their own: still read, with a line that
+    # names the new flag, so scripts that pass it keep working while they move
+    p.add_argument("--monitor", action="append", default=[], dest="old_monitor", metavar="KEY=VALUE",
+                   help=argparse.SUPPRESS)
+
+
+def old_monitor_items(args: argparse.Namespace) -> None:
+    """Move each deprecated ``--monitor KEY=VALUE`` into the namespace as its own flag would (a flag given
+    as itself wins); one deprecation line per item, naming the new flag. UserError for a key that is no
+    MonitorOptions field or a value its type cannot read."""
+    from gpudash.commands._flags import flag_of
+    from gpudash.options import MonitorOptions, field_types, from_text
+
+    fields = {f.name: f for f in dataclasses.fields(MonitorOptions) if f.name != "alerts"}
+    types = field_types(MonitorOptions)
+    given = vars(args)
+    for item in getattr(args, "old_monitor", None) or []:
+        key, sep, text = item.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or name not in fields:
+            flags = ", ".join(flag_of(f) for f in fields.values())
+            raise UserError(f"--monitor {item!r}: no Monitor option {name!r}; each Monitor option is a flag of "
+                            f"its own now ({flags}; gpudash train --help)")
+        flag = flag_of(fields[name])
+        try:
+            value = from_text(types[name], text.strip())
+        except ValueError as exc:
+            raise UserError(f"--monitor {item!r}: {exc} (now {flag})") from None
+        given.setdefault(f"monitor.{name}", value)
+        new = (flag if value else "--no-" + flag[2:]) if types[name] is bool else f"{flag} {text.strip()}"
+        print(f"gpudash: --monitor {item} is deprecated and will be removed; use {new}", file=sys.stderr)
 
 
 def monitor_from_args(args: argparse.Namespace) -> Any:
@@ -60,6 +93,7 @@ def monitor_from_args(args: argparse.Namespace) -> Any:
 def config_from_args(args: argparse.Namespace) -> Any:
     from gpudash.trainer.config import TrainConfig
 
+    old_monitor_items(args)
     monitor = monitor_from_args(args)
     try:
         return TrainConfig(**fields_from_args(args, TrainConfig, "train"), monitor=monitor)

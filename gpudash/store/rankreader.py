@@ -263,6 +263,8 @@ class RankReader:
         cols, rows = self.read_rows(table, where, params, after_rowid, limit)
         if not cols:
             return pd.DataFrame()
+        if not rows:  # most tables of most ranks: no record-building or trimmed-text scan for nothing
+            return pd.DataFrame(columns=["_rowid", *cols])
         df = pd.DataFrame.from_records(rows, columns=["_rowid", *cols])
         self._note_trimmed(table, df)
         return df
@@ -349,7 +351,7 @@ class RankReader:
             names, mat = [names[i] for i in keep], mat[keep]
         tail = self.read(table, after_rowid=covered)
         if mat is None:
-            return tail.drop(columns="_rowid")
+            return tail.drop(columns="_rowid") if len(tail) else pd.DataFrame(columns=cols)
         n = mat.shape[1]
         # (columns, rows) transposed is a zero-copy (rows, columns) block for pandas
         head = pd.DataFrame(mat.T, columns=names, copy=False)

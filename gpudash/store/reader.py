@@ -174,7 +174,7 @@ class RunReader:
                         df = r.read(table)
                 else:
                     df = r.read(table)
-                if "_rowid" in df:
+                if "_rowid" in df and len(df):
                     df = df.drop(columns="_rowid")
             if len(df):
                 df.insert(0, "rank", rank)

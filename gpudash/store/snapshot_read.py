@@ -222,6 +222,7 @@ class _Stacks:
         self.index: dict[tuple[int, ...], int] = {(): 0}
         self.items: list[list[int]] = [[]]
         self.by_ids: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.by_ends: dict[tuple[int, int, int, int], tuple[Any, int]] = {}  # see _stack_ids
 
     def __call__(self, raw_frames: Any) -> tuple[int, int]:
         """(top frame id, stack id) of one block's or trace entry's ``frames``."""
@@ -290,23 +291,40 @@ def _column(entries: list[dict[str, Any]], key: str) -> list[Any]:
 
 def _stack_ids(frame_lists: list[Any], stacks: _Stacks, budget: _Budget) -> np.ndarray:
     """The stack id of every entry's ``frames`` (the loop of :meth:`_Stacks.__call__`, inlined: it runs once
-    per trace entry). Frames are charged to the budget before each list is looked at."""
+    per trace entry). Frames are charged to the budget before each list is looked at.
+
+    First by a short key, the list's length and the ids of its first, middle and last frame dicts, checked
+    against the list last seen under it with ``==`` (a C loop that stops at once on the same dicts): a tuple
+    of every frame's id per entry took 60 % of the summary for deep stacks (53 frames an entry, a 137 MB
+    file: import 1.53x ``pickle.load``). A list that differs from it goes by every frame's id, as before."""
     by_ids = stacks.by_ids
+    by_ends = stacks.by_ends
+    ends = by_ends.get
     out: list[int] = []
     append = out.append
     seen = 0
     left = budget.left
     for f in frame_lists:
         if type(f) is list or type(f) is tuple:
-            seen += len(f)
+            n = len(f)
+            seen += n
             if seen > left:
                 budget.take(seen)
+            short = (n, id(f[0]), id(f[n >> 1]), id(f[-1])) if n else (0, 0, 0, 0)
+            known = ends(short) if n else None
+            if known is not None and known[0] == f:
+                append(known[1])
+                continue
             key = tuple(map(id, f))
             hit = by_ids.get(key)
             if hit is None:
                 if len(by_ids) >= _ID_CACHE:
                     by_ids.clear()
                 hit = by_ids[key] = stacks._compute(f)
+            if n and known is None:
+                if len(by_ends) >= _ID_CACHE:
+                    by_ends.clear()
+                by_ends[short] = (f, hit[1])
             append(hit[1])
         else:
             append(0)

@@ -10,10 +10,16 @@ never trains records nothing.
 What it hooks, all process-wide and cheap on the training thread:
 
 - global optimizer step hooks: a step is one step of the *primary* optimizer
-  (the first one seen stepping); other optimizers' steps fall inside it. The
-  step runs from the end of one primary step to the end of the next (the first
-  one from the first forward), so step counts equal optimizer steps;
-  what runs after the last optimizer step is not a step.
+  (the first one seen stepping), or with several optimizers made over
+  different parameters (a GAN) one iteration of them: it ends with the step
+  of the one that steps last in it (``steps.py``). The step runs from the end
+  of one such step to the end of the next (the first one from the first
+  forward), so step counts equal optimizer steps (iterations); what runs after
+  the last optimizer step is not a step. An optimizer step nested in another's
+  (SAM's base optimizer) is part of it. A step's ``closure`` (L-BFGS) is
+  wrapped: its forwards and backwards are timed as such inside the step, and
+  only its first call counts (what ``step()`` returns). ``Optimizer.__init__``
+  is watched to know which optimizers the script made.
 - without any ``torch.optim`` step (weights updated by hand,
   ``p.data.add_(p.grad, alpha=-lr)``), a step is one ``backward()`` of a loss
   and the update after it (the ``update`` phase); backward calls that
@@ -32,9 +38,12 @@ What it hooks, all process-wide and cheap on the training thread:
   module calls cost nothing (a root first called later is not timed).
 - ``torch.autograd.backward`` (what ``Tensor.backward`` calls): the
   ``backward`` phase, and the loss: the step's loss is the *sum* of the
-  one-element losses passed to ``backward()`` in it, the objective whose
-  gradient the update applies (a script that divides each micro-batch loss by
-  the accumulation count gets the mean it means). Detached, read by the
+  one-element losses passed to ``backward()`` before its optimizer step, the
+  objective whose gradient the update applies (a script that divides each
+  micro-batch loss by the accumulation count gets the mean it means); each
+  other optimizer's as ``loss_<its model>``. Gradients reset between two
+  backward calls of one optimizer step mean the loss is evaluated again
+  (SAM's second pass, a closure's re-evaluation): not counted. Detached, read by the
   Monitor's writer thread: no GPU sync. ``GradScaler.scale`` is watched so
   the unscaled loss is logged.
 - ``torch.save``: the ``checkpoint`` phase.
@@ -118,6 +127,7 @@ class Agent:
         self._scaled: tuple[Any, Any] | None = None  # (scaled loss, loss) from GradScaler.scale
         self._roots: weakref.WeakSet[Any] | None = weakref.WeakSet()  # None once narrowed
         self._global_forward: list[Any] = []
+        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every torch.optim optimizer made
 
     @property
     def driver(self) -> Any:
@@ -142,6 +152,7 @@ class Agent:
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
+        self._wrap(optim_module.Optimizer, "__init__", self._make_optimizer_init)
         self._wrap(torch.autograd, "backward", self._make_backward)
         self._wrap(torch, "save", self._make_save)
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
@@ -242,6 +253,7 @@ class Agent:
         os.environ.pop(ENV_RUN_DIR, None)
         atexit.register(self.at_exit)  # after the Monitor's own: runs first
         self.session = Session(monitor, self._torch)
+        self.session.constructed = self._optimizers
         return True
 
     def foreign_monitor(self, monitor: Any) -> None:
@@ -359,14 +371,46 @@ class Agent:
 
         return save
 
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _make_optimizer_init(self, original: Any) -> Any:
+        agent = self
+
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            original(optimizer, *args, **kwargs)
+            if agent.active:
+                try:
+                    agent._optimizers.add(optimizer)
+                except Exception as exc:  # noqa: BLE001
+                    agent.fail(exc)
+
+        return __init__
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        """The step's closure, when it has one, comes back wrapped: its first call is the step's loss."""
         if not self.active:
-            return
+            return None
         try:
-            if self._start():
-                self.session.optimizer_pre(optimizer)
+            if self._start() and self.session.optimizer_pre(optimizer):
+                if args and callable(args[0]):
+                    return (self._closure(args[0]), *args[1:]), kwargs
+                if callable(kwargs.get("closure")):
+                    return args, {**kwargs, "closure": self._closure(kwargs["closure"])}
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
+        return None
+
+    def _closure(self, closure: Any) -> Any:
+        agent = self
+
+        @functools.wraps(closure)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if agent.active and agent.session is not None:
+                try:
+                    agent.session.closure_call()
+                except Exception as exc:  # noqa: BLE001
+                    agent.fail(exc)
+            return closure(*args, **kwargs)
+
+        return counted
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active or self.session is None:

@@ -92,3 +92,37 @@ def test_sampled_activations_do_not_read_as_imbalance() -> None:
     skew = rank_skew(types.SimpleNamespace(steps=steps, memory=memory))
     later = skew.loc[2:]  # from step 2 on both ranks have measured activations once
     assert (later["memory_imbalance"].abs() < 1e-9).all()
+
+
+def test_rank_skew_reads_gaps_and_repeats_as_a_pivot_would() -> None:
+    """Steps some ranks did not record, a step recorded twice (the last row counts), a phase one rank did not
+    time: every column as the step x rank pivot says it."""
+    import types
+
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    rows = [{"rank": r, "step": s, "duration_s": float(rng.uniform(0.1, 0.2)),
+             "data_s": None if r == 2 else float(rng.uniform(0, 0.05))}
+            for r in range(4) for s in range(40) if (r, s % 7) != (1, 3)]
+    rows.append({"rank": 0, "step": 5, "duration_s": 9.0, "data_s": 0.5})  # step 5 again: the last one counts
+    rows.append({"rank": 3, "step": 99, "duration_s": 0.1, "data_s": 0.0})  # one rank only: no row
+    steps = pd.DataFrame(rows).sample(frac=1.0, random_state=1)
+    mem = pd.DataFrame([{"rank": r, "step": s, "allocated_bytes": 1000.0 * (r + 1)} for r in range(4)
+                        for s in range(0, 40, 2)])
+    skew = rank_skew(types.SimpleNamespace(steps=steps, memory=mem))
+    s = steps.drop_duplicates(["rank", "step"], keep="last")
+    dur = s.pivot(index="step", columns="rank", values="duration_s")
+    dur = dur[dur.notna().sum(axis=1) >= 2]
+    assert list(skew.index) == list(dur.index) and 99 not in skew.index
+    assert skew.loc[5, "duration_max_s"] == 9.0 and skew.loc[5, "slowest_rank"] == 0
+    assert np.allclose(skew["duration_median_s"], dur.median(axis=1))
+    assert np.allclose(skew["skew_s"], dur.max(axis=1) - dur.min(axis=1))
+    assert (skew["slowest_rank"] == dur.idxmax(axis=1)).all()
+    assert (skew["ranks"] == dur.notna().sum(axis=1)).all()
+    data = s.pivot(index="step", columns="rank", values="data_s").reindex(dur.index)
+    assert np.allclose(skew["data_skew_s"], data.max(axis=1) - data.min(axis=1))
+    assert (skew["data_slowest_rank"] == data.fillna(-np.inf).idxmax(axis=1)).all()
+    assert skew.loc[0, "heaviest_rank"] == 3 and np.isnan(skew.loc[1, "heaviest_rank"])
+    assert skew.loc[0, "memory_imbalance"] == pytest.approx(4000 / 2500 - 1)

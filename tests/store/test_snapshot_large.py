@@ -154,3 +154,32 @@ def test_memory_error_is_a_one_line_note(monkeypatch: pytest.MonkeyPatch, grown:
     good = encode_summary(summarize({"segments": [], "device_traces": [grown["device_traces"][0][:10]]}))
     monkeypatch.setattr(snapshot, "decode_summary", boom)
     assert "too large for the memory this process has" in _problem(good)
+
+
+def test_deep_stacks_each_entry_gets_the_stack_of_its_own_frames() -> None:
+    """Deep stacks (53 frames an entry, shared native frame dicts first, as ``stacks="all"`` records them) are
+    looked up by a short key checked against the list seen before: lists that share their length and their
+    first, middle and last frame but differ elsewhere, or hold equal copies of the frames, still get the stack
+    their own frames say."""
+    from gpudash.store.snapshot_read import top_frames
+
+    snap = grow_snapshot(6_000, frames=53)
+    raw = snap["device_traces"][0]
+    assert {len(e["frames"]) for e in raw} == {53}
+    user = {"filename": "/work/train.py", "line": 7, "name": "step"}
+    other = {"filename": "/work/model.py", "line": 9, "name": "attn"}
+    base = raw[0]["frames"]
+    twins = []
+    for i, fr in enumerate((user, other, dict(user))):  # same ends and middle, a different frame inside
+        e = dict(raw[0])
+        e["frames"] = [*base[:10], fr, *base[11:]]
+        twins.append(e)
+        raw.insert(100 + i, e)
+    copy = dict(raw[5])
+    copy["frames"] = [dict(f) for f in raw[5]["frames"]]  # equal frames in dicts of their own
+    raw.append(copy)
+    s = summarize(snap, max_nodes=10**8)
+    stacks, frames = s["stacks"], s["frames"]
+    got = [[frames[i] for i in stacks[sid]] for sid in s["trace"]["stack"].tolist()]
+    assert got == [top_frames(e["frames"]) for e in raw]
+    assert got[100][0] == "/work/train.py:7 step" and got[101][0] == "/work/model.py:9 attn" and got[102] == got[100]

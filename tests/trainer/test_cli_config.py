@@ -98,6 +98,29 @@ def test_old_flag_names_still_read() -> None:
     assert _parse(["--no-progress"]).progress is False
 
 
+def test_the_old_monitor_key_value_form_reads_with_a_line_naming_the_new_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _parse(["--monitor", "activations_every=3", "--monitor", "cuda_timing=off", "--monitor", "snapshot_every=2",
+                  "--snapshot-every", "5"])
+    assert cfg.monitor.activations_every == 3 and cfg.monitor.cuda_timing is False
+    assert cfg.monitor.snapshot_every == 5  # the new flag, given as itself, wins
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpudash: --monitor activations_every=3 is deprecated and will be removed; use --activations-every 3",
+                   "gpudash: --monitor cuda_timing=off is deprecated and will be removed; use --no-cuda-timing",
+                   "gpudash: --monitor snapshot_every=2 is deprecated and will be removed; use --snapshot-every 2"]
+
+
+@pytest.mark.parametrize(("item", "said"), [
+    ("snapshots=2", "--monitor 'snapshots=2': no Monitor option 'snapshots'; each Monitor option is a flag of its own"),
+    ("memory_every=x", "--monitor 'memory_every=x': expected a whole number, got 'x' (now --memory-every)"),
+    ("memory_every=0", "--memory-every must be >= 1"),
+])
+def test_a_bad_old_monitor_item_is_one_line(item: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--monitor", item]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gpudash: error: ") and said in err[-1], err
+
+
 def test_help_says_every_flag_with_its_fields_doc(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -249,3 +249,26 @@ def test_eval_splits_from_the_options_and_an_uneven_eval_said_once(tmp_path: Pat
     assert "do not split into 2 equal groups" in run.meta["unavailable_eval_splits"]
     said = run.events[run.events["kind"] == "collector_unavailable"]
     assert len(said[said["message"].str.startswith("eval_splits")]) == 1
+
+
+def test_an_optimizer_made_that_never_steps_is_given_up(agent: Agent, tmp_path: Path) -> None:
+    """A second optimizer over other weights is waited for in the first iteration (a GAN's); one that never
+    steps is given up when the first steps again: every step still counted, each with its own loss and batch."""
+    torch.manual_seed(0)
+    model, other = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idle = torch.optim.SGD(other.parameters(), lr=0.1)  # made, never stepped  # noqa: F841
+    losses = []
+    for _ in range(4):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    agent.stop()
+    run = load_run(tmp_path / "run")
+    s = run.steps
+    assert list(s["step"]) == [0, 1, 2, 3]
+    assert list(s["loss"]) == pytest.approx(losses)
+    assert (s["samples"] == 8).all()
+    run.close()

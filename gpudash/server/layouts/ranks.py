@@ -1,9 +1,8 @@
 """The ranks view of a torchrun run: ranks side by side, step time per rank, a straggler indicator.
 
 Pure builders over the ``steps`` and ``memory`` frames of a view. The numbers
-come from :mod:`gpudash.analysis.ranks`: the table's sums, medians, peaks and
-rates over every row (the view's full frames); the step-by-step comparisons
-(skew, lights, stragglers) and the charts from the downsampled ones.
+(table, lights, stragglers) come from :mod:`gpudash.analysis.ranks` over every
+row (the view's full frames); the charts are drawn from the downsampled ones.
 This module only formats and draws them.
 A run with one rank has no ranks view: :func:`ranks_children` returns ``[]``.
 """
@@ -60,14 +59,13 @@ def _order(ranks_: Any, nodes: dict[int, str] | None) -> list[int]:
     return sorted((int(r) for r in ranks_), key=lambda r: (nodes.get(r, "?"), r))
 
 
-def rank_rows(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, str] | None = None,
-              skew_from: Any = None) -> list[dict[str, Any]]:
+def rank_rows(steps: pd.DataFrame, memory: pd.DataFrame,
+              nodes: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """One row of text per rank: steps, median / p95 step time, phases, samples/s, tokens/s, peak memory and
     how often the rank was the slowest (a column no rank recorded is left out), from every row given
-    (:func:`gpudash.analysis.ranks.rank_summary`; ``skew_from``: the frames its slowest-rank share is read
-    from). With ranks on several ``nodes`` (rank -> node name) the rows are grouped by node and carry a
-    ``node`` column."""
-    summary = rank_summary(SimpleNamespace(steps=steps, memory=memory), skew_from)
+    (:func:`gpudash.analysis.ranks.rank_summary`). With ranks on several ``nodes`` (rank -> node name) the
+    rows are grouped by node and carry a ``node`` column."""
+    summary = rank_summary(SimpleNamespace(steps=steps, memory=memory))
     phases = [c.removesuffix("_s") for c in phase_columns(steps)] if len(steps) else []
     rows: list[dict[str, Any]] = []
     several = several_nodes(nodes)
@@ -197,14 +195,13 @@ def ranks_children(steps: pd.DataFrame, memory: pd.DataFrame, nodes: dict[int, s
     n = rank_count(steps)
     if n < 2:
         return []
-    # sums, medians, peaks and rates over every row; the step-by-step comparisons of the ranks (skew, lights,
-    # stragglers: pivots of step x rank, seconds on a long run, every few live ticks) over the charted frames
+    # every number over every row (the step x rank comparisons are numpy matrices: tens of milliseconds for
+    # 64 ranks x 2,000 steps); a downsampled frame keeps a different slowest rank and misses stragglers
     all_steps, all_memory = full if full is not None else (steps, memory)
-    charted = SimpleNamespace(steps=steps, memory=memory)
-    rows = rank_rows(all_steps, all_memory, nodes, skew_from=charted)
-    out: list[Any] = [html.Div(lights_row(straggler_lights(steps, memory, nodes)), id="straggler-lights",
+    rows = rank_rows(all_steps, all_memory, nodes)
+    out: list[Any] = [html.Div(lights_row(straggler_lights(all_steps, all_memory, nodes)), id="straggler-lights",
                                className="lights")]
-    st = node_stragglers(charted, nodes or {})
+    st = node_stragglers(SimpleNamespace(steps=all_steps, memory=all_memory), nodes or {})
     if several_nodes(nodes) and len(st["nodes"]):
         out.append(html.Div(dash_table.DataTable(  # type: ignore[attr-defined]
             id="nodes-table", data=node_rows(st), sort_action="native",
