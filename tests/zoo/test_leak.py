@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 from gpudash import load_run
 from gpudash.analysis.facts import run_facts
-from gpudash.analysis.leak import LEAK_EVENT, leak_text, recorded_leaks
+from gpudash.analysis.leak import BLOCKS, LEAK_EVENT, MIN_POINTS_PER_BLOCK, leak_text, recorded_leaks
 
 # samples often enough that a few hundred fast steps hold enough of them; looks every second
 FLAGS = ("--host-hz", "20", "--leak-poll-s", "1")
@@ -76,7 +76,8 @@ def test_the_same_loop_keeping_the_numbers_gets_none(tmp_path: Path, zoo: Any) -
     try:
         assert not (run.events["kind"] == LEAK_EVENT).any()
         assert run_facts(run).leak is None
-        assert len(run.host) > 100  # judged on enough samples, not left unjudged
+        # judged, not left unjudged: twice the samples the rule needs to cut its window into blocks
+        assert len(run.host) >= 2 * BLOCKS * MIN_POINTS_PER_BLOCK
     finally:
         run.close()
     check = _gpudash(zoo, "check", str(run_dir), "--no-leak")

@@ -44,8 +44,9 @@ def test_manual_update_loop_counts_a_step_per_backward(tmp_path: Path, zoo: Any,
         from gpudash.commands.info import summarize as info_lines
 
         assert any(line.startswith("steps from") and "backward() calls" in line for line in info_lines(run))
-        status = summarize(run)[0]  # the run page's summary panel shows the verdicts
-        assert status.kind == "status" and any("backward() calls" in e for e in status.evidence)
+        # the run page's summary panel shows the verdicts; a loaded machine may rank a bottleneck above the status
+        status = next(v for v in summarize(run) if v.kind == "status")
+        assert any("backward() calls" in e for e in status.evidence)
         s = run.steps.set_index("step")
         assert list(s.index) == list(range(steps))  # micro-batches that accumulate stay one step
         for i in range(steps):
