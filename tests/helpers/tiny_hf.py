@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,8 +45,9 @@ def build(cfg: dict[str, Any], attn: str = "sdpa", lora: tuple[str, ...] | None 
     return model
 
 
-def measure(model: torch.nn.Module, b: int, t: int, vocab: int, autocast: bool = False) -> int:
-    """Bytes of every distinct non-parameter storage autograd saves in one forward."""
+@contextlib.contextmanager
+def saved_storages(model: torch.nn.Module) -> Iterator[dict[int, int]]:
+    """Inside: every distinct non-parameter storage autograd saves, by address -> bytes (what the Monitor counts)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -54,10 +57,16 @@ def measure(model: torch.nn.Module, b: int, t: int, vocab: int, autocast: bool =
             seen[st.data_ptr()] = st.nbytes()
         return x
 
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        yield seen
+
+
+def measure(model: torch.nn.Module, b: int, t: int, vocab: int, autocast: bool = False) -> int:
+    """Bytes of every distinct non-parameter storage autograd saves in one forward."""
     torch.manual_seed(1)
     ids = torch.randint(0, vocab, (b, t))
     ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), ctx:
+    with saved_storages(model) as seen, ctx:
         out = model(input_ids=ids, labels=ids)
     del out
     return sum(seen.values())

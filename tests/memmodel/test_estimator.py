@@ -4,6 +4,7 @@ import re
 
 import pytest
 import torch
+from helpers.tiny_hf import saved_storages
 
 from gpudash.memmodel.estimator import ModelShape, estimate, estimate_step, safe_micro_batch
 from gpudash.memmodel.fit import explain, what_fits
@@ -22,18 +23,9 @@ def _saved_bytes(mode: str, precision: str, b: int = 4, t: int = 64) -> int:
     torch.manual_seed(0)
     model = GPT(preset("tiny"))
     apply_checkpointing(model, parse_mode(mode))
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(x: torch.Tensor) -> torch.Tensor:
-        st = x.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return x
-
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
     idx = torch.randint(0, 256, (b, t))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), ctx:
+    with saved_storages(model) as seen, ctx:
         model(idx, idx)
     return sum(seen.values())
 
