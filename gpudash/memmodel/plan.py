@@ -7,11 +7,11 @@ the OOM advice (:mod:`gpudash.analysis.recommend`) agree on what fits a card.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["CARD_SHARE", "Estimate", "FitOption", "ParamError", "usable_bytes"]
+__all__ = ["CARD_SHARE", "Estimate", "FitOption", "ParamError", "fits", "largest_fit", "plan_accum", "usable_bytes"]
 
 CARD_SHARE = 0.92
 """Share of a card's memory a plan's predicted peak may take. The rest is what the allocator cannot
@@ -21,9 +21,54 @@ fragmentation of freed blocks, and the small error of the prediction itself (the
 within a few percent of the measured peak in tests/memmodel)."""
 
 
-def usable_bytes(card_bytes: float) -> float:
+def usable_bytes(card_bytes: float, share: float = CARD_SHARE) -> float:
     """Bytes of a ``card_bytes`` card a plan may fill."""
-    return card_bytes * CARD_SHARE
+    return card_bytes * share
+
+
+def fits(est: Estimate, card_bytes: float, share: float = CARD_SHARE) -> bool:
+    """The one rule of what fits a card, for either model family and every surface (``gpudash estimate``'s
+    table and verdict line, the trainer's starting micro-batch): the predicted peak of the plan as it runs
+    (at its gradient accumulation) within ``share`` of the card."""
+    return est.peak_bytes <= usable_bytes(card_bytes, share)
+
+
+def plan_accum(micro_batch: int, seq_len: int, tokens_per_step: int) -> int:
+    """Micro-batches an optimizer step of ``tokens_per_step`` tokens takes at ``micro_batch`` x ``seq_len``;
+    1 when one micro-batch holds the whole step (and for 0 tokens: each micro-batch is a step)."""
+    return max(1, -(-tokens_per_step // (micro_batch * seq_len)))
+
+
+def largest_fit(predict: Callable[[int, int], Estimate], *, card_bytes: float, seq_len: int, tokens_per_step: int,
+                limit: int, share: float = CARD_SHARE) -> Estimate | None:
+    """The estimate of the largest micro-batch that :func:`fits` the card, judged at the accumulation the
+    plan needs (:func:`plan_accum`); None when not even micro-batch 1 fits. ``predict(micro_batch, accum)``
+    is the family's estimate. The micro-batch is at most ``limit``, and at most the step's rows when
+    ``tokens_per_step`` is given (0: each micro-batch is a step, no accumulation).
+
+    Under accumulation (accum > 1) the gradients of the earlier micro-batches are held while the next one
+    runs, so the peak grows with the micro-batch below the whole step, then drops by those gradients at the
+    micro-batch that holds the whole step (accum 1): that one is judged on its own, the ones below bisected."""
+
+    def judged(b: int) -> Estimate:
+        return predict(b, plan_accum(b, seq_len, tokens_per_step))
+
+    limit = max(1, limit)
+    if tokens_per_step > 0:
+        limit = min(limit, plan_accum(1, seq_len, tokens_per_step))  # a micro-batch holds at most one step
+    top = judged(limit)
+    if fits(top, card_bytes, share):
+        return top
+    best: Estimate | None = None
+    lo, hi = 1, limit - 1
+    while lo <= hi:  # below the top the accumulation's gradients are held at every micro-batch (or at none)
+        mid = (lo + hi) // 2
+        est = judged(mid)
+        if fits(est, card_bytes, share):
+            best, lo = est, mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 class ParamError(ValueError):
@@ -110,7 +155,8 @@ class FitOption:
     micro_batch: int
     """Largest micro-batch that fits (0: not even one)."""
     peak_bytes: int
-    """Predicted peak at that micro-batch (at micro-batch 1 when nothing fits)."""
+    """Predicted peak at that micro-batch and ``accum``, the one :func:`fits` judged (at micro-batch 1 when
+    nothing fits)."""
     host_bytes: int
     """Host RAM the mix needs (pinned: offloaded master weights, optimizer state, gradients)."""
     step_s: float
@@ -121,3 +167,6 @@ class FitOption:
     trainable_params: int
     cost: str
     """What the mix costs in time, in words."""
+    accum: int = 1
+    """Micro-batches a step takes at that micro-batch: what ``peak_bytes`` was judged at (the gradients of
+    the earlier ones are held while the next runs)."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.schema import quote_ident
+from gpudash.units import human_bytes
 
 __all__ = [
     "LENGTH_LIMIT",
@@ -189,7 +190,7 @@ def damage(exc: BaseException) -> str:
     if is_interrupt(exc):
         return f"a query ran over {QUERY_S:g} s and was stopped"
     if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
-        return f"a value over {LENGTH_LIMIT >> 20} MB, more than any record gpudash writes"
+        return f"a value over {human_bytes(LENGTH_LIMIT, 0)}, more than any record gpudash writes"
     if isinstance(exc, RecursionError):
         return "nested too deeply to read"
     text = str(exc) or type(exc).__name__
