@@ -20,9 +20,9 @@ from typing import Any
 
 from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
-from gpudash.memmodel.names import ATTNS, FINETUNES, OFFLOADS, OPTIMIZERS, PRECISIONS
 from gpudash.memmodel.fit import estimate, explain, reference, what_fits
 from gpudash.memmodel.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
+from gpudash.memmodel.names import ATTNS, FINETUNES, OFFLOADS, OPTIMIZERS, PRECISIONS
 from gpudash.memmodel.plan import CARD_SHARE, Estimate, FitOption, ParamError, fits, usable_bytes
 from gpudash.memmodel.shapes import PRESETS, parse_overrides, preset
 from gpudash.memmodel.steptime import StepTimeModel

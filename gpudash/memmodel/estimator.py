@@ -232,7 +232,8 @@ _OFF_COST = {"none": 0, "optimizer": 2, "optimizer+grads": 3}
 def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512, tokens_per_step: int = 0,
               time_model: StepTimeModel | None = None) -> list[FitOption]:
     """Every technique mix, fastest first by the predicted time of an optimizer step of
-    ``tokens_per_step`` tokens (0: one sequence; a mix keeps it with gradient accumulation),
+    ``tokens_per_step`` tokens (a mix keeps it with gradient accumulation; 0: the time of one sequence,
+    and each micro-batch a step of its own),
     with the largest micro-batch that fits the card at the accumulation it needs
     (:func:`~gpudash.memmodel.plan.largest_fit`), its peak there, the host RAM it needs and what its
     checkpointing and offload add to the step time."""
@@ -249,10 +250,10 @@ def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512,
                 for ckpt in _CKPT_COST:
                     kw: dict[str, Any] = {"ckpt": ckpt, "precision": precision, "offload": offload, "weights": weights}
                     predict = _predictor(cfg, seq_len, kw)
-                    best = largest_fit(predict, card_bytes=card_bytes, seq_len=seq_len, tokens_per_step=tokens,
+                    best = largest_fit(predict, card_bytes=card_bytes, seq_len=seq_len, tokens_per_step=tokens_per_step,
                                        limit=max_batch)
                     b = best.micro_batch if best else 0
-                    est = best or predict(1, plan_accum(1, seq_len, tokens))
+                    est = best or predict(1, plan_accum(1, seq_len, tokens_per_step))
                     t = model.step(est, tokens)
                     costs = []
                     if ckpt != "none":
@@ -265,7 +266,7 @@ def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512,
                     out.append((cost, FitOption("full", weights, "adamw", ckpt, precision, offload, b, est.peak_bytes,
                                                 est.host_bytes, t.total_s, t.total_s / t.compute_s - 1, est.n_params,
                                                 ", ".join(costs) or "none", plan_accum(est.micro_batch, seq_len,
-                                                                                       tokens))))
+                                                                                       tokens_per_step))))
     out.sort(key=lambda t: (t[1].micro_batch == 0, t[1].step_s, t[0], -t[1].micro_batch))
     return [o for _, o in out]
 

@@ -240,14 +240,14 @@ def hf_fits(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_step: i
                 def predict(micro_batch: int, accum: int, kw: dict[str, Any] = kw) -> Estimate:
                     return estimate_hf(arch, micro_batch=micro_batch, seq_len=seq_len, accum=accum, **kw)
 
-                best = largest_fit(predict, card_bytes=card_bytes, seq_len=seq_len, tokens_per_step=tokens,
+                best = largest_fit(predict, card_bytes=card_bytes, seq_len=seq_len, tokens_per_step=tokens_per_step,
                                    limit=max_batch)
-                est = best or predict(1, plan_accum(1, seq_len, tokens))
+                est = best or predict(1, plan_accum(1, seq_len, tokens_per_step))
                 t = model.step(est, tokens).total_s
                 costs = [f"recompute {ckpt}"] * (ckpt != "none") + [f"dequantize {weights}"] * (weights == "nf4")
                 out.append(FitOption(finetune, weights, optimizer, ckpt, "bf16", "none", best.micro_batch if best else 0,
                                      est.peak_bytes, est.host_bytes, t, t / ref - 1, est.trainable_params,
-                                     ", ".join(costs) or "none", plan_accum(est.micro_batch, seq_len, tokens)))
+                                     ", ".join(costs) or "none", plan_accum(est.micro_batch, seq_len, tokens_per_step)))
     out.sort(key=lambda f: (f.micro_batch == 0, f.step_s, f.peak_bytes))
     return out
 

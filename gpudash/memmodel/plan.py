@@ -41,34 +41,35 @@ def plan_accum(micro_batch: int, seq_len: int, tokens_per_step: int) -> int:
 
 def largest_fit(predict: Callable[[int, int], Estimate], *, card_bytes: float, seq_len: int, tokens_per_step: int,
                 limit: int, share: float = CARD_SHARE) -> Estimate | None:
-    """The estimate of the largest micro-batch that :func:`fits` the card, judged at the accumulation the
-    plan needs (:func:`plan_accum`); None when not even micro-batch 1 fits. ``predict(micro_batch, accum)``
-    is the family's estimate. The micro-batch is at most ``limit``, and at most the step's rows when
-    ``tokens_per_step`` is given (0: each micro-batch is a step, no accumulation).
+    """The estimate of the largest micro-batch (<= ``limit``) that :func:`fits` the card, judged at the
+    accumulation the plan needs (:func:`plan_accum`; 0 tokens: each micro-batch is a step); None when not
+    even micro-batch 1 fits. ``predict(micro_batch, accum)`` is the family's estimate.
 
     Under accumulation (accum > 1) the gradients of the earlier micro-batches are held while the next one
-    runs, so the peak grows with the micro-batch below the whole step, then drops by those gradients at the
-    micro-batch that holds the whole step (accum 1): that one is judged on its own, the ones below bisected."""
+    runs, so at a fixed accumulation the peak grows with the micro-batch, and it drops by those gradients
+    at the micro-batch that holds the whole step (accum 1): the micro-batches below that one and those
+    from it on are bisected apart."""
 
     def judged(b: int) -> Estimate:
         return predict(b, plan_accum(b, seq_len, tokens_per_step))
 
+    def bisect(lo: int, hi: int, best: Estimate | None) -> Estimate | None:
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            est = judged(mid)
+            if fits(est, card_bytes, share):
+                best, lo = est, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
     limit = max(1, limit)
-    if tokens_per_step > 0:
-        limit = min(limit, plan_accum(1, seq_len, tokens_per_step))  # a micro-batch holds at most one step
-    top = judged(limit)
-    if fits(top, card_bytes, share):
-        return top
-    best: Estimate | None = None
-    lo, hi = 1, limit - 1
-    while lo <= hi:  # below the top the accumulation's gradients are held at every micro-batch (or at none)
-        mid = (lo + hi) // 2
-        est = judged(mid)
-        if fits(est, card_bytes, share):
-            best, lo = est, mid + 1
-        else:
-            hi = mid - 1
-    return best
+    whole = plan_accum(1, seq_len, tokens_per_step)  # the micro-batch that holds the step: accum 1 from it on
+    if whole <= limit:
+        at_whole = judged(whole)
+        if fits(at_whole, card_bytes, share):
+            return bisect(whole + 1, limit, at_whole)
+    return bisect(1, min(limit, whole - 1), None)
 
 
 class ParamError(ValueError):

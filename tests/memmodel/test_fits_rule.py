@@ -116,10 +116,12 @@ def test_a_micro_batch_holding_the_whole_step_is_judged_without_accumulation() -
     assert below.peak_bytes > whole.peak_bytes
     # the whole step in one micro-batch fits where a smaller micro-batch under accumulation would not
     card = (whole.peak_bytes + below.peak_bytes) / 2 / CARD_SHARE
-    assert largest_fit(predict, card_bytes=card, seq_len=64, tokens_per_step=ROWS * 64, limit=256) == whole
-    # never more rows than the step; without a step size each micro-batch is a step (no accumulation)
+    best = largest_fit(predict, card_bytes=card, seq_len=64, tokens_per_step=ROWS * 64, limit=256)
+    assert best is not None and best.micro_batch >= ROWS and best == predict(best.micro_batch, 1)
+    assert not fits(below, card) and fits(whole, card)
+    # from the whole step on, no accumulation; without a step size each micro-batch is a step
     big = largest_fit(predict, card_bytes=80 * GiB, seq_len=64, tokens_per_step=ROWS * 64, limit=256)
-    assert big is not None and big.micro_batch == ROWS
+    assert big == predict(256, 1)
     free = largest_fit(predict, card_bytes=80 * GiB, seq_len=64, tokens_per_step=0, limit=256)
     assert free is not None and free == predict(256, 1)
     assert largest_fit(predict, card_bytes=1.0, seq_len=64, tokens_per_step=0, limit=256) is None
@@ -150,8 +152,7 @@ def test_both_families_list_each_mix_at_the_rules_micro_batch_and_its_judged_pea
         judged = predict(f, f.micro_batch)
         assert f.accum == plan_accum(f.micro_batch, seq, tokens) and f.peak_bytes == judged.peak_bytes
         assert fits(judged, card)
-        if f.micro_batch < tokens // seq:
-            assert not fits(predict(f, f.micro_batch + 1), card)
+        assert not fits(predict(f, f.micro_batch + 1), card)  # at its own accumulation
 
 
 def test_estimate_prints_the_peak_it_judged_and_its_verdict_by_the_same_rule(capsys: pytest.CaptureFixture[str]) -> None:
