@@ -20,7 +20,7 @@ import pandas as pd
 from gpudash.store.run import Run
 from gpudash.units import GiB
 
-__all__ = ["Capacity", "capacity", "capacity_bytes"]
+__all__ = ["Capacity", "capacity", "capacity_bytes", "device_bytes"]
 
 
 class Capacity(NamedTuple):
@@ -50,14 +50,19 @@ def capacity(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> Cap
         return Capacity(b, "memory cap" if "cap" in source else "budget" if "budget" in source else "device")
     if (gb := _num(config.get("memory_cap_gb"))) is not None:
         return Capacity(gb * GiB, "memory cap")
-    if memory is not None and "device_total_bytes" in memory:
-        if (b := _num(pd.to_numeric(memory["device_total_bytes"], errors="coerce").max())) is not None:
-            return Capacity(b, "device")
-    if (b := _num(meta.get("device_capacity_bytes")) or _num(meta.get("device_total_bytes"))) is not None:
+    if (b := device_bytes(meta, memory)) is not None:
         return Capacity(b, "device")
     b = (_num(meta.get("memory_budget_bytes")) or _num(config.get("memory_budget_bytes"))
          or ((gb := _num(config.get("memory_budget_gb"))) and gb * GiB) or None)
     return Capacity(b, "budget") if b else None
+
+
+def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:
+    """The device's total memory: as the allocator reported it in ``memory``, else as the environment did."""
+    if memory is not None and "device_total_bytes" in memory:
+        if (b := _num(pd.to_numeric(memory["device_total_bytes"], errors="coerce").max())) is not None:
+            return b
+    return _num(meta.get("device_capacity_bytes")) or _num(meta.get("device_total_bytes"))
 
 
 def capacity_bytes(run: Run | Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from gpudash.analysis import memory_parts
-from gpudash.analysis.capacity import capacity
+from gpudash.analysis.capacity import capacity, device_bytes
 from gpudash.analysis.memory_parts import has_frozen_params
 from gpudash.server.layouts.common import base_figure, byte_unit, plot_text, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
@@ -111,7 +111,7 @@ def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
     and the estimator's pre-flight prediction (runs without a per-step one)."""
     estimate: dict[str, Any] = meta["estimate"] if isinstance(meta.get("estimate"), dict) else {}
     out = []
-    cap = _first_num(meta.get("device_capacity_bytes"), meta.get("device_total_bytes"))
+    cap = device_bytes(meta)
     limit = capacity(meta)
     if cap:
         out.append(("device capacity", cap, "solid"))
