@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from gpudash.memmodel.names import GPT_WEIGHTS, OFFLOADS, PRECISIONS, check
+from gpudash.memmodel.names import GPT_WEIGHTS, OFFLOADS, PRECISIONS, check, parse_ckpt
 from gpudash.memmodel.plan import CARD_SHARE, Estimate, FitOption, ParamError, largest_fit, plan_accum
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.units import human_bytes
@@ -64,15 +64,6 @@ class ModelShape:
     def of(cls, cfg: Any) -> ModelShape:
         return cls(cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.hidden,
                    cfg.mlp == "swiglu", cfg.n_params(), bool(getattr(cfg, "tie_embeddings", False)))
-
-
-def _parse_ckpt(ckpt: str) -> tuple[str, int]:
-    if ckpt.startswith("every-") and ckpt[6:].isdigit() and int(ckpt[6:]) >= 1:
-        n = int(ckpt[6:])
-        return ("block", 1) if n == 1 else ("every", n)
-    if ckpt in ("none", "block", "attn", "mlp"):
-        return ckpt, 1
-    raise ParamError(f"unknown {{ckpt}} {ckpt!r}; use none, block, every-N, attn or mlp", "ckpt")
 
 
 def activation_parts(shape: ModelShape, tokens: int, c: int, r: int) -> dict[str, int]:
@@ -144,11 +135,11 @@ class _Micro(NamedTuple):
 
 def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: str, offload: str,
                weights: str) -> _Micro:
-    check(precision, PRECISIONS, "precision")
-    check(offload, OFFLOADS, "offload")
-    check(weights, GPT_WEIGHTS, "weights", "gpudash's GPT trains fp32 or bf16 weights")
+    prec = check(precision, PRECISIONS, "precision")
+    off = check(offload, OFFLOADS, "offload")
+    wdt = check(weights, GPT_WEIGHTS, "weights", "gpudash's GPT trains fp32 or bf16 weights")
     shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
-    mode, every = _parse_ckpt(ckpt)
+    mode, every = parse_ckpt(ckpt)
     n = shape.n_params
     w = 4 if weights == "fp32" else 2
     c = 4 if precision == "fp32" and w == 4 else 2
@@ -204,7 +195,7 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
                    peak_bytes=0, forward_peak_bytes=0, host_bytes=host, recompute_bytes=recompute,
                    flops_per_token=flops, recompute_flops_per_token=refwd, weight_copies_bytes=copies,
                    logits_grad_bytes=logits_grads, peak_moment="", micro_batch=micro_batch,
-                   seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights, n_params=n,
+                   seq_len=seq_len, ckpt=ckpt, precision=prec, offload=off, weights=wdt, n_params=n,
                    trainable_params=n)
     return _Micro(estimate=est, act=act, live=live, grads=grads, tied=tied)
 
@@ -240,7 +231,7 @@ def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512,
     model = time_model or StepTimeModel()
     tokens = tokens_per_step or seq_len
     out: list[tuple[int, FitOption]] = []
-    for weights in ("fp32", "bf16"):
+    for weights in GPT_WEIGHTS:
         for offload in OFFLOADS:
             if weights == "bf16" and offload == "none":
                 continue

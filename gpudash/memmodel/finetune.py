@@ -29,7 +29,21 @@ from typing import Any, NamedTuple
 
 from gpudash.memmodel.hf_activations import Setting, layer_flops, saved_bytes
 from gpudash.memmodel.hf_arch import HFArch
-from gpudash.memmodel.names import ATTNS, FINETUNES, HF_OFFLOADS, OPTIMIZERS, PRECISIONS, WEIGHTS, Weights, check
+from gpudash.memmodel.names import (
+    ATTNS,
+    FINETUNES,
+    HF_OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    WEIGHTS,
+    Attn,
+    Finetune,
+    HfOffload,
+    Optimizer,
+    Precision,
+    Weights,
+    check,
+)
 from gpudash.memmodel.plan import Estimate, FitOption, ParamError, largest_fit, plan_accum
 
 __all__ = ["ATTNS", "FINETUNES", "OPTIMIZERS", "WEIGHTS", "estimate_hf", "hf_fits", "hf_notes"]
@@ -94,17 +108,26 @@ class _Flops(NamedTuple):
     dequant_bytes: int
 
 
+class _Mix(NamedTuple):
+    """A Hugging Face fine-tune's technique names, checked."""
+
+    finetune: Finetune
+    weights: Weights
+    optimizer: Optimizer
+    attn: Attn
+    precision: Precision
+    offload: HfOffload
+
+
 def _checked(finetune: str, weights: str, optimizer: str, attn: str, ckpt: str, precision: str, offload: str,
-             micro_batch: int, seq_len: int, accum: int, lora_r: int) -> Weights:
-    """The mix's weight dtype (its default when ``weights`` is empty); a :class:`ParamError` for a mix not modelled."""
+             micro_batch: int, seq_len: int, accum: int, lora_r: int) -> _Mix:
+    """The mix's names checked (``weights`` its default when empty); a :class:`ParamError` for a mix not modelled."""
     ft = check(finetune, FINETUNES, "finetune")
     if not weights:
         weights = {"full": "fp32", "lora": "fp32" if precision == "fp32" else "bf16", "qlora": "nf4"}[ft]
     w = check(weights, WEIGHTS, "weights")
-    check(optimizer, OPTIMIZERS, "optimizer")
-    check(attn, ATTNS, "attn")
-    check(precision, PRECISIONS, "precision")
-    check(offload, HF_OFFLOADS, "offload")
+    mix = _Mix(ft, w, check(optimizer, OPTIMIZERS, "optimizer"), check(attn, ATTNS, "attn"),
+               check(precision, PRECISIONS, "precision"), check(offload, HF_OFFLOADS, "offload"))
     if ckpt not in ("none", "block"):
         raise ParamError(f"unknown {{ckpt}} {ckpt!r}; use none or block for a Hugging Face model (it checkpoints "
                          f"whole layers)", "ckpt")
@@ -120,7 +143,7 @@ def _checked(finetune: str, weights: str, optimizer: str, attn: str, ckpt: str, 
     if attn == "flash" and precision == "fp32" and w in ("fp32", "int8", "nf4"):
         raise ParamError("{attn} flash runs in 16-bit only; use {precision} bf16 (or {attn} sdpa)", "attn",
                          "precision")
-    return w
+    return mix
 
 
 def _state(arch: HFArch, targets: tuple[str, ...], weights: Weights, optimizer: str, offload: str,
@@ -193,7 +216,8 @@ def estimate_hf(arch: HFArch, *, micro_batch: int, seq_len: int, finetune: str =
                 offload: str = "none", accum: int = 1, double_quant: bool = True, cuda: bool = True) -> Estimate:
     """Predict one rank's memory for fine-tuning ``arch``. ``weights`` defaults to fp32 (full; lora
     under --precision fp32), bf16 (lora in 16-bit) or nf4 (qlora)."""
-    wdt = _checked(finetune, weights, optimizer, attn, ckpt, precision, offload, micro_batch, seq_len, accum, lora_r)
+    mix = _checked(finetune, weights, optimizer, attn, ckpt, precision, offload, micro_batch, seq_len, accum, lora_r)
+    wdt = mix.weights
     lora = finetune != "full"
     targets = arch.resolve_targets(lora_targets) if lora else ()
     quantized = wdt in ("int8", "nf4")
@@ -213,8 +237,9 @@ def estimate_hf(arch: HFArch, *, micro_batch: int, seq_len: int, finetune: str =
                     flops_per_token=flops.per_token, recompute_flops_per_token=flops.recompute_per_token,
                     weight_copies_bytes=peak.weight_copies, logits_grad_bytes=peak.logits_grads,
                     dequant_bytes=flops.dequant_bytes, n_params=arch.n_params(), trainable_params=state.trainable,
-                    peak_moment=peak.moment, micro_batch=micro_batch, seq_len=seq_len, finetune=finetune,
-                    weights=wdt, optimizer=optimizer, attn=attn, ckpt=ckpt, precision=precision, offload=offload,
+                    peak_moment=peak.moment, micro_batch=micro_batch, seq_len=seq_len, finetune=mix.finetune,
+                    weights=wdt, optimizer=mix.optimizer, attn=mix.attn, ckpt=ckpt, precision=mix.precision,
+                    offload=mix.offload,
                     lora_r=lora_r if lora else 0, lora_targets=targets)
 
 
@@ -230,8 +255,10 @@ def hf_fits(arch: HFArch, *, card_bytes: float, seq_len: int, tokens_per_step: i
     tokens = tokens_per_step or seq_len
     ref = model.step(estimate_hf(arch, micro_batch=1, seq_len=seq_len, precision="bf16", attn=attn), tokens).total_s
     out = []
-    for finetune, weights in (("full", "fp32"), ("full", "bf16"), ("lora", "bf16"), ("qlora", "nf4")):
-        for optimizer in ("adamw", "adamw8bit"):
+    bases: tuple[tuple[Finetune, Weights], ...] = (("full", "fp32"), ("full", "bf16"), ("lora", "bf16"), ("qlora", "nf4"))
+    optimizers: tuple[Optimizer, ...] = ("adamw", "adamw8bit")
+    for finetune, weights in bases:
+        for optimizer in optimizers:
             for ckpt in ("none", "block"):
                 kw: dict[str, Any] = {"finetune": finetune, "weights": weights, "optimizer": optimizer,
                                       "ckpt": ckpt, "precision": "bf16", "attn": attn,

@@ -7,9 +7,11 @@ the OOM advice (:mod:`gpudash.analysis.recommend`) agree on what fits a card.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from gpudash.memmodel.names import Attn, Finetune, Offload, Optimizer, ParamError, Precision, Weights
 
 __all__ = ["CARD_SHARE", "Estimate", "FitOption", "ParamError", "fits", "largest_fit", "plan_accum", "usable_bytes"]
 
@@ -72,26 +74,6 @@ def largest_fit(predict: Callable[[int, int], Estimate], *, card_bytes: float, s
     return bisect(1, min(limit, whole - 1), None)
 
 
-class ParamError(ValueError):
-    """A bad argument to the memory model. The message names the parameters (``micro_batch``,
-    ``finetune``); a command line renders the same message with its flags (``--batch``, ``--finetune``)
-    through :meth:`render`, so the library never speaks in one program's flags."""
-
-    def __init__(self, template: str, *names: str) -> None:
-        """``template`` holds ``{name}`` where each of ``names`` is meant (any other text, braces
-        included, is left as it is: values from the user need no escaping)."""
-        self.template = template
-        self.names = names
-        super().__init__(self.render({}))
-
-    def render(self, flags: Mapping[str, str]) -> str:
-        """The message with each parameter called what ``flags`` calls it (its own name otherwise)."""
-        text = self.template
-        for n in self.names:
-            text = text.replace("{" + n + "}", flags.get(n, n))
-        return text
-
-
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """One rank's predicted memory and time for a model (gpudash's GPT or a Hugging Face architecture),
@@ -124,14 +106,14 @@ class Estimate:
     micro_batch: int
     seq_len: int
     ckpt: str
-    precision: str
-    offload: str
-    weights: str
+    precision: Precision
+    offload: Offload
+    weights: Weights
     n_params: int
     trainable_params: int
-    finetune: str = "full"
-    optimizer: str = "adamw"
-    attn: str = "sdpa"
+    finetune: Finetune = "full"
+    optimizer: Optimizer = "adamw"
+    attn: Attn = "sdpa"
     lora_r: int = 0
     lora_targets: tuple[str, ...] = ()
     dequant_bytes: int = 0
@@ -147,12 +129,12 @@ class Estimate:
 class FitOption:
     """One technique mix at the largest micro-batch that fits a card (:func:`gpudash.memmodel.fit.what_fits`)."""
 
-    finetune: str
-    weights: str
-    optimizer: str
+    finetune: Finetune
+    weights: Weights
+    optimizer: Optimizer
     ckpt: str
-    precision: str
-    offload: str
+    precision: Precision
+    offload: Offload
     micro_batch: int
     """Largest micro-batch that fits (0: not even one)."""
     peak_bytes: int
