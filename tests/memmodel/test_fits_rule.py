@@ -87,6 +87,7 @@ def _hf(t: int) -> tuple[Callable[[int, int], Estimate], Callable[[int, int], in
     return predict, measure
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("family", "seq"), [("gpt", 64), ("hf", 32)])
 def test_the_offered_micro_batch_is_under_the_measured_peak_and_the_next_one_over(family: str, seq: int) -> None:
     pytest.importorskip("transformers")
