@@ -193,7 +193,7 @@ def _print_fits(args: argparse.Namespace, model: Any, est: Estimate, options: li
     card = given(args.card_gb, "GB")
     usable = human_bytes(usable_bytes(args.card_gb * GiB), 2)
     print(f"\non a {card} card a plan may fill {CARD_SHARE:.0%} of it ({usable}): this configuration (peak "
-          f"{human_bytes(est.peak_bytes, 2)} at --accum {args.accum}) {verdict}. {mixes.capitalize()}, fastest first "
+          f"{human_bytes(est.peak_bytes, 2)} at --accum {args.accum}) {verdict}. {mixes[0].upper() + mixes[1:]}, fastest first "
           f"(largest micro-batch at seq {seq} whose peak, at the accumulation it needs for a step of {tokens:,} "
           f"tokens (--batch x --accum x --seq-len), is within those {usable}; predicted time of that step):")
     shown = [f for f in options if f.micro_batch][:12 if hf else 10]
