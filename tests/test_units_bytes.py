@@ -45,7 +45,7 @@ def test_bytes_and_numbers_are_formatted_in_one_place() -> None:
     assert bad == [], "format with gpudash.units: " + ", ".join(bad)
 
 
-_UNIT = re.compile(r"(?:KiB|MiB|GiB|TiB|KB|MB|GB|TB)(?![A-Za-z])")
+_UNIT = re.compile(r"(?:KiB|MiB|GiB|TiB|KB|kB|MB|GB|TB)(?![A-Za-z])")
 _BINARY = {2**10, 2**20, 2**30, 2**40, 1024.0, 2.0**20, 2.0**30}
 
 
@@ -65,7 +65,13 @@ def _unit_literals(tree: ast.AST) -> list[tuple[int, str]]:
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.JoinedStr):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):  # a table of units: a ladder or a parser's
+            items = [e for e in (node.keys if isinstance(node, ast.Dict) else node.elts) if e is not None]
+            items += [x for e in items if isinstance(e, ast.Tuple) for x in e.elts]  # (label, size) pairs
+            labels = [s for e in items if (s := text(e)) is not None and re.fullmatch(_UNIT.pattern, s.strip(), re.I)]
+            if len(labels) >= 2:
+                hits.append((node.lineno, ast.unparse(node)[:90]))
+        elif isinstance(node, ast.JoinedStr):
             for a, b in zip(node.values, node.values[1:], strict=False):
                 s = text(b)
                 if isinstance(a, ast.FormattedValue) and s is not None and _UNIT.match(s.lstrip(" ")):
@@ -99,9 +105,11 @@ def test_units_are_labelled_and_converted_in_units_py_only() -> None:
 def test_the_unit_scan_finds_each_way_of_formatting_a_unit() -> None:
     """The scan above cannot pass by missing what it looks for."""
     for src in ('f"{n / 2**20:.1f} MiB"', 'f"{gb:g} GB card"', '"{} GiB".format(n)', '"%.1f MB" % n',
-                'str(n) + " KiB"', "n / 1024.0", "n >> 20", 'f"{rate:g} GB/s"'):
+                'str(n) + " KiB"', "n / 1024.0", "n >> 20", 'f"{rate:g} GB/s"',
+                '(("GB", 1e9), ("MB", 1e6))', '{"kib": 1024, "mib": 2**20}', '["B", "KiB", "MiB"]'):
         assert _unit_literals(ast.parse(src)), src
-    for src in ('f"{human_bytes(n)} free"', '"--card-gb 8"', 'f"{n} bytes"', "n / 2", 'f"{n:g} GBps"'):
+    for src in ('f"{human_bytes(n)} free"', '"--card-gb 8"', 'f"{n} bytes"', "n / 2", 'f"{n:g} GBps"',
+                'given(8, "GB")'):
         assert not _unit_literals(ast.parse(src)), src
 
 

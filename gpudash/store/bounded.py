@@ -164,10 +164,7 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
 
 
 def _size(n: int) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n} bytes"
+    return human_bytes(n) if n >= 1024 else f"{n} bytes"
 
 
 def trim(text: str, limit: int | None = None) -> tuple[str, bool]:
