@@ -1,15 +1,34 @@
 """Numbers as people read them: bytes in binary units (as torch's OOM message), durations, plain numbers.
 
-Standard library only, and the one place these are formatted: the terminal (``gpudash info``,
+Standard library only, and the one place units are converted and labelled: the terminal (``gpudash info``,
 ``gpudash estimate``), the dashboard, the report, alerts and the trainer all print bytes with
-:func:`human_bytes`, so one number reads the same on every surface.
+:func:`human_bytes`, so one number reads the same on every surface; a chart's bytes axis picks its unit
+with :func:`byte_unit`; a size torch printed is read back with :func:`parse_size`; a number the user gave
+in a flag's unit is echoed with :func:`given` (tests/test_units_bytes.py fails on a unit label formatted
+anywhere else).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from typing import Literal
 
-__all__ = ["distinct_bytes", "fmt_duration", "fmt_num", "human_bytes"]
+__all__ = ["BYTE_UNITS", "GiB", "KiB", "MiB", "UNIT_BYTES", "byte_unit", "distinct_bytes", "fmt_duration", "fmt_num",
+           "given", "human_bytes", "parse_size"]
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+
+#: The binary byte units, smallest first (as torch's OOM message): plotly's own ``s`` tick format would
+#: say "MB" for MiB values.
+BYTE_UNITS: tuple[tuple[str, int], ...] = (("B", 1), ("KiB", KiB), ("MiB", MiB), ("GiB", GiB), ("TiB", 2**40))
+
+#: Bytes per unit as torch prints them: binary, whatever the label (c10's ``format_size`` prints KiB, MiB,
+#: GiB; the MPS allocator labels the same powers of 1024 KB, MB, GB, so a "GB" there is 2**30, never 10**9).
+UNIT_BYTES: dict[str, int] = {"b": 1, "byte": 1, "bytes": 1, **{u.lower(): n for u, n in BYTE_UNITS[1:]},
+                              **{u.lower().replace("i", ""): n for u, n in BYTE_UNITS[1:]}}
 
 
 def human_bytes(n: float | None, digits: int = 1, missing: str = "-") -> str:
@@ -62,3 +81,29 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     if abs(v) >= 1000:
         return f"{v:,.0f}"
     return f"{v:.{digits}g}"
+
+
+def byte_unit(top: float | None) -> tuple[str, float]:
+    """The binary unit a bytes axis whose largest absolute value is ``top`` is drawn in: ``(name, bytes per
+    unit)``; MiB when there is no value yet."""
+    if top is None or not math.isfinite(top):
+        return "MiB", float(MiB)
+    for name, size in reversed(BYTE_UNITS):
+        if abs(top) >= size:
+            return name, float(size)
+    return "B", 1.0
+
+
+def parse_size(text: str) -> int:
+    """``"20.00 MiB"`` -> 20971520: a size as torch prints it (binary, whatever the label); ValueError for
+    anything else."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
+    if not m or m.group(2).lower() not in UNIT_BYTES:
+        raise ValueError(f"not a size: {text!r}")
+    return int(round(float(m.group(1)) * UNIT_BYTES[m.group(2).lower()]))
+
+
+def given(value: float, unit: Literal["GB", "GiB", "MB", "GB/s"]) -> str:
+    """A number the user gave in a flag's own unit, echoed as given: ``given(8, "GB")`` -> ``8 GB``
+    (``--card-gb 8``), ``given(16, "GB/s")`` -> ``16 GB/s``."""
+    return f"{value:g} {unit}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.capacity import capacity_bytes
 from gpudash.analysis.lights import FRAG_WARN_PCT, fragmentation_pct
 from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.verdict import Severity, Verdict, fmt_pct, num
@@ -85,16 +86,6 @@ def _per_step_estimate(run: Run) -> Verdict | None:
                    evidence=[f"predicted vs measured peak ({col}) on {len(err)} steps: median error {round(med, 3) + 0.0:+.1%}, "
                              f"worst {worst:.0%}, {within:.0%} of steps within ±10 %"],
                    numbers={"error": med, "worst_error": worst, "share_within_10pct": within})
-
-
-def capacity_bytes(run: Run) -> float | None:
-    pre = run.meta.get("preflight")
-    if isinstance(pre, dict) and num(pre.get("capacity_bytes")):
-        return num(pre.get("capacity_bytes"))
-    mem = run.memory
-    if "device_total_bytes" in mem and mem["device_total_bytes"].notna().any():
-        return float(mem["device_total_bytes"].max())
-    return num(run.meta.get("memory_budget_bytes"))
 
 
 def memory_verdicts(run: Run) -> list[Verdict]:

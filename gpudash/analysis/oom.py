@@ -235,7 +235,7 @@ def oom_reports(run: Run) -> list[OomReport]:
     for _, e in rows.iterrows():
         data: dict[str, Any] = dict(e["data"]) if isinstance(e.get("data"), dict) else {}
         message = str(e.get("message") or "")
-        for k, v in parse_oom_message(message).items():
+        for k, v in parse_oom_message(message).to_dict().items():
             data.setdefault(k, v)
         rank = int(e["rank"]) if "rank" in e and not pd.isna(e["rank"]) else None
         step = int(e["step"]) if not pd.isna(e.get("step")) else None
@@ -244,7 +244,7 @@ def oom_reports(run: Run) -> list[OomReport]:
     reason = str(run.meta.get("end_reason") or "")
     if not out and run.status == "crashed" and re.search(r"out ?of ?memory|OutOfMemory", reason, re.I):
         last_step = int(run.steps["step"].max()) + 1 if len(run.steps) else None
-        out.append(_report(run, parse_oom_message(reason), reason, last_step, num(run.meta.get("ended_at")), None,
+        out.append(_report(run, parse_oom_message(reason).to_dict(), reason, last_step, num(run.meta.get("ended_at")), None,
                            recovered=False))
     died_of_oom = run.status == "crashed" and bool(re.search(r"out ?of ?memory|OutOfMemory|\boom\b", reason, re.I))
     for i, r in enumerate(out):

@@ -119,8 +119,9 @@ def _hf_arch(run: Run) -> HFArch | None:
 
 
 def adapter_mixes(run: Run, capacity: float) -> list[FitOption]:
-    """LoRA / QLoRA mixes that fit a card of ``capacity`` bytes (its :data:`CARD_SHARE`, as ``gpudash estimate``) for this run's model and sequence length
-    (the memory model's :func:`~gpudash.memmodel.fit.what_fits`), fastest first; [] when it cannot say."""
+    """LoRA / QLoRA mixes that fit a card of ``capacity`` bytes (its :data:`CARD_SHARE`, as ``gpudash estimate``) for
+    this run's model, sequence length and micro-batch as the step to make up (the memory model's
+    :func:`~gpudash.memmodel.fit.what_fits`), fastest first; [] when it cannot say."""
     cfg = run_setup(run)
     if str(cfg.get("finetune") or "full") != "full":
         return []
@@ -128,7 +129,9 @@ def adapter_mixes(run: Run, capacity: float) -> list[FitOption]:
     arch = _hf_arch(run)
     if arch is None or not isinstance(seq, int) or seq < 1:
         return []
-    fits = fit.what_fits(arch, card_bytes=capacity, seq_len=seq)
+    rows = cfg.get("micro_batch")  # the step the run took: an adapter mix makes it up with accumulation
+    tokens = rows * seq if isinstance(rows, int) and rows > 0 else 0
+    fits = fit.what_fits(arch, card_bytes=capacity, seq_len=seq, tokens_per_step=tokens)
     return [f for f in fits if f.micro_batch and f.finetune != "full"]
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.alerts import Alert, recorded_alerts
+from gpudash.analysis.capacity import capacity_bytes
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, on_gpu
 from gpudash.analysis.facts import Facts, headline_rows, json_safe, run_facts
 from gpudash.analysis.memory_parts import frozen_params
@@ -120,7 +121,7 @@ def report_view(run: Run, verdicts: list[Verdict] | None = None, price_per_hour:
     markers: tuple[Marker, ...] = ()
     if figures:
         markers = tuple(_markers(run, facts))
-        figs = tuple(_figures(run, _capacity(run, verdicts), facts))
+        figs = tuple(_figures(run, capacity_bytes(run), facts))
     return ReportView(
         name=str(run.name), path=str(run.path), lead=worst.title if worst else "Nothing wrong found.",
         headline=tuple(headline(run, facts)),
@@ -206,13 +207,3 @@ def _device_frame(run: Run) -> pd.DataFrame:
     if "gpu" in dev and dev["gpu"].nunique() > 1:
         dev = dev[dev["gpu"] == dev["gpu"].min()]
     return dev.sort_values("time")
-
-
-def _capacity(run: Run, verdicts: list[Verdict]) -> float | None:
-    for v in verdicts:
-        if "capacity_bytes" in v.numbers:
-            return v.numbers["capacity_bytes"]
-    pre = run.meta.get("preflight")
-    if isinstance(pre, dict) and isinstance(pre.get("capacity_bytes"), (int, float)):
-        return float(pre["capacity_bytes"])
-    return None

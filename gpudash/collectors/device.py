@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gpudash.collectors.base import try_import_torch
 from gpudash.collectors.env import placement
 from gpudash.collectors.nvml import GPM_COLUMNS, METRICS, DeviceSource, NvmlSource, RecordingSource, Unsupported
+from gpudash.units import KiB, MiB
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
@@ -49,7 +50,7 @@ def readings_to_row(r: dict[str, Any], pid: int | None = None) -> dict[str, Any]
         row["memory_total_bytes"], row["memory_used_bytes"], row["memory_free_bytes"] = (int(x) for x in m)
     for key, col in (("pcie_tx", "pcie_tx_mib_s"), ("pcie_rx", "pcie_rx_mib_s")):
         if (v := r.get(key)) is not None:
-            row[col] = float(v) / 1024.0  # NVML KB/s -> MiB/s
+            row[col] = float(v) * KiB / MiB  # NVML KB/s -> MiB/s
     if (v := r.get("power")) is not None:
         row["power_w"] = float(v) / 1000.0
     if (v := r.get("energy")) is not None:

@@ -76,7 +76,7 @@ def record_oom(monitor: Recording, error: BaseException | str, *, message: str |
     string and queues one record.
     """
     text = str(error)
-    data = parse_oom_message(text)
+    data = parse_oom_message(text).to_dict()
     source = "exception"
     seen = _take_observed(monitor)
     if seen is not None and time.monotonic() - seen[0] < SAME_OOM_S:

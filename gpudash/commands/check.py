@@ -144,7 +144,7 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
     """Each rule against ``facts`` (and ``base``, the baseline's facts). Raises UserError when a number a
     rule needs is missing."""
     from gpudash.analysis.verdict import fmt_s
-    from gpudash.units import human_bytes
+    from gpudash.units import GiB, given, human_bytes
 
     out: list[Outcome] = []
     h, bh = facts.headline, (base.headline if base is not None else {})
@@ -166,8 +166,8 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
                rules.max_step_time_increase)
     if rules.max_peak_gib is not None:
         v = _need(h.get("peak_memory_bytes"), "peak memory", run)
-        limit = rules.max_peak_gib * 2**30
-        out.append(Outcome("max_peak_gib", v <= limit, f"peak memory {human_bytes(v)} (limit {rules.max_peak_gib:g} GiB)",
+        limit = rules.max_peak_gib * GiB
+        out.append(Outcome("max_peak_gib", v <= limit, f"peak memory {human_bytes(v)} (limit {given(rules.max_peak_gib, 'GiB')})",
                            value=v, limit=limit))
     if rules.no_nonfinite:
         nf = facts.nonfinite_steps

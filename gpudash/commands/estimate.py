@@ -20,15 +20,14 @@ from typing import Any
 
 from gpudash.commands._flags import positive_float, positive_int
 from gpudash.errors import UserError
-from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS
-from gpudash.memmodel.finetune import ATTNS, FINETUNES, OPTIMIZERS
 from gpudash.memmodel.fit import estimate, explain, reference, what_fits
 from gpudash.memmodel.hf_arch import CONFIG_DIR, HFArch, hf_preset, load_config
-from gpudash.memmodel.plan import FitOption, ParamError
+from gpudash.memmodel.names import ATTNS, FINETUNES, OFFLOADS, OPTIMIZERS, PRECISIONS
+from gpudash.memmodel.plan import CARD_SHARE, Estimate, FitOption, ParamError, fits, usable_bytes
 from gpudash.memmodel.shapes import PRESETS, parse_overrides, preset
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.store.schema import MEMORY_CATEGORIES
-from gpudash.units import fmt_duration, human_bytes
+from gpudash.units import GiB, fmt_duration, given, human_bytes
 
 __all__ = ["add_arguments", "run"]
 
@@ -149,18 +148,19 @@ def _run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {("config" if args.config else "preset"): args.config or args.preset,
                            "family": model.family if hf else "gpudash-gpt", **est.to_dict(),
                            "params": est.n_params, "notes": notes, "host_ram_bytes": host_ram}
-    fits: list[FitOption] = []
+    options: list[FitOption] = []
     if args.card_gb:
-        fits = what_fits(model, card_bytes=args.card_gb * 2**30, seq_len=seq, tokens_per_step=tokens,
+        options = what_fits(model, card_bytes=args.card_gb * GiB, seq_len=seq, tokens_per_step=tokens,
                          time_model=time_model, **({**adapter, "attn": args.attn if args.attn != "eager" else "sdpa"}
                                                    if hf else {}))
         out["card_gb"] = args.card_gb
-        out["fits_card"] = est.peak_bytes <= args.card_gb * 2**30
+        out["fits_card"] = fits(est, args.card_gb * GiB)  # the rule the table's rows were chosen by
+        out["usable_bytes"] = usable_bytes(args.card_gb * GiB)
         out["time_model"] = {"tflops": time_model.tflops, "pcie_gbps": time_model.pcie_gbps,
                              "tokens_per_step": tokens, "assumptions": _assumptions(time_model, hf),
                              "step_cost_vs": reference(model)}
         out["what_fits"] = [{**asdict(f), "fits_host_ram": None if host_ram is None else f.host_bytes <= host_ram}
-                            for f in fits]
+                            for f in options]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -182,18 +182,21 @@ def _run(args: argparse.Namespace) -> int:
     for note in notes:
         print(_wrap(note))
     if args.card_gb:
-        _print_fits(args, model, fits, seq, tokens, host_ram, time_model, "fits" if out["fits_card"] else "does NOT fit")
+        _print_fits(args, model, est, options, seq, tokens, host_ram, time_model, "fits" if out["fits_card"] else "does NOT fit")
     return 0
 
 
-def _print_fits(args: argparse.Namespace, model: Any, fits: list[FitOption], seq: int, tokens: int,
-                host_ram: int | None, time_model: StepTimeModel, verdict: str) -> None:
+def _print_fits(args: argparse.Namespace, model: Any, est: Estimate, options: list[FitOption], seq: int,
+                tokens: int, host_ram: int | None, time_model: StepTimeModel, verdict: str) -> None:
     hf = isinstance(model, HFArch)
     mixes = "full, LoRA and QLoRA fine-tunes in bf16 compute" if hf else "technique mixes"
-    print(f"\non a {args.card_gb:g} GB card this configuration {verdict}. {mixes.capitalize()}, fastest first "
-          f"(largest micro-batch at seq {seq} within {args.card_gb:g} GB; predicted time of a step of "
-          f"{tokens:,} tokens, --batch x --accum x --seq-len):")
-    shown = [f for f in fits if f.micro_batch][:12 if hf else 10]
+    card = given(args.card_gb, "GB")
+    usable = human_bytes(usable_bytes(args.card_gb * GiB), 2)
+    print(f"\non a {card} card a plan may fill {CARD_SHARE:.0%} of it ({usable}): this configuration (peak "
+          f"{human_bytes(est.peak_bytes, 2)} at --accum {args.accum}) {verdict}. {mixes[0].upper() + mixes[1:]}, fastest first "
+          f"(largest micro-batch at seq {seq} whose peak, at the accumulation it needs for a step of {tokens:,} "
+          f"tokens (--batch x --accum x --seq-len), is within those {usable}; predicted time of that step):")
+    shown = [f for f in options if f.micro_batch][:12 if hf else 10]
     short = False
     for f in shown:
         mark = " "
@@ -201,7 +204,7 @@ def _print_fits(args: argparse.Namespace, model: Any, fits: list[FitOption], seq
             mark, short = "!", True
         host = f"host {human_bytes(f.host_bytes, 2)}{mark}" if f.host_bytes else "host -" + " " * len(mark)
         cost = f"({f.step_cost:+.0%})"
-        print(f"  micro-batch {f.micro_batch:>4}  peak {human_bytes(f.peak_bytes, 2):>10}  {host:<16} "
+        print(f"  micro-batch {f.micro_batch:>4} x{f.accum:<3} peak {human_bytes(f.peak_bytes, 2):>10}  {host:<16} "
               f"step {fmt_duration(f.step_s):>9} {cost:<7} {f.finetune:<5} ckpt {f.ckpt:<8} {f.precision:<5} "
               f"offload {f.offload:<16} weights {f.weights:<4} {f.optimizer}")
     if not shown:
@@ -223,4 +226,4 @@ def _assumptions(time_model: StepTimeModel, hf: bool) -> str:
         return time_model.describe()
     return (f"{time_model.describe()}; a LoRA backward makes no weight gradients for frozen matrices (4 N + 6 N_lora "
             f"FLOPs per token instead of 6 N); QLoRA dequantizes every 4-bit weight in each forward, backward and "
-            f"recompute at {time_model.hbm_gbps:g} GB/s")
+            f"recompute at {given(time_model.hbm_gbps, 'GB/s')}")

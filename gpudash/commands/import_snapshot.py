@@ -24,6 +24,7 @@ from gpudash.store.snapshot_read import (
     summarize,
 )
 from gpudash.store.writer import Recorder, write_run_meta
+from gpudash.units import human_bytes
 
 __all__ = ["add_arguments", "import_snapshot", "run"]
 
@@ -81,5 +82,5 @@ def run(args: argparse.Namespace) -> int:
                            max_nodes=args.max_nodes)
     print(f"stored {args.file} in {args.run_dir}: {info['segments']} segments, {info['blocks']} blocks, "
           f"{info['trace_entries']:,} trace entries, "
-          f"{info['reserved_bytes'] / 2**20:.1f} MiB reserved, {info['allocated_bytes'] / 2**20:.1f} MiB allocated")
+          f"{human_bytes(info['reserved_bytes'])} reserved, {human_bytes(info['allocated_bytes'])} allocated")
     return 0

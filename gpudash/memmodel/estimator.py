@@ -33,17 +33,17 @@ saved-tensor meter (the trainer's CPU ``--memory-budget-gb``) measures.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from gpudash.memmodel.plan import CARD_SHARE, Estimate, FitOption, ParamError
+from gpudash.memmodel.names import GPT_WEIGHTS, OFFLOADS, PRECISIONS, check, parse_ckpt
+from gpudash.memmodel.plan import CARD_SHARE, Estimate, FitOption, ParamError, largest_fit, plan_accum
 from gpudash.memmodel.steptime import StepTimeModel
 from gpudash.units import human_bytes
 
 __all__ = ["ModelShape", "estimate", "estimate_step", "gpt_fits", "gpt_notes", "safe_micro_batch"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-OFFLOADS = ("none", "optimizer", "optimizer+grads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +64,6 @@ class ModelShape:
     def of(cls, cfg: Any) -> ModelShape:
         return cls(cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.hidden,
                    cfg.mlp == "swiglu", cfg.n_params(), bool(getattr(cfg, "tie_embeddings", False)))
-
-
-def _parse_ckpt(ckpt: str) -> tuple[str, int]:
-    if ckpt.startswith("every-") and ckpt[6:].isdigit() and int(ckpt[6:]) >= 1:
-        n = int(ckpt[6:])
-        return ("block", 1) if n == 1 else ("every", n)
-    if ckpt in ("none", "block", "attn", "mlp"):
-        return ckpt, 1
-    raise ParamError(f"unknown {{ckpt}} {ckpt!r}; use none, block, every-N, attn or mlp", "ckpt")
 
 
 def activation_parts(shape: ModelShape, tokens: int, c: int, r: int) -> dict[str, int]:
@@ -108,39 +99,47 @@ def estimate_step(cfg: Any, shapes: list[tuple[int, int]], *, ckpt: str = "none"
     if any(b < 1 or t < 1 for b, t in rows):
         raise ParamError("{micro_batch} and {seq_len} must be >= 1", "micro_batch", "seq_len")
     shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
-    done: dict[tuple[int, int], dict[str, Any]] = {}
+    done: dict[tuple[int, int], _Micro] = {}
     for b, t in rows:
         if (b, t) not in done:
             done[(b, t)] = _one_micro(shape, b, t, ckpt, precision, offload, weights)
     parts = [done[r] for r in rows]
     first = parts[0]
-    tied = first["tied"]
-    grads = first["grads"]
+    tied = first.tied
+    grads = first.grads
     # first micro-batch: no gradients yet; later ones run on top of the accumulated gradients
-    backward = max(grads + 2 * tied, first["live"])
-    moment = "activations" if first["live"] >= grads + 2 * tied else "gradients"
-    forward = first["act"]
+    backward = max(grads + 2 * tied, first.live)
+    moment = "activations" if first.live >= grads + 2 * tied else "gradients"
+    forward = first.act
     for p in parts[1:]:
-        if grads + max(p["live"], 3 * tied) > backward:
-            backward = grads + max(p["live"], 3 * tied)
-            moment = "activations" if p["live"] >= 3 * tied else "gradients"
-        forward = max(forward, grads + p["act"])
-    big = max(parts, key=lambda p: p["live"])
-    est: Estimate = big["estimate"]
+        if grads + max(p.live, 3 * tied) > backward:
+            backward = grads + max(p.live, 3 * tied)
+            moment = "activations" if p.live >= 3 * tied else "gradients"
+        forward = max(forward, grads + p.act)
+    est = max(parts, key=lambda p: p.live).estimate
     fixed = est.params_bytes + est.optimizer_bytes
     return replace(est, peak_bytes=fixed + backward, forward_peak_bytes=fixed + forward, peak_moment=moment)
 
 
+class _Micro(NamedTuple):
+    """One micro-batch's bytes: its estimate (the categories), the activations it saves, what is alive at its
+    backward peak without the gradients (activations, the logits' gradients, a region recomputing), the
+    gradients and the tied head's extra gradient."""
+
+    estimate: Estimate
+    act: int
+    live: int
+    grads: int
+    tied: int
+
+
 def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: str, offload: str,
-               weights: str) -> dict[str, Any]:
-    if precision not in PRECISIONS:
-        raise ParamError(f"unknown {{precision}} {precision!r}; use fp32, bf16 or fp16", "precision")
-    if offload not in OFFLOADS:
-        raise ParamError(f"unknown {{offload}} {offload!r}; use none, optimizer or optimizer+grads", "offload")
-    if weights not in ("fp32", "bf16"):
-        raise ParamError(f"unknown {{weights}} {weights!r}; gpudash's GPT trains fp32 or bf16 weights", "weights")
+               weights: str) -> _Micro:
+    prec = check(precision, PRECISIONS, "precision")
+    off = check(offload, OFFLOADS, "offload")
+    wdt = check(weights, GPT_WEIGHTS, "weights", "gpudash's GPT trains fp32 or bf16 weights")
     shape = cfg if isinstance(cfg, ModelShape) else ModelShape.of(cfg)
-    mode, every = _parse_ckpt(ckpt)
+    mode, every = parse_ckpt(ckpt)
     n = shape.n_params
     w = 4 if weights == "fp32" else 2
     c = 4 if precision == "fp32" and w == 4 else 2
@@ -196,25 +195,25 @@ def _one_micro(cfg: Any, micro_batch: int, seq_len: int, ckpt: str, precision: s
                    peak_bytes=0, forward_peak_bytes=0, host_bytes=host, recompute_bytes=recompute,
                    flops_per_token=flops, recompute_flops_per_token=refwd, weight_copies_bytes=copies,
                    logits_grad_bytes=logits_grads, peak_moment="", micro_batch=micro_batch,
-                   seq_len=seq_len, ckpt=ckpt, precision=precision, offload=offload, weights=weights, n_params=n,
+                   seq_len=seq_len, ckpt=ckpt, precision=prec, offload=off, weights=wdt, n_params=n,
                    trainable_params=n)
-    return {"estimate": est, "act": act, "live": live, "grads": grads, "tied": tied}
+    return _Micro(estimate=est, act=act, live=live, grads=grads, tied=tied)
 
 
 def safe_micro_batch(cfg: Any, *, card_bytes: float, seq_len: int, limit: int, share: float = CARD_SHARE,
                      **techniques: Any) -> int:
-    """Largest micro-batch (<= limit) whose predicted peak is within ``share`` of ``card_bytes`` (what fits:
-    :data:`CARD_SHARE`); 0 if none."""
-    best = 0
-    lo, hi = 1, max(1, limit)
-    while lo <= hi:  # the peak grows with the batch, so bisect
-        mid = (lo + hi) // 2
-        e = estimate(cfg, micro_batch=mid, seq_len=seq_len, accum=2, **techniques)
-        if e.peak_bytes <= share * card_bytes:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    return best
+    """Largest micro-batch (<= ``limit``, the rows of one optimizer step) that fits ``share`` of ``card_bytes``
+    at the accumulation it needs to make up the step (:func:`~gpudash.memmodel.plan.largest_fit`); 0 if none."""
+    best = largest_fit(_predictor(cfg, seq_len, techniques), card_bytes=card_bytes, seq_len=seq_len,
+                       tokens_per_step=max(1, limit) * seq_len, limit=limit, share=share)
+    return best.micro_batch if best else 0
+
+
+def _predictor(cfg: Any, seq_len: int, techniques: dict[str, Any]) -> Callable[[int, int], Estimate]:
+    def predict(micro_batch: int, accum: int) -> Estimate:
+        return estimate(cfg, micro_batch=micro_batch, seq_len=seq_len, accum=accum, **techniques)
+
+    return predict
 
 
 _CKPT_COST = {"none": 0, "mlp": 1, "attn": 1, "every-2": 2, "block": 3}
@@ -224,13 +223,15 @@ _OFF_COST = {"none": 0, "optimizer": 2, "optimizer+grads": 3}
 def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512, tokens_per_step: int = 0,
               time_model: StepTimeModel | None = None) -> list[FitOption]:
     """Every technique mix, fastest first by the predicted time of an optimizer step of
-    ``tokens_per_step`` tokens (0: one sequence; a mix keeps it with gradient accumulation),
-    with the largest micro-batch that fits the card, the host RAM it needs and what its
+    ``tokens_per_step`` tokens (a mix keeps it with gradient accumulation; 0: the time of one sequence,
+    and each micro-batch a step of its own),
+    with the largest micro-batch that fits the card at the accumulation it needs
+    (:func:`~gpudash.memmodel.plan.largest_fit`), its peak there, the host RAM it needs and what its
     checkpointing and offload add to the step time."""
     model = time_model or StepTimeModel()
     tokens = tokens_per_step or seq_len
     out: list[tuple[int, FitOption]] = []
-    for weights in ("fp32", "bf16"):
+    for weights in GPT_WEIGHTS:
         for offload in OFFLOADS:
             if weights == "bf16" and offload == "none":
                 continue
@@ -239,8 +240,11 @@ def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512,
                     continue
                 for ckpt in _CKPT_COST:
                     kw: dict[str, Any] = {"ckpt": ckpt, "precision": precision, "offload": offload, "weights": weights}
-                    b = safe_micro_batch(cfg, card_bytes=card_bytes, seq_len=seq_len, limit=max_batch, **kw)
-                    est = estimate(cfg, micro_batch=max(b, 1), seq_len=seq_len, **kw)
+                    predict = _predictor(cfg, seq_len, kw)
+                    best = largest_fit(predict, card_bytes=card_bytes, seq_len=seq_len, tokens_per_step=tokens_per_step,
+                                       limit=max_batch)
+                    b = best.micro_batch if best else 0
+                    est = best or predict(1, plan_accum(1, seq_len, tokens_per_step))
                     t = model.step(est, tokens)
                     costs = []
                     if ckpt != "none":
@@ -252,7 +256,8 @@ def gpt_fits(cfg: Any, *, card_bytes: float, seq_len: int, max_batch: int = 512,
                     cost = _CKPT_COST[ckpt] + _OFF_COST[offload] + (precision == "fp32") * 2 + (weights == "bf16")
                     out.append((cost, FitOption("full", weights, "adamw", ckpt, precision, offload, b, est.peak_bytes,
                                                 est.host_bytes, t.total_s, t.total_s / t.compute_s - 1, est.n_params,
-                                                ", ".join(costs) or "none")))
+                                                ", ".join(costs) or "none", plan_accum(est.micro_batch, seq_len,
+                                                                                       tokens_per_step))))
     out.sort(key=lambda t: (t[1].micro_batch == 0, t[1].step_s, t[0], -t[1].micro_batch))
     return [o for _, o in out]
 

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpudash.memmodel.hf_arch import HFArch, Linear
 
-__all__ = ["Setting", "layer_flops", "saved_bytes"]
+__all__ = ["Saved", "Setting", "layer_flops", "saved_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +248,19 @@ def _layer(sim: _Sim, x: _T) -> _T:
     return sim.new(x.numel, max(x.b, d.b), x.rg or d.rg)
 
 
-def saved_bytes(arch: HFArch, s: Setting, micro_batch: int, seq_len: int) -> dict[str, int]:
+class Saved(NamedTuple):
+    """Bytes one forward saves for backward."""
+
+    total: int
+    layer: int
+    """One decoder layer's (what its recompute holds under checkpointing)."""
+    head: int
+    """The final norm's, the head's and the loss's."""
+    weight_copies: int
+    """The 16-bit weight copies autocast saves (part of ``total``)."""
+
+
+def saved_bytes(arch: HFArch, s: Setting, micro_batch: int, seq_len: int) -> Saved:
     """Bytes saved for backward by one forward: ``total``, ``layer`` (one decoder layer's, for the
     recompute under checkpointing), ``head`` (final norm, head and loss) and ``weight_copies``."""
     sim = _Sim(arch, s, micro_batch, seq_len)
@@ -280,17 +293,15 @@ def saved_bytes(arch: HFArch, s: Setting, micro_batch: int, seq_len: int) -> dic
             layer_bytes = max(layer_bytes, sum(sim.saved.values()) - before)
     before = sum(sim.saved.values())
     n = sim.norm(x)
-    head = Linear("lm_head", h, arch.vocab_size, arch.family == "phi")
     if full:
         sim.save(sim.cast(n, s.compute) if s.autocast else n)
     if n.rg and s.autocast and s.residual != s.compute:
         sim.copies += s.compute * h * arch.vocab_size
-    del head
     sim.saved["log_softmax"] = tok * arch.vocab_size * 4  # HF's loss upcasts the logits to fp32
     sim.saved["targets"] = tok * 8
     sim.saved["total_weight"] = 4
-    return {"total": sum(sim.saved.values()) + sim.copies, "layer": layer_bytes,
-            "head": sum(sim.saved.values()) - before, "weight_copies": sim.copies}
+    return Saved(total=sum(sim.saved.values()) + sim.copies, layer=layer_bytes,
+                 head=sum(sim.saved.values()) - before, weight_copies=sim.copies)
 
 
 def layer_flops(arch: HFArch, seq_len: int) -> tuple[int, int]:

@@ -7,11 +7,13 @@ the OOM advice (:mod:`gpudash.analysis.recommend`) agree on what fits a card.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["CARD_SHARE", "Estimate", "FitOption", "ParamError", "usable_bytes"]
+from gpudash.memmodel.names import Attn, Finetune, Offload, Optimizer, ParamError, Precision, Weights
+
+__all__ = ["CARD_SHARE", "Estimate", "FitOption", "ParamError", "fits", "largest_fit", "plan_accum", "usable_bytes"]
 
 CARD_SHARE = 0.92
 """Share of a card's memory a plan's predicted peak may take. The rest is what the allocator cannot
@@ -21,29 +23,55 @@ fragmentation of freed blocks, and the small error of the prediction itself (the
 within a few percent of the measured peak in tests/memmodel)."""
 
 
-def usable_bytes(card_bytes: float) -> float:
+def usable_bytes(card_bytes: float, share: float = CARD_SHARE) -> float:
     """Bytes of a ``card_bytes`` card a plan may fill."""
-    return card_bytes * CARD_SHARE
+    return card_bytes * share
 
 
-class ParamError(ValueError):
-    """A bad argument to the memory model. The message names the parameters (``micro_batch``,
-    ``finetune``); a command line renders the same message with its flags (``--batch``, ``--finetune``)
-    through :meth:`render`, so the library never speaks in one program's flags."""
+def fits(est: Estimate, card_bytes: float, share: float = CARD_SHARE) -> bool:
+    """The one rule of what fits a card, for either model family and every surface (``gpudash estimate``'s
+    table and verdict line, the trainer's starting micro-batch): the predicted peak of the plan as it runs
+    (at its gradient accumulation) within ``share`` of the card."""
+    return est.peak_bytes <= usable_bytes(card_bytes, share)
 
-    def __init__(self, template: str, *names: str) -> None:
-        """``template`` holds ``{name}`` where each of ``names`` is meant (any other text, braces
-        included, is left as it is: values from the user need no escaping)."""
-        self.template = template
-        self.names = names
-        super().__init__(self.render({}))
 
-    def render(self, flags: Mapping[str, str]) -> str:
-        """The message with each parameter called what ``flags`` calls it (its own name otherwise)."""
-        text = self.template
-        for n in self.names:
-            text = text.replace("{" + n + "}", flags.get(n, n))
-        return text
+def plan_accum(micro_batch: int, seq_len: int, tokens_per_step: int) -> int:
+    """Micro-batches an optimizer step of ``tokens_per_step`` tokens takes at ``micro_batch`` x ``seq_len``;
+    1 when one micro-batch holds the whole step (and for 0 tokens: each micro-batch is a step)."""
+    return max(1, -(-tokens_per_step // (micro_batch * seq_len)))
+
+
+def largest_fit(predict: Callable[[int, int], Estimate], *, card_bytes: float, seq_len: int, tokens_per_step: int,
+                limit: int, share: float = CARD_SHARE) -> Estimate | None:
+    """The estimate of the largest micro-batch (<= ``limit``) that :func:`fits` the card, judged at the
+    accumulation the plan needs (:func:`plan_accum`; 0 tokens: each micro-batch is a step); None when not
+    even micro-batch 1 fits. ``predict(micro_batch, accum)`` is the family's estimate.
+
+    Under accumulation (accum > 1) the gradients of the earlier micro-batches are held while the next one
+    runs, so at a fixed accumulation the peak grows with the micro-batch, and it drops by those gradients
+    at the micro-batch that holds the whole step (accum 1): the micro-batches below that one and those
+    from it on are bisected apart."""
+
+    def judged(b: int) -> Estimate:
+        return predict(b, plan_accum(b, seq_len, tokens_per_step))
+
+    def bisect(lo: int, hi: int, best: Estimate | None) -> Estimate | None:
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            est = judged(mid)
+            if fits(est, card_bytes, share):
+                best, lo = est, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    limit = max(1, limit)
+    whole = plan_accum(1, seq_len, tokens_per_step)  # the micro-batch that holds the step: accum 1 from it on
+    if whole <= limit:
+        at_whole = judged(whole)
+        if fits(at_whole, card_bytes, share):
+            return bisect(whole + 1, limit, at_whole)
+    return bisect(1, min(limit, whole - 1), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +106,14 @@ class Estimate:
     micro_batch: int
     seq_len: int
     ckpt: str
-    precision: str
-    offload: str
-    weights: str
+    precision: Precision
+    offload: Offload
+    weights: Weights
     n_params: int
     trainable_params: int
-    finetune: str = "full"
-    optimizer: str = "adamw"
-    attn: str = "sdpa"
+    finetune: Finetune = "full"
+    optimizer: Optimizer = "adamw"
+    attn: Attn = "sdpa"
     lora_r: int = 0
     lora_targets: tuple[str, ...] = ()
     dequant_bytes: int = 0
@@ -101,16 +129,17 @@ class Estimate:
 class FitOption:
     """One technique mix at the largest micro-batch that fits a card (:func:`gpudash.memmodel.fit.what_fits`)."""
 
-    finetune: str
-    weights: str
-    optimizer: str
+    finetune: Finetune
+    weights: Weights
+    optimizer: Optimizer
     ckpt: str
-    precision: str
-    offload: str
+    precision: Precision
+    offload: Offload
     micro_batch: int
     """Largest micro-batch that fits (0: not even one)."""
     peak_bytes: int
-    """Predicted peak at that micro-batch (at micro-batch 1 when nothing fits)."""
+    """Predicted peak at that micro-batch and ``accum``, the one :func:`fits` judged (at micro-batch 1 when
+    nothing fits)."""
     host_bytes: int
     """Host RAM the mix needs (pinned: offloaded master weights, optimizer state, gradients)."""
     step_s: float
@@ -121,3 +150,6 @@ class FitOption:
     trainable_params: int
     cost: str
     """What the mix costs in time, in words."""
+    accum: int = 1
+    """Micro-batches a step takes at that micro-batch: what ``peak_bytes`` was judged at (the gradients of
+    the earlier ones are held while the next runs)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudash.memmodel.plan import ParamError
+from gpudash.units import given
 
 __all__ = ["StepTime", "StepTimeModel"]
 
@@ -69,5 +70,5 @@ class StepTimeModel:
     def describe(self) -> str:
         return (f"compute at {self.tflops:g} TFLOP/s achieved in 16-bit, fp32 at half (--tflops); checkpointing "
                 f"runs the checkpointed regions' forward again; offload moves the gradients out and the weights "
-                f"back over PCIe at {self.pcie_gbps:g} GB/s every step, not overlapped (--pcie-gbps); "
+                f"back over PCIe at {given(self.pcie_gbps, 'GB/s')} every step, not overlapped (--pcie-gbps); "
                 f"the CPU optimizer step and small micro-batches' lower efficiency are not counted")

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpudash.analysis.capacity import capacity_bytes
 from gpudash.analysis.leak import LEAK_EVENT, WARMUP_STEPS, Leak, leak_of, leak_text
 from gpudash.store.reader import RunReader
 
@@ -102,11 +103,7 @@ class LeakWatch:
 
     # ---- judging ------------------------------------------------------------------------------------
     def _capacity(self, mem: pd.DataFrame) -> float | None:
-        if "device_total_bytes" in mem:
-            v = pd.to_numeric(mem["device_total_bytes"], errors="coerce").max()
-            if v == v:
-                return float(v)
-        return None
+        return capacity_bytes(r.meta() if (r := self._rank()) is not None else {}, mem)  # the whole-run fact's
 
     def look(self) -> Leak | None:
         """One look: read what is new, judge it, record an event when a new episode begins."""

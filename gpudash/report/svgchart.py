@@ -20,6 +20,7 @@ from markupsafe import Markup
 from numpy.typing import ArrayLike
 
 from gpudash.report.templating import html_env
+from gpudash.units import byte_unit
 
 __all__ = ["AxisScale", "axis_scale", "nice_ticks", "svg_chart", "tick_labels"]
 
@@ -109,10 +110,8 @@ def axis_scale(kind: str, biggest: float) -> AxisScale:
     B/KiB/MiB/GiB/TiB (binary, as torch's OOM message), ``s`` in µs/ms/s, else plain."""
     biggest = abs(biggest) if math.isfinite(biggest) else 0.0
     if kind == "bytes":
-        k = 0
-        while k < 4 and biggest >= 1024 ** (k + 1):
-            k += 1
-        return AxisScale(1024.0**k, ("B", "KiB", "MiB", "GiB", "TiB")[k], integer=k == 0)
+        unit, size = byte_unit(biggest)
+        return AxisScale(size, unit, integer=unit == "B")
     if kind == "s":
         if 0 < biggest < 1e-3:
             return AxisScale(1e-6, "µs")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.schema import quote_ident
+from gpudash.units import human_bytes
 
 __all__ = [
     "LENGTH_LIMIT",
@@ -163,10 +164,7 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
 
 
 def _size(n: int) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n} bytes"
+    return human_bytes(n) if n >= 1024 else f"{n} bytes"
 
 
 def trim(text: str, limit: int | None = None) -> tuple[str, bool]:
@@ -189,7 +187,7 @@ def damage(exc: BaseException) -> str:
     if is_interrupt(exc):
         return f"a query ran over {QUERY_S:g} s and was stopped"
     if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
-        return f"a value over {LENGTH_LIMIT >> 20} MB, more than any record gpudash writes"
+        return f"a value over {human_bytes(LENGTH_LIMIT, 0)}, more than any record gpudash writes"
     if isinstance(exc, RecursionError):
         return "nested too deeply to read"
     text = str(exc) or type(exc).__name__

@@ -26,14 +26,15 @@ Formats (tests/store/test_oom_message.py holds a real message of each):
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["UNIT_BYTES", "parse_oom_message", "parse_size"]
+from gpudash.units import UNIT_BYTES, parse_size
 
-#: Bytes per unit as torch prints them: binary, whatever the label (see the module docstring).
-UNIT_BYTES = {"b": 1, "byte": 1, "bytes": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-              "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
-_SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|byte|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
+__all__ = ["OomNumbers", "parse_oom_message", "parse_size"]
+
+#: A size as torch prints it: any label of :data:`gpudash.units.UNIT_BYTES` (binary, see the module docstring).
+_SIZE = r"(\d+(?:\.\d+)?\s*(?i:" + "|".join(sorted(UNIT_BYTES, key=len, reverse=True)) + r")\b)"
 
 _CURRENT = {
     "requested_bytes": rf"Tried to allocate {_SIZE}",
@@ -69,14 +70,6 @@ _BUDGET_EXACT = re.compile(r"\((\d+) > (\d+) bytes")
 _PROCESS = re.compile(rf"Process (\d+) has {_SIZE} memory in use")
 
 
-def parse_size(text: str) -> int:
-    """``"20.00 MiB"`` -> 20971520 (binary units, as torch prints them)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
-    if not m or m.group(2).lower() not in UNIT_BYTES:
-        raise ValueError(f"not a size: {text!r}")
-    return int(round(float(m.group(1)) * UNIT_BYTES[m.group(2).lower()]))
-
-
 def _format(text: str) -> str | None:
     low = text.lower()
     if "memory budget exceeded" in low:
@@ -90,21 +83,48 @@ def _format(text: str) -> str | None:
     return None
 
 
-def parse_oom_message(text: str) -> dict[str, Any]:
-    """Numbers from an out-of-memory message; keys absent when not printed, ``{}`` for other text.
+@dataclass(frozen=True, slots=True)
+class OomNumbers:
+    """The numbers an out-of-memory message printed (bytes as ints), None where it did not print one;
+    ``format`` None for text that is no OOM message (falsy then)."""
 
-    Keys (bytes as ints): ``format`` (``current``, ``legacy``, ``mps`` or ``budget``),
-    ``requested_bytes``, ``device``, ``capacity_bytes``, ``free_bytes``, ``allocated_bytes``,
-    ``reserved_bytes``, ``reserved_unallocated_bytes`` (each derived from the other two when only
-    those are printed), and when printed ``allowed_bytes`` (a memory-fraction cap, MPS's max
-    allowed), ``process_bytes`` (this process, non-PyTorch memory included), ``private_pools_bytes``,
-    ``other_bytes`` (MPS), ``processes`` ({pid: bytes}), ``measured_bytes`` and ``budget_bytes``.
-    """
+    format: str | None = None
+    """``current``, ``legacy``, ``mps`` or ``budget``."""
+    requested_bytes: int | None = None
+    device: int | None = None
+    capacity_bytes: int | None = None
+    free_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    """Derived from the other two of reserved / allocated when only those are printed (and the other way)."""
+    allowed_bytes: int | None = None
+    """A memory-fraction cap (``set_per_process_memory_fraction``), MPS's max allowed."""
+    process_bytes: int | None = None
+    """This process, non-PyTorch memory included."""
+    private_pools_bytes: int | None = None
+    other_bytes: int | None = None
+    """MPS's other allocations."""
+    processes: dict[int, int] | None = None
+    """Bytes in use by each process the message lists, by pid."""
+    measured_bytes: int | None = None
+    budget_bytes: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.format is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The printed numbers only (an ``oom`` event's data), ``{}`` for text that is no OOM message."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+def parse_oom_message(text: str) -> OomNumbers:
+    """Numbers from an out-of-memory message (:class:`OomNumbers`); an empty one for other text."""
     if not isinstance(text, str):
-        return {}
+        return OomNumbers()
     fmt = _format(text)
     if fmt is None:
-        return {}
+        return OomNumbers()
     patterns = {"current": _CURRENT, "legacy": _LEGACY, "mps": _MPS, "budget": _BUDGET}[fmt]
     out: dict[str, Any] = {"format": fmt}
     for key, pat in patterns.items():
@@ -120,4 +140,4 @@ def parse_oom_message(text: str) -> dict[str, Any]:
     procs = {int(pid): parse_size(size) for pid, size in _PROCESS.findall(text)}
     if procs:
         out["processes"] = procs
-    return out
+    return OomNumbers(**out)

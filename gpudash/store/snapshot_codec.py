@@ -28,6 +28,7 @@ import numpy as np
 from gpudash.errors import RunError
 from gpudash.store.schema import TABLE_BASE_COLUMNS, quote_ident
 from gpudash.store.snapshot_read import MAX_BLOCKS, MAX_TRACE, SUMMARY_FORMAT, SUMMARY_FORMAT_V1
+from gpudash.units import human_bytes
 
 __all__ = ["MAGIC", "append_snapshot_row", "MAX_CONTAINERS", "MAX_HEADER_BYTES", "MAX_V1_BYTES", "decode_summary", "encode_summary", "snapshot_row"]
 
@@ -78,7 +79,7 @@ def _inflate(data: bytes | memoryview, limit: int, what: str, exact: int | None 
     except zlib.error as exc:
         raise ValueError(f"{what}: damaged compressed data ({exc})") from None
     if len(raw) > limit or inflater.unconsumed_tail:
-        raise ValueError(f"{what} inflates to over {limit / 2**20:,.3g} MiB, more than it says it holds "
+        raise ValueError(f"{what} inflates to over {human_bytes(limit, 0)}, more than it says it holds "
                          "(a crafted or damaged run database)")
     if not inflater.eof:
         raise ValueError(f"{what} is cut short (truncated zlib data)")

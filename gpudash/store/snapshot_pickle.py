@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from gpudash.errors import RunError
+from gpudash.units import human_bytes
 
 __all__ = ["GROWTH_PER_BYTE", "GROWTH_SLACK", "no_gc", "open_snapshot_file", "read_snapshot_pickle"]
 
@@ -89,7 +90,7 @@ class _Metered(io.RawIOBase):
         grown = self.memory() - self.base
         self.peak_growth = max(self.peak_growth, grown)
         if grown > self.per_byte * self.read_bytes + self.slack:
-            raise _OverMemory(f"{grown / 2**20:,.0f} MiB made from its first {self.read_bytes / 2**20:,.1f} MiB")
+            raise _OverMemory(f"{human_bytes(grown)} made from its first {human_bytes(self.read_bytes)}")
         n = int(self.src.readinto(b))
         self.read_bytes += n
         return n

@@ -16,16 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpudash.memmodel.names import CKPTS, CkptMode, ParamError, parse_ckpt
+
 __all__ = ["MODES", "CheckpointPlan", "apply_checkpointing", "parse_mode"]
 
-MODES = ("none", "block", "every-N", "attn", "mlp")
+MODES = CKPTS
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointPlan:
     """Which block parts are checkpointed, per layer: ``(block, attn, mlp)``."""
 
-    mode: str
+    mode: CkptMode
     every: int = 1
 
     def layer(self, i: int) -> tuple[bool, bool, bool]:
@@ -40,14 +42,12 @@ class CheckpointPlan:
 
 
 def parse_mode(text: str) -> CheckpointPlan:
-    """``none``, ``block``, ``attn``, ``mlp`` or ``every-N`` (N >= 1) -> a plan; ValueError otherwise."""
-    t = text.strip().lower()
-    if t in ("none", "block", "attn", "mlp"):
-        return CheckpointPlan(t)
-    if t.startswith("every-") and t[6:].isdigit() and int(t[6:]) >= 1:
-        n = int(t[6:])
-        return CheckpointPlan("block") if n == 1 else CheckpointPlan("every", n)
-    raise ValueError(f"unknown checkpointing mode {text!r}; use none, block, every-N (e.g. every-2), attn or mlp")
+    """``none``, ``block``, ``attn``, ``mlp`` or ``every-N`` (N >= 1) -> a plan; ValueError otherwise (the memory
+    model's :func:`~gpudash.memmodel.names.parse_ckpt`, the one reading of a mode)."""
+    try:
+        return CheckpointPlan(*parse_ckpt(text))
+    except ParamError as exc:
+        raise ValueError(exc.render({"ckpt": "checkpointing mode"})) from None
 
 
 def apply_checkpointing(model: Any, plan: CheckpointPlan) -> int:

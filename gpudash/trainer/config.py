@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudash.memmodel.estimator import OFFLOADS, PRECISIONS
+from gpudash.memmodel.names import GPT_WEIGHTS, OFFLOADS, PRECISIONS
 from gpudash.memmodel.shapes import PRESETS, parse_overrides
 from gpudash.options import MonitorOptions, cli, load
 from gpudash.trainer.checkpointing import parse_mode
@@ -21,7 +21,7 @@ from gpudash.trainer.checkpointing import parse_mode
 __all__ = ["TrainConfig"]
 
 #: device weight dtypes the trainer runs (the estimator's fine-tune side knows more: int8, nf4)
-WEIGHTS = ("fp32", "bf16")
+WEIGHTS = GPT_WEIGHTS
 
 
 def _timestamped_run_dir() -> Path:

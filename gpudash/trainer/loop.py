@@ -36,7 +36,7 @@ from gpudash.trainer.offload import OffloadOptimizer
 from gpudash.trainer.precision import Precision
 from gpudash.trainer.preflight import preflight
 from gpudash.trainer.progressline import ProgressLine
-from gpudash.units import human_bytes
+from gpudash.units import GiB, human_bytes
 
 __all__ = ["Trainer", "train"]
 
@@ -100,15 +100,15 @@ class Trainer:
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             if cfg.memory_cap_gb:
-                cap = cfg.memory_cap_gb * 2**30
+                cap = cfg.memory_cap_gb * GiB
                 if cap > total:
                     raise ValueError(f"--memory-cap-gb {cfg.memory_cap_gb:g} is more than the card's "
-                                     f"{total / 2**30:.1f} GiB")
+                                     f"{human_bytes(total)}")
                 torch.cuda.set_per_process_memory_fraction(cap / total, self.device)
                 return cap, f"--memory-cap-gb {cfg.memory_cap_gb:g} (set_per_process_memory_fraction)"
             return float(total), "device total memory"
         if cfg.memory_budget_gb:
-            return cfg.memory_budget_gb * 2**30, f"--memory-budget-gb {cfg.memory_budget_gb:g} (measured bytes)"
+            return cfg.memory_budget_gb * GiB, f"--memory-budget-gb {cfg.memory_budget_gb:g} (measured bytes)"
         return None, "none (CPU without --memory-budget-gb)"
 
     def _techniques(self) -> dict[str, Any]:
@@ -179,7 +179,7 @@ class Trainer:
         self.preflight = preflight(cfg, self.estimate, self.device, self.capacity, cap_source, start)
         self.meter: BudgetMeter | None = None
         if self.device.type == "cpu" and cfg.memory_budget_gb:
-            self.meter = BudgetMeter(cfg.memory_budget_gb * 2**30, self._static_bytes)
+            self.meter = BudgetMeter(cfg.memory_budget_gb * GiB, self._static_bytes)
             self.meter.set_params(params)
         self.injector: OOMInjector | None = None
         if cfg.inject_oom_at_batch:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from gpudash.memmodel.names import PRECISIONS
+
 __all__ = ["Precision"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -22,7 +24,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class Precision:
     def __init__(self, mode: str, device: torch.device, *, fallback_after: int = 3,
                  min_scale: float = 1.0, init_scale: float = 2.0 ** 16) -> None:
-        if mode not in ("fp32", "bf16", "fp16"):
+        if mode not in PRECISIONS:
             raise ValueError(f"unknown precision {mode!r}; use fp32, bf16 or fp16")
         if fallback_after < 1:
             raise ValueError("fallback_after must be >= 1")

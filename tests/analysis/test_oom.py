@@ -109,8 +109,8 @@ def test_forensics_read_the_message_as_the_collector_does(tmp_path: Path) -> Non
     run.events.loc[run.events["kind"] == "oom", "message"] = LEGACY
     (r,) = oom_reports(run)
     d = parse_oom_message(LEGACY)
-    assert r.capacity_bytes == d["capacity_bytes"] == round(15.78 * GiB)  # binary, as torch prints it
-    assert r.reserved_unallocated_bytes == d["reserved_unallocated_bytes"] > 0
+    assert r.capacity_bytes == d.capacity_bytes == round(15.78 * GiB)  # binary, as torch prints it
+    assert r.reserved_unallocated_bytes == d.reserved_unallocated_bytes > 0
 
 
 def test_injected_oom_is_named_as_a_testing_aid(tmp_path: Path) -> None:

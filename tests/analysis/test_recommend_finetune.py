@@ -46,14 +46,14 @@ def test_the_oom_advice_and_gpudash_estimate_agree_on_what_fits(recorded: Any, t
     run = recorded("oom-crash")
     run.meta["config"] = {**(run.meta.get("config") or {}), "hf": TINY["llama"]}  # as a HF Trainer run records it
     v = {x.kind: x for x in summarize(run)}["oom:did not fit"]
-    cap, seq = v.numbers["capacity_bytes"], run_setup(run)["seq_len"]
+    cap, seq, rows = v.numbers["capacity_bytes"], run_setup(run)["seq_len"], run_setup(run)["micro_batch"]
     advice = adapter_mixes(run, cap)
     assert advice and any(m.micro_batch > 1 for m in advice)
     (tmp_path / "config.json").write_text(json.dumps(TINY["llama"]))
-    assert main(["estimate", "--config", str(tmp_path / "config.json"), "--seq-len", str(seq),
+    assert main(["estimate", "--config", str(tmp_path / "config.json"), "--seq-len", str(seq), "--batch", str(rows),
                  "--card-gb", str(cap / 2**30), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["what_fits"]
-    key = ("finetune", "weights", "optimizer", "ckpt", "micro_batch", "peak_bytes")
+    key = ("finetune", "weights", "optimizer", "ckpt", "micro_batch", "accum", "peak_bytes")
     assert {tuple(getattr(m, k) for k in key) for m in advice} == {
         tuple(r[k] for k in key) for r in listed if r["finetune"] != "full" and r["micro_batch"]}
     assert all(m.peak_bytes <= CARD_SHARE * cap for m in advice)

@@ -76,7 +76,7 @@ def test_oom_is_recorded_with_numbers_and_a_snapshot(tmp_path: Path) -> None:
             torch.empty(2 * total, dtype=torch.uint8, device="cuda")
         parsed = record_oom(m, ei.value)
     assert parsed["requested_bytes"] == pytest.approx(2 * total, rel=0.01)
-    assert parse_oom_message(str(ei.value))["format"] == "current"
+    assert parse_oom_message(str(ei.value)).format == "current"
     run = gpudash.load_run(tmp_path / "r")
     ooms = run.events[run.events["kind"] == "oom"]
     assert len(ooms) == 1 and ooms.iloc[0]["data"]["source"] == "allocator_observer"

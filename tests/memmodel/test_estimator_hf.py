@@ -37,7 +37,7 @@ def test_activations_match_what_autograd_saves(family: str, mode: str, attn: str
     measured = measure(model, 4, 32, cfg["vocab_size"])
     s = Setting(trainable="lora" if lora else "full", lora_targets=lora or (), attn=attn, cuda=False,
                 ckpt=mode.startswith("ckpt"))
-    assert abs(saved_bytes(arch, s, 4, 32)["total"] / measured - 1) < 0.01
+    assert abs(saved_bytes(arch, s, 4, 32).total / measured - 1) < 0.01
 
 
 @pytest.mark.parametrize("family", list(TINY))
@@ -53,7 +53,7 @@ def test_autocast_activations_match(family: str, attn: str, mode: str) -> None:
         pytest.importorskip("peft")
     measured = measure(build(cfg, attn, lora), 2, 32, cfg["vocab_size"], autocast=True)
     s = Setting(trainable=mode, lora_targets=lora or (), compute=2, autocast=True, attn=attn, cuda=False)
-    assert abs(saved_bytes(arch, s, 2, 32)["total"] / measured - 1) < 0.01
+    assert abs(saved_bytes(arch, s, 2, 32).total / measured - 1) < 0.01
 
 
 def test_parameter_counts_are_the_published_ones() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 from dash import html
 from gpudash.server.layouts.fig import Fig
-from gpudash.units import fmt_duration
+from gpudash.units import byte_unit, fmt_duration
 
 __all__ = [
     "UIREVISION",
@@ -100,21 +100,6 @@ def plot_text(value: object, limit: int = 300) -> str:
 
 def fmt_s(s: float | None) -> str:
     return fmt_duration(s)
-
-
-#: Binary byte units (as torch's OOM message): plotly's own ``s`` tick format would say "MB" for MiB values.
-BYTE_UNITS: tuple[tuple[str, float], ...] = (("B", 1.0), ("KiB", 2.0**10), ("MiB", 2.0**20), ("GiB", 2.0**30),
-                                             ("TiB", 2.0**40))
-
-
-def byte_unit(top: float | None) -> tuple[str, float]:
-    """The binary unit a bytes axis whose largest value is ``top`` is drawn in: ``(name, bytes per unit)``."""
-    if top is None or not math.isfinite(top):
-        return "MiB", 2.0**20
-    for name, size in reversed(BYTE_UNITS):
-        if abs(top) >= size:
-            return name, size
-    return "B", 1.0
 
 
 def time_unit(typical_s: float | None) -> tuple[str, float]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from gpudash.analysis import memory_parts
+from gpudash.analysis.capacity import capacity, device_bytes
 from gpudash.analysis.memory_parts import has_frozen_params
 from gpudash.server.layouts.common import base_figure, byte_unit, plot_text, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
@@ -108,24 +109,14 @@ def capacity_lines(meta: dict[str, Any]) -> list[tuple[str, float, str]]:
     """(label, bytes, dash) of the limit the run's OOMs were judged against (the pre-flight
     capacity: a CPU budget, a memory cap or the device), the device capacity when it differs,
     and the estimator's pre-flight prediction (runs without a per-step one)."""
-    config: dict[str, Any] = meta["config"] if isinstance(meta.get("config"), dict) else {}
     estimate: dict[str, Any] = meta["estimate"] if isinstance(meta.get("estimate"), dict) else {}
-    pre: dict[str, Any] = meta["preflight"] if isinstance(meta.get("preflight"), dict) else {}
     out = []
-    cap = _first_num(meta.get("device_capacity_bytes"), meta.get("device_total_bytes"))
-    gib = 2**30
-    limit = _first_num(pre.get("capacity_bytes"))
-    source = str(pre.get("capacity_source") or "")
-    if limit is None:
-        limit = _first_num(meta.get("memory_budget_bytes"), config.get("memory_budget_bytes"),
-                           _first_num(config.get("memory_cap_gb")) and float(config["memory_cap_gb"]) * gib,
-                           _first_num(config.get("memory_budget_gb")) and float(config["memory_budget_gb"]) * gib)
-        source = "budget"
+    cap = device_bytes(meta)
+    limit = capacity(meta)
     if cap:
         out.append(("device capacity", cap, "solid"))
-    if limit and limit != cap:
-        label = "memory cap" if "cap" in source else "budget" if "budget" in source else "capacity"
-        out.append((label, limit, "dot"))
+    if limit and limit.bytes != cap:
+        out.append((limit.kind if limit.kind != "device" else "capacity", limit.bytes, "dot"))
     pred = _first_num(estimate.get("peak_bytes"))
     if pred:
         out.append(("estimate (peak)", pred, "dash"))
