@@ -261,6 +261,8 @@ class Agent:
         if self._creating or monitor is self.monitor or self.stopped:
             return
         if self.monitor is None:
+            self.delegated_to = "the script's own gpudash.Monitor"  # the job's last word leaves the run to it
+            outcome.report(torch=self._torch is not None, delegated=self.delegated_to)
             self.stop()
             say("the script records with its own gpudash.Monitor; gpudash run leaves it to that")
         else:
