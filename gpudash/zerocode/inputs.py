@@ -8,7 +8,7 @@ Shapes only (never the data: no GPU sync), in this order:
 - a ``PackedSequence``: its sequences (``batch_sizes[0]``) and their tokens (the packed length).
 - a list or tuple of tensors (torchvision's detection models, variable-length sequences): one sample per
   element; tokens when they are all 1-D integer tensors (their lengths).
-- a tensor: its first dimension is the batch, unless the input is *unbatched*, i.e. shaped the way the
+- a tensor: its first dimension is the batch (its second for an RNN/LSTM/GRU without ``batch_first``), unless the input is *unbatched*, i.e. shaped the way the
   first layer with weights takes one sample: ``nn.Linear`` and a 1-D input of ``in_features``, a
   convolution and an input of ``in_channels`` and one dimension less than a batch, an RNN/LSTM/GRU and a
   2-D ``(length, input_size)`` input, ``nn.Embedding`` and a 1-D integer input (one sequence), or a 0-d
@@ -110,6 +110,9 @@ def samples_tokens(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | 
         tokens = int(shape[0]) if first.ndim == 1 and _is_int(first) else None
         return 1, tokens
     n = int(shape[0])
+    layer = _first_layer(module)
+    if first.ndim == 3 and hasattr(layer, "batch_first") and not layer.batch_first:
+        return int(shape[1]), None  # an RNN/LSTM/GRU reads (length, batch, features)
     for a in args[1:]:
         s = getattr(a, "shape", None)
         if s and int(s[0]) != n:
