@@ -101,6 +101,7 @@ class Agent:
         self.session: Any = None  # gpudash.zerocode.steps.Session, once recording
         self.delegated_to: str | None = None
         self.failure: str | None = None  # why recording failed, when it did
+        self.first_loader: Any = None  # weakref: the DataLoader iterated last before recording started
         self._torch: Any = None
         self._handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
@@ -254,6 +255,10 @@ class Agent:
         atexit.register(self.at_exit)  # after the Monitor's own: runs first
         self.session = Session(monitor, self._torch)
         self.session.constructed = self._optimizers
+        loader = self.first_loader() if self.first_loader is not None else None
+        if loader is not None:
+            self.session.loader_iter(loader)
+        self.first_loader = None
         return True
 
     def foreign_monitor(self, monitor: Any) -> None:

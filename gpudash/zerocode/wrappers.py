@@ -4,6 +4,7 @@ unchanged and tells the agent's session; a failure in here stops recording, neve
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 __all__ = ["backward", "closure", "loader_iter", "optimizer_init", "save", "scale"]
@@ -109,9 +110,12 @@ def loader_iter(agent: Any, original: Any) -> Any:
     """``DataLoader.__iter__``: which loader an evaluation's batches come from (its split)."""
 
     def __iter__(loader: Any) -> Any:
-        if agent.active and agent.session is not None:
+        if agent.active:
             try:
-                agent.session.loader_iter(loader)
+                if agent.session is not None:
+                    agent.session.loader_iter(loader)
+                else:  # recording starts with the first forward: it learns of this loader then
+                    agent.first_loader = weakref.ref(loader)
             except Exception as exc:  # noqa: BLE001
                 agent.fail(exc)
         return original(loader)
