@@ -93,7 +93,7 @@ def _from_mapping(batch: Any) -> tuple[int | None, int | None]:
 def samples_tokens(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[int | None, int | None]:
     """(samples, tokens) of one training forward of the root ``module``; None when ambiguous."""
     kwargs = kwargs or {}
-    first = args[0] if args else None
+    first: Any = args[0] if args else None
     if first is None and kwargs:
         return _from_mapping(kwargs)
     if isinstance(first, dict):

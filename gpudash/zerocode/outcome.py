@@ -61,7 +61,7 @@ def report(**state: Any) -> None:
 
 
 def read_states(folder: str) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         names = sorted(os.listdir(folder))
     except OSError:

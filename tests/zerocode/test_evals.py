@@ -80,7 +80,8 @@ def test_evaluations_at_their_step_per_loader_and_generation_apart(tmp_path: Pat
     run = load_run(tmp_path / "run")
     try:
         ev = run.events[run.events["kind"] == "evaluation"]
-        got = [(int(s), d.get("split"), d["after_steps"], d["metrics"]) for s, d in zip(ev["step"], ev["data"])]
+        got = [(int(s), d.get("split"), d["after_steps"], d["metrics"])
+               for s, d in zip(ev["step"], ev["data"], strict=True)]
         assert [(s, split, after) for s, split, after, _ in got] == [
             (0, "validation", 0), (1, "eval1", 2), (1, "validation", 2), (3, "eval1", 4), (3, "validation", 4)]
         assert got[0][3]["eval_loss"] == pytest.approx(initial, rel=1e-6)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TORCH_AVAILABLE = importlib.util.find_spec("torch") is not None
 

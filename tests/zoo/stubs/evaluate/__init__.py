@@ -21,7 +21,7 @@ class _Glue:
         self._ref += [int(r) for r in references]
 
     def compute(self) -> dict[str, float]:
-        pairs = list(zip(self._pred, self._ref))
+        pairs = list(zip(self._pred, self._ref, strict=True))
         self._pred, self._ref = [], []
         tp = sum(1 for p, r in pairs if p == r == 1)
         fp = sum(1 for p, r in pairs if p == 1 and r == 0)
