@@ -27,13 +27,12 @@ What it hooks, all process-wide and cheap on the training thread:
   run meta's ``steps_from`` says which rule counted the steps.
 - global module forward hooks on *root* calls (a module call not nested in
   another module's forward). In training mode with grad enabled: the
-  ``forward`` phase, and samples (and tokens, for a 2-D integer input) from
-  the first positional input of the root module that has parameters, when
-  every tensor argument agrees on the first dimension. Under ``no_grad`` /
-  ``inference_mode`` or in eval mode: the ``eval`` phase, open until training
-  resumes; the losses those calls return (``.loss``, a 0-d tensor, nanoGPT's
-  ``(logits, loss)``) are averaged into an ``evaluation`` event's ``eval_loss``
-  at the step it ran in. After the first ``NARROW_AFTER`` steps the global
+  ``forward`` phase, and samples and tokens from the inputs of the root module
+  that has parameters (``inputs.py``: unbatched, packed, dict and list inputs).
+  Under ``no_grad`` / ``inference_mode`` or in eval mode: the ``eval`` phase
+  (or ``generate``), open until training resumes; the losses those calls
+  return are ``evaluation`` events at the step whose weights they evaluated,
+  one per ``DataLoader`` (``evals.py``). After the first ``NARROW_AFTER`` steps the global
   forward hooks are replaced by hooks on the root modules seen, so other
   module calls cost nothing (a root first called later is not timed).
 - ``torch.autograd.backward`` (what ``Tensor.backward`` calls): the

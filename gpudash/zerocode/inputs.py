@@ -24,6 +24,7 @@ Shapes only (never the data: no GPU sync), in this order:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 __all__ = ["samples_tokens", "unbatched"]
@@ -35,12 +36,21 @@ def _is_int(t: Any) -> bool:
     return not t.is_floating_point() and not t.is_complex()
 
 
+_FIRST: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # root -> its first layer with weights
+
+
 def _first_layer(module: Any) -> Any:
-    """The first submodule (in registration order) that holds weights of its own."""
-    for m in module.modules():
-        if any(True for _ in m.parameters(recurse=False)):
-            return m
-    return None
+    """The first submodule (in registration order) that holds weights of its own (looked up once per root)."""
+    try:
+        return _FIRST[module]
+    except (KeyError, TypeError):
+        pass
+    layer = next((m for m in module.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    try:
+        _FIRST[module] = layer
+    except TypeError:
+        pass
+    return layer
 
 
 def unbatched(module: Any, x: Any) -> bool:
