@@ -105,3 +105,11 @@ def test_states_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert outcome.read_states(str(tmp_path)) == [{"pid": os.getpid(), "torch": True, "steps": 4}]
     monkeypatch.setenv(outcome.ENV_STATE, str(tmp_path / "gone"))
     outcome.report(torch=True)  # the job is over: nothing raised
+
+
+def test_torch_imported_where_the_hook_could_not_see_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    hide = ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_WhenImported']\n"
+            "import torch\nm = torch.nn.Linear(3, 1)\nm(torch.randn(2, 3)).sum().backward()\n")
+    why = _no_steps(tmp_path, sys.executable, "-c", hide)
+    assert why.startswith("torch was imported where gpudash run's import hook could not see it")
