@@ -97,6 +97,7 @@ def test_python_dash_m_module(tmp_path: Path) -> None:
     _record(tmp_path, sys.executable, "-m", "mypkg.train_mod")
 
 
+@pytest.mark.slow
 def test_a_spawned_child_that_trains_is_the_run(tmp_path: Path) -> None:
     """The parent only starts a ``multiprocessing`` spawn child, which imports torch and trains: the child is the
     run (rank 0), recorded exactly."""
@@ -108,6 +109,7 @@ def test_a_spawned_child_that_trains_is_the_run(tmp_path: Path) -> None:
     _record(tmp_path, sys.executable, str(script))
 
 
+@pytest.mark.slow
 def test_dataloader_workers_spawned_do_not_record(tmp_path: Path) -> None:
     """DataLoader workers started with spawn import torch but never train: the run is the main process's steps
     only (one rank, the script's optimizer steps), whether the workers start before it records or after."""

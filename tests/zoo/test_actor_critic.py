@@ -21,6 +21,7 @@ from gpudash import load_run  # noqa: E402
 STUBS = Path(__file__).resolve().parent / "stubs"
 
 
+@pytest.mark.slow
 def test_unbatched_states_count_one_sample_each(tmp_path: Path, zoo: Any) -> None:
     env = zoo.env()
     env["PYTHONPATH"] = os.pathsep.join([str(STUBS), env["PYTHONPATH"]])
