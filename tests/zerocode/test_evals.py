@@ -115,3 +115,38 @@ def test_generation_alone_is_not_an_evaluation(tmp_path: Path) -> None:
         assert "1 generation(s)" in run.meta["no_steps_reason"]
     finally:
         run.close()
+
+
+def test_hf_generate_with_a_cache_is_generation(tmp_path: Path) -> None:
+    """A Hugging Face causal LM trained a step, evaluated with labels, then ``generate()`` (a key/value cache: one
+    token a call after the prompt): the evaluation is an event at step 0, the sampling the generate phase."""
+    pytest.importorskip("transformers")
+    from helpers.tiny_hf import TINY, build
+
+    agent = Agent(str(tmp_path / "run"), {"host_hz": 0, "handle_signals": False})
+    agent.install(torch)
+    try:
+        model = build(TINY["llama"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(1, 300, (2, 12))
+        for _ in range(2):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                printed = model(input_ids=ids, labels=ids).loss.item()
+                model.generate(ids[:, :4], max_new_tokens=6, do_sample=False, pad_token_id=0)
+            model.train()
+    finally:
+        agent.stop()
+    run = load_run(tmp_path / "run")
+    try:
+        ev = run.events[run.events["kind"] == "evaluation"]
+        assert ev["step"].tolist() == [0, 1]  # one evaluation each, the generations not among them
+        assert ev["data"].iloc[1]["metrics"]["eval_loss"] == pytest.approx(printed, rel=1e-5)
+        s = run.steps.set_index("step")
+        assert s.loc[1, "generate_s"] > 0 and s.loc[1, "eval_s"] > 0
+        assert (s["samples"] == 2).all() and (s["tokens"] == 24).all()  # model(input_ids=..., labels=...)
+    finally:
+        run.close()
