@@ -37,7 +37,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
     "sync": ("sync", "allreduce", "all_reduce", "comm", "barrier", "wait", "reduce_scatter", "all_gather"),
 }
 #: Phases that are not training: their time is taken out of the step before it is judged.
-_BETWEEN = ("eval", "checkpoint")
+_BETWEEN = ("eval", "generate", "checkpoint")
 _KIND_OF = {"input": "input-bound", "offload": "host-offload-bound", "sync": "synchronization-bound",
             "compute": "compute-bound"}
 _GROUP_LABEL = {"input": "data wait", "compute": "compute", "offload": "host copies",

@@ -142,11 +142,14 @@ def _need(value: float | None, what: str, run: str) -> float:
 
 def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", baseline: str = "baseline") -> list[Outcome]:
     """Each rule against ``facts`` (and ``base``, the baseline's facts). Raises UserError when a number a
-    rule needs is missing."""
+    rule needs is missing. A run that recorded no step fails (the ``steps`` outcome, with its reason)."""
     from gpudash.analysis.verdict import fmt_s
     from gpudash.units import GiB, given, human_bytes
 
     out: list[Outcome] = []
+    if not facts.steps:  # nothing to judge: a run without a step never passes a gate
+        why = facts.no_steps_reason or "nothing was recorded"
+        return [Outcome("steps", False, f"{run} recorded no step: {why}", value=0.0, limit=1.0)]
     h, bh = facts.headline, (base.headline if base is not None else {})
 
     def growth(rule: str, key: str, what: str, fmt: Any, limit: float) -> None:

@@ -5,8 +5,12 @@ unchanged, recorded by gpudash: every Python process it starts loads
 gpudash's agent before user code (a ``sitecustomize`` on a private
 ``PYTHONPATH`` entry), and every torchrun rank records into the same run.
 
-Without ``--serve`` this process *becomes* COMMAND (exec): same pid, same
-stdin/stdout/stderr, same exit code and signals. With ``--serve`` the
+Without ``--serve`` this process *becomes* COMMAND (exec) when COMMAND is
+Python (an interpreter, or a script such as ``torchrun``): same pid, same
+stdin/stdout/stderr, same exit code and signals; otherwise (a shell wrapper)
+it waits for COMMAND, passing signals on. Either way the job's last word
+(``zerocode/outcome.py``) says why when no process recorded a step, and leaves
+a run folder with a ``no_steps`` event. With ``--serve`` the
 dashboard runs in its own process beside the job (one for all ranks), its
 URL is printed, and this process waits for COMMAND and exits with its code.
 gpudash's own messages go to stderr, prefixed ``gpudash:``.
@@ -21,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,6 +38,7 @@ from gpudash.commands.train import monitor_from_args
 from gpudash.errors import UserError
 from gpudash.options import DEFAULT_PORT, MonitorOptions, options_to_json
 from gpudash.store.objstore import is_url, run_name
+from gpudash.zerocode import outcome
 from gpudash.zerocode.agent import ENV_OPTIONS, ENV_RUN_DIR, say
 
 __all__ = ["add_arguments", "child_env", "default_run_name", "run"]
@@ -140,7 +146,19 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
     except OSError as exc:
         server.terminate()
         raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+    try:
+        rc = _wait(child, run_dir, env)
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return _exit_as(rc)
 
+
+def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, str]) -> int:
+    """Wait for the job (signals passed on) and give its last word (outcome.job_done); its exit status."""
     def forward(signum: int, frame: FrameType | None) -> None:
         child.send_signal(signum)
 
@@ -152,16 +170,28 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    outcome.job_done(str(run_dir), env.get(outcome.ENV_STATE), exit_code=rc)
+    return rc
+
+
+def _exit_as(rc: int) -> int:
     if rc < 0:  # killed by a signal: die the same way
         signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
         return 128 - rc
     return rc
+
+
+def _is_python(program: str) -> bool:
+    """Whether ``program`` is a Python interpreter or a Python script (a console script's shebang)."""
+    if Path(program).name.startswith("python"):
+        return True
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,8 +214,16 @@ def run(args: argparse.Namespace) -> int:
     if program is None:
         raise UserError(f"{command[0]}: command not found")
     say(f"recording into {run_dir}")
+    env[outcome.ENV_STATE] = tempfile.mkdtemp(prefix="gpudash-run-")  # each process's state, for the last word
     if args.serve:
         return _serve_and_wait([program, *command[1:]], env, run_dir, args)
+    if not _is_python(program):  # a shell, a wrapper: wait for it and give the job's last word here
+        try:
+            child = subprocess.Popen([program, *command[1:]], env=env)
+        except OSError as exc:
+            raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
+        return _exit_as(_wait(child, run_dir, env))
+    env[outcome.ENV_ROOT] = str(os.getpid())  # the process this one becomes gives the last word at its exit
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -27,13 +27,12 @@ What it hooks, all process-wide and cheap on the training thread:
   run meta's ``steps_from`` says which rule counted the steps.
 - global module forward hooks on *root* calls (a module call not nested in
   another module's forward). In training mode with grad enabled: the
-  ``forward`` phase, and samples (and tokens, for a 2-D integer input) from
-  the first positional input of the root module that has parameters, when
-  every tensor argument agrees on the first dimension. Under ``no_grad`` /
-  ``inference_mode`` or in eval mode: the ``eval`` phase, open until training
-  resumes; the losses those calls return (``.loss``, a 0-d tensor, nanoGPT's
-  ``(logits, loss)``) are averaged into an ``evaluation`` event's ``eval_loss``
-  at the step it ran in. After the first ``NARROW_AFTER`` steps the global
+  ``forward`` phase, and samples and tokens from the inputs of the root module
+  that has parameters (``inputs.py``: unbatched, packed, dict and list inputs).
+  Under ``no_grad`` / ``inference_mode`` or in eval mode: the ``eval`` phase
+  (or ``generate``), open until training resumes; the losses those calls
+  return are ``evaluation`` events at the step whose weights they evaluated,
+  one per ``DataLoader`` (``evals.py``). After the first ``NARROW_AFTER`` steps the global
   forward hooks are replaced by hooks on the root modules seen, so other
   module calls cost nothing (a root first called later is not timed).
 - ``torch.autograd.backward`` (what ``Tensor.backward`` calls): the
@@ -70,6 +69,8 @@ import threading
 import weakref
 from typing import Any
 
+from gpudash.zerocode import outcome, wrappers
+
 ENV_RUN_DIR = "GPUDASH_RUN_DIR"
 ENV_OPTIONS = "GPUDASH_RUN_OPTIONS"
 
@@ -87,25 +88,6 @@ def say(message: str) -> None:
         pass
 
 
-def _samples_tokens(args: tuple[Any, ...]) -> tuple[int | None, int | None]:
-    """(samples, tokens) from a root call's positional inputs, shapes only; None when ambiguous."""
-    if not args:
-        return None, None
-    first = args[0]
-    shape = getattr(first, "shape", None)
-    if not shape:
-        return None, None
-    n = int(shape[0])
-    for a in args[1:]:
-        s = getattr(a, "shape", None)
-        if s and int(s[0]) != n:
-            return None, None  # tensors disagree on the batch dimension
-    tokens = None
-    if len(shape) == 2 and not first.is_floating_point() and not first.is_complex():
-        tokens = n * int(shape[1])
-    return n, tokens
-
-
 class Agent:
     """Hooks torch and records the process's training steps into ``run_dir``."""
 
@@ -117,6 +99,8 @@ class Agent:
         self.monitor: Any = None
         self.session: Any = None  # gpudash.zerocode.steps.Session, once recording
         self.delegated_to: str | None = None
+        self.failure: str | None = None  # why recording failed, when it did
+        self.first_loader: Any = None  # weakref: the DataLoader iterated last before recording started
         self._torch: Any = None
         self._handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
@@ -145,20 +129,25 @@ class Agent:
         self._roots = weakref.WeakSet()  # global forward hooks until NARROW_AFTER steps
         self._global_forward = [
             nn_module.register_module_forward_pre_hook(self._forward_pre),
-            nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+            nn_module.register_module_forward_hook(self._forward_post, with_kwargs=True, always_call=True),
         ]
         self._handles = [
             *self._global_forward,
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
-        self._wrap(optim_module.Optimizer, "__init__", self._make_optimizer_init)
-        self._wrap(torch.autograd, "backward", self._make_backward)
-        self._wrap(torch, "save", self._make_save)
+        self._wrap(optim_module.Optimizer, "__init__", wrappers.optimizer_init)
+        self._wrap(torch.autograd, "backward", wrappers.backward)
+        self._wrap(torch, "save", wrappers.save)
+        loader = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
+        if loader is not None:
+            self._wrap(loader, "__iter__", wrappers.loader_iter)
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler is not None:
-            self._wrap(scaler, "scale", self._make_scale)
+            self._wrap(scaler, "scale", wrappers.scale)
         self.active = True
+        outcome.report(torch=True)
+        atexit.register(self._report)  # before the Monitor's: runs after it closed
 
     def _narrow(self) -> None:
         """Replace the global forward hooks by hooks on the root modules seen."""
@@ -169,7 +158,8 @@ class Agent:
         self._global_forward = []
         for module in roots:
             self._handles.append(module.register_forward_pre_hook(self._forward_pre))
-            self._handles.append(module.register_forward_hook(self._forward_post, always_call=True))
+            self._handles.append(module.register_forward_hook(self._forward_post, with_kwargs=True,
+                                                                 always_call=True))
 
     def _stepped(self) -> None:
         if self.session.steps == NARROW_AFTER and self._roots is not None:
@@ -177,7 +167,7 @@ class Agent:
 
     def _wrap(self, owner: Any, name: str, make: Any) -> None:
         original = getattr(owner, name)
-        setattr(owner, name, functools.wraps(original)(make(original)))
+        setattr(owner, name, functools.wraps(original)(make(self, original)))
         self._restore.append((owner, name, original))
 
     def uninstall(self) -> None:
@@ -194,7 +184,16 @@ class Agent:
         if self.stopped:
             return
         say(f"stopped recording after an internal error ({type(exc).__name__}: {exc}); the script runs on")
+        self.failure = f"gpudash's hooks failed ({type(exc).__name__}: {exc})"
+        if self.session is not None:
+            self.session.failure = self.failure
         self.stop("finished", f"gpudash stopped recording: {type(exc).__name__}: {exc}")
+
+    def _report(self) -> None:
+        """At exit: what this process recorded, for the job's last word (outcome.py)."""
+        m, s = self.monitor, self.session
+        outcome.report(torch=True, steps=0 if m is None else m.step_index, delegated=self.delegated_to,
+                       failed=self.failure, no_steps=None if s is None else s.no_steps, written=m is not None)
 
     def stop(self, status: str = "finished", reason: str = "closed") -> None:
         self.stopped = True
@@ -243,6 +242,7 @@ class Agent:
                               **kwargs)
         except Exception as exc:  # noqa: BLE001 - e.g. an unwritable run directory
             say(f"cannot record this run ({exc}); the script runs unrecorded")
+            self.failure = f"cannot record into {self.run_dir} ({type(exc).__name__}: {exc})"
             self.stop()
             return False
         finally:
@@ -254,6 +254,10 @@ class Agent:
         atexit.register(self.at_exit)  # after the Monitor's own: runs first
         self.session = Session(monitor, self._torch)
         self.session.constructed = self._optimizers
+        loader = self.first_loader() if self.first_loader is not None else None
+        if loader is not None:
+            self.session.loader_iter(loader)
+        self.first_loader = None
         return True
 
     def foreign_monitor(self, monitor: Any) -> None:
@@ -261,6 +265,8 @@ class Agent:
         if self._creating or monitor is self.monitor or self.stopped:
             return
         if self.monitor is None:
+            self.delegated_to = "the script's own gpudash.Monitor"  # the job's last word leaves the run to it
+            outcome.report(torch=self._torch is not None, delegated=self.delegated_to)
             self.stop()
             say("the script records with its own gpudash.Monitor; gpudash run leaves it to that")
         else:
@@ -287,102 +293,25 @@ class Agent:
                 self._roots.add(module)
             if training:
                 self._call = "train"
-                self.session.train_forward(module, args, _samples_tokens)
+                self.session.train_forward(module)
             else:
                 self._call = "eval"
                 self.session.eval_forward()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
-    def _forward_post(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+    def _forward_post(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         depth = self._depth - 1
         self._depth = depth if depth > 0 else 0
         if depth > 0 or not self._call or not self.active:
             return
         try:
             if self._call == "eval":
-                self.session.eval_output(output)
+                self.session.eval_output(args, kwargs, output)
             else:
-                self.session.train_forward_done()
+                self.session.train_forward_done(module, args, kwargs)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
-
-    def _make_backward(self, original: Any) -> Any:
-        agent = self
-
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if not agent.active or agent._in_backward:
-                return original(tensors, *args, **kwargs)
-            started = False
-            try:
-                if agent._start():
-                    loss = tensors
-                    scaled = agent._scaled
-                    if scaled is not None and scaled[0] is loss:
-                        loss = scaled[1]
-                    agent._scaled = None
-                    agent.session.before_backward(loss)
-                    started = True
-            except Exception as exc:  # noqa: BLE001
-                agent.fail(exc)
-            agent._in_backward = True
-            try:
-                return original(tensors, *args, **kwargs)
-            finally:
-                agent._in_backward = False
-                if started and agent.active:
-                    try:
-                        agent.session.after_backward()
-                    except Exception as exc:  # noqa: BLE001
-                        agent.fail(exc)
-
-        return backward
-
-    def _make_scale(self, original: Any) -> Any:
-        agent = self
-
-        def scale(scaler: Any, outputs: Any) -> Any:
-            out = original(scaler, outputs)
-            if agent.active and out is not outputs:
-                agent._scaled = (out, outputs)
-            return out
-
-        return scale
-
-    def _make_save(self, original: Any) -> Any:
-        agent = self
-
-        def save(*args: Any, **kwargs: Any) -> Any:
-            if not agent.active or agent.session is None:
-                return original(*args, **kwargs)
-            before = None
-            try:
-                before = agent.session.checkpoint("checkpoint")
-            except Exception as exc:  # noqa: BLE001
-                agent.fail(exc)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if agent.active:
-                    try:
-                        agent.session.checkpoint(before)  # back to what was open (an evaluation, say)
-                    except Exception as exc:  # noqa: BLE001
-                        agent.fail(exc)
-
-        return save
-
-    def _make_optimizer_init(self, original: Any) -> Any:
-        agent = self
-
-        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-            original(optimizer, *args, **kwargs)
-            if agent.active:
-                try:
-                    agent._optimizers.add(optimizer)
-                except Exception as exc:  # noqa: BLE001
-                    agent.fail(exc)
-
-        return __init__
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """The step's closure, when it has one, comes back wrapped: its first call is the step's loss."""
@@ -391,26 +320,12 @@ class Agent:
         try:
             if self._start() and self.session.optimizer_pre(optimizer):
                 if args and callable(args[0]):
-                    return (self._closure(args[0]), *args[1:]), kwargs
+                    return (wrappers.closure(self, args[0]), *args[1:]), kwargs
                 if callable(kwargs.get("closure")):
-                    return args, {**kwargs, "closure": self._closure(kwargs["closure"])}
+                    return args, {**kwargs, "closure": wrappers.closure(self, kwargs["closure"])}
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         return None
-
-    def _closure(self, closure: Any) -> Any:
-        agent = self
-
-        @functools.wraps(closure)
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            if agent.active and agent.session is not None:
-                try:
-                    agent.session.closure_call()
-                except Exception as exc:  # noqa: BLE001
-                    agent.fail(exc)
-            return closure(*args, **kwargs)
-
-        return counted
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active or self.session is None:

@@ -8,8 +8,8 @@
 - :class:`GradMarks`: whether the gradients were reset (set to None, zeroed, replaced) since the last
   ``backward()``: without a ``torch.optim`` optimizer that is where one step ends and the next begins,
   and micro-batches that accumulate into the same gradients stay one step.
-- :func:`loss_of`: the loss a root module's call returned (``.loss``, ``["loss"]``, a 0-d tensor in a tuple),
-  and :func:`eval_metrics`: an evaluation's ``eval_loss`` (and per split, ``eval_splits``).
+
+Evaluations and generation between steps: ``evals.py``; a forward's samples and tokens: ``inputs.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import weakref
 from collections import ChainMap
 from typing import Any
 
-__all__ = ["STEPS_FROM_BACKWARD", "STEPS_FROM_OPTIMIZER", "GradMarks", "Session", "Watched", "eval_metrics", "loss_of",
-           "mean_loss"]
+from gpudash.zerocode.evals import Evaluations
+from gpudash.zerocode.inputs import samples_tokens
+
+__all__ = ["STEPS_FROM_BACKWARD", "STEPS_FROM_OPTIMIZER", "GradMarks", "Session", "Watched"]
 
 STEPS_FROM_OPTIMIZER = ("optimizer steps: a step is one step of the first torch.optim optimizer seen stepping "
                         "(its micro-batches included)")
@@ -115,48 +117,6 @@ class GradMarks:
             if g is None or id(g) != gid or int(g._version) != version:
                 return True
         return False
-
-
-def loss_of(output: Any, tensor_type: Any) -> Any:
-    """The loss in a module call's output: ``output.loss`` / ``output["loss"]`` (HF), a 0-d floating tensor
-    (the output itself, or an element of a short tuple: nanoGPT's ``(logits, loss)``); else None."""
-
-    def scalar(t: Any) -> bool:
-        return isinstance(t, tensor_type) and t.ndim == 0 and t.is_floating_point()
-
-    if scalar(output):
-        return output
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-    if scalar(loss):
-        return loss
-    if isinstance(output, (tuple, list)) and len(output) <= 4:
-        return next((t for t in output if scalar(t)), None)
-    return None
-
-
-def mean_loss(losses: list[Any]) -> float | None:
-    """The mean of one evaluation's losses (read here: evaluation already waited for the device)."""
-    vals = [float(t.detach().float().item()) for t in losses]
-    return sum(vals) / len(vals) if vals else None
-
-
-def eval_metrics(losses: list[Any], splits: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One evaluation's numbers: ``eval_loss`` (the mean of every batch's loss) and ``eval_batches``; with
-    ``splits`` (MonitorOptions.eval_splits) and batches that fall into that many equal consecutive groups,
-    ``eval_loss_<name>`` per group, in order (nanoGPT's estimate_loss: its train batches, then its val
-    batches). Batches that do not split evenly say so in ``eval_splits`` (text) instead of guessing."""
-    mean = mean_loss(losses)
-    if mean is None:
-        return {}
-    out: dict[str, Any] = {"eval_loss": mean, "eval_batches": len(losses)}
-    k = len(splits)
-    if k and len(losses) % k == 0:
-        size = len(losses) // k
-        for i, name in enumerate(splits):
-            out[f"eval_loss_{name}"] = mean_loss(losses[i * size:(i + 1) * size])
-    elif k:
-        out["eval_splits"] = f"{len(losses)} batches do not split into {k} equal groups ({','.join(splits)})"
-    return out
 
 
 def _snake(name: str) -> str:
@@ -262,8 +222,9 @@ class Session:
         self.steps = 0
         self.backwards = 0  # backward() calls in the open step
         self.since_backward = (0, 0)  # samples, tokens of the forwards since the last backward
-        self.eval_losses: list[Any] | None = None  # None: no evaluation open
-        self.evals = 0
+        self.evals = Evaluations(monitor, self.driver, torch.Tensor)
+        self.no_steps: str | None = None  # why the run recorded no step, once finished without one
+        self.failure: str | None = None  # why recording failed (the agent's), for that reason
         self.ambiguous = False
         self._root: Any = None  # weakref to the primary root module
         self._primary: Any = None  # weakref to the primary optimizer
@@ -337,8 +298,9 @@ class Session:
         if self.mode == "optimizer" and self.group_backwards and not self.reeval and self.marks.reset():
             self.reeval = True
 
-    def train_forward(self, module: Any, args: tuple[Any, ...], samples_tokens: Any) -> None:
+    def train_forward(self, module: Any) -> None:
         self.end_eval()
+        self.evals.training()
         self._new_step_if_reset()
         self._check_reeval()
         d = self.driver
@@ -348,54 +310,43 @@ class Session:
         has_params = any(True for _ in module.parameters())
         if root is None and has_params:
             self._root = weakref.ref(module)
-            root = module
         if has_params:
             self._see(module)
-        if module is root and not self.reeval:
-            samples, tokens = samples_tokens(args)
-            if samples is None:
-                self.ambiguous = True
-            else:
-                d.samples += samples
-                d.tokens += tokens or 0
-                s, t = self.since_backward
-                self.since_backward = (s + samples, t + (tokens or 0))
-                s, t = self.since_opt
-                self.since_opt = (s + samples, t + (tokens or 0))
 
-    def train_forward_done(self) -> None:
-        if self.driver.phase_name == "forward":
-            self.driver.phase("optimizer" if self.opt_depth else None)
+    def train_forward_done(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The forward returned: its samples and tokens (the primary root's, ``inputs.py``) count."""
+        d = self.driver
+        if d.phase_name == "forward":
+            d.phase("optimizer" if self.opt_depth else None)
+        root = self._root() if self._root is not None else None
+        if module is not root or self.reeval:
+            return
+        samples, tokens = samples_tokens(module, args, kwargs)
+        if samples is None:
+            self.ambiguous = True
+            return
+        d.samples += samples
+        d.tokens += tokens or 0
+        s, t = self.since_backward
+        self.since_backward = (s + samples, t + (tokens or 0))
+        s, t = self.since_opt
+        self.since_opt = (s + samples, t + (tokens or 0))
 
     def eval_forward(self) -> None:
-        if self.eval_losses is None:
-            self.eval_losses = []
-        if self.driver.phase_name != "eval":
-            self.driver.phase("eval")
+        self.evals.forward()
 
-    def eval_output(self, output: Any) -> None:
-        loss = loss_of(output, self.torch.Tensor)
-        if self.eval_losses is not None and loss is not None:
-            self.eval_losses.append(loss.detach())
+    def eval_output(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        self.evals.output(args, kwargs, output)
+
+    def loader_iter(self, loader: Any) -> None:
+        self.evals.loader_iter(loader)
 
     def end_eval(self) -> None:
-        """Training resumed: the evaluation is over; its losses are one ``evaluation`` event."""
-        losses, self.eval_losses = self.eval_losses, None
-        if losses is None:
-            return
-        d = self.driver
-        if d.phase_name == "eval":
-            d.phase(None)
-        self.evals += 1
-        metrics = eval_metrics(losses, self.monitor.options.eval_splits)
-        uneven = metrics.pop("eval_splits", None)
-        if uneven:  # said once, in the run's meta and events; eval_loss is still recorded
-            self.monitor.unavailable("eval_splits", uneven)
-        if metrics:
-            # without an optimizer a step ends when the next begins: an evaluation after a backward and
-            # its update comes after that step
-            done = self.monitor.step_index + (1 if self.mode != "optimizer" and self.backwards else 0)
-            d.evaluation(metrics, step=done)
+        """Training resumed: the evaluation is over; it evaluated the weights of the steps done (without an
+        optimizer a step ends when the next begins: an evaluation after a backward and its update comes
+        after that step)."""
+        if self.evals.open:
+            self.evals.end(self.monitor.step_index + (1 if self.mode != "optimizer" and self.backwards else 0))
 
     # ---- backward and the optimizer --------------------------------------------------------
     def before_backward(self, loss: Any) -> None:
@@ -500,11 +451,16 @@ class Session:
             self.end_step()  # no optimizer: the last backward (and its update) was a step
         self.driver.abandon()  # what ran after the last optimizer step is not a step
         if self.monitor.step_index == 0:
-            if self.evals:
-                why = (f"no backward() ran: the script only evaluated ({self.evals} evaluation pass(es) under no_grad "
-                       "or in eval mode); a step is one optimizer step, or one backward() without an optimizer")
+            if self.failure:
+                why = f"recording failed: {self.failure}"
+            elif self.evals.passes:
+                gen = f", {self.evals.generations} generation(s)" if self.evals.generations else ""
+                why = (f"no backward() ran: the script only evaluated ({self.evals.passes} evaluation pass(es){gen} "
+                       "under no_grad or in eval mode); a step is one optimizer step, or one backward() without an "
+                       "optimizer")
             else:
                 why = ("no backward() and no optimizer step ran in this process: nothing trained that gpudash "
                        "run could see (a step is one optimizer step, or one backward() without an optimizer)")
+            self.no_steps = why
             self.monitor.set_meta(no_steps_reason=why)
             self.monitor.event("no_steps", why)

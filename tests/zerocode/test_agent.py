@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from gpudash import load_run  # noqa: E402
 from gpudash.commands.run import child_env, default_run_name  # noqa: E402
 from gpudash.options import MonitorOptions  # noqa: E402
-from gpudash.zerocode.agent import NARROW_AFTER, Agent, _samples_tokens  # noqa: E402
+from gpudash.zerocode.agent import NARROW_AFTER, Agent  # noqa: E402
 
 
 @pytest.fixture
@@ -97,14 +97,6 @@ def test_a_failing_hook_stops_recording_but_not_training(agent: Agent, tmp_path:
     run = load_run(tmp_path / "run")
     assert list(run.steps["step"]) == [0]
     run.close()
-
-
-def test_samples_only_when_the_batch_dimension_is_unambiguous() -> None:
-    assert _samples_tokens((torch.zeros(4, 3),)) == (4, None)
-    assert _samples_tokens((torch.zeros(4, 16, dtype=torch.long), torch.ones(4, 16))) == (4, 64)
-    assert _samples_tokens((torch.zeros(4, 3), torch.zeros(5, 3))) == (None, None)
-    assert _samples_tokens(()) == (None, None)
-    assert _samples_tokens((torch.tensor(1.0),)) == (None, None)
 
 
 def test_run_name_and_child_environment(tmp_path: Path) -> None:
@@ -194,7 +186,7 @@ def test_a_run_without_a_step_says_why(agent: Agent, tmp_path: Path) -> None:
 
 
 def test_eval_splits_name_consecutive_equal_groups_of_batches() -> None:
-    from gpudash.zerocode.steps import eval_metrics
+    from gpudash.zerocode.evals import eval_metrics
 
     losses = [torch.tensor(v) for v in (1.0, 2.0, 3.0, 5.0, 7.0, 9.0)]
     assert eval_metrics(losses) == {"eval_loss": pytest.approx(27 / 6), "eval_batches": 6}

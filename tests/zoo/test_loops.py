@@ -59,8 +59,8 @@ def test_manual_update_loop_counts_a_step_per_backward(tmp_path: Path, zoo: Any,
         assert (mem["params_bytes"] == MANUAL_PARAMS).all() and (mem["trainable_params_bytes"] == MANUAL_PARAMS).all()
         assert (mem["grads_total_bytes"] == MANUAL_PARAMS).all()
         assert (mem["optimizer_bytes"] == 0).all()
-        ev = run.events[run.events["kind"] == "evaluation"]  # the evaluation after training
-        assert ev["step"].tolist() == [steps]
+        ev = run.events[run.events["kind"] == "evaluation"]  # the evaluation after training: the last step's weights
+        assert ev["step"].tolist() == [steps - 1] and ev["data"].iloc[0]["after_steps"] == steps
         printed_eval = float(re.search(r"^eval loss (\S+)$", proc.stdout, re.M).group(1))
         assert ev["data"].iloc[0]["metrics"]["eval_loss"] == pytest.approx(printed_eval, rel=1e-6)
     finally:

@@ -119,9 +119,12 @@ def test_eval_and_checkpoint_are_phases_and_eval_loss_is_recorded(nanogpt: dict[
         assert s.loc[[5, 10], "checkpoint_s"].gt(0).all()  # nanoGPT saves from iteration 5 on
         assert s.drop(index=[5, 10])["checkpoint_s"].isna().all()
         ev = run.events[run.events["kind"] == "evaluation"]
-        assert ev["step"].tolist() == [0, 5, 10]
-        for step, data in zip(ev["step"], ev["data"], strict=True):
-            train, val = evals[int(step)]
+        # nanoGPT's "step 5" evaluates the weights after 5 optimizer steps: step 4's (the initial ones at 0);
+        # its time sits in the next row's eval_s (rows 0, 5, 10 above)
+        assert ev["step"].tolist() == [0, 4, 9]
+        assert [d["after_steps"] for d in ev["data"]] == [0, 5, 10]
+        for after, data in zip([0, 5, 10], ev["data"], strict=True):
+            train, val = evals[after]
             # the root module's losses under no_grad: eval_iters batches of each split, one mean of all, and
             # (--eval-splits train,val) each split's mean: the two numbers nanoGPT prints
             m = data["metrics"]

@@ -39,7 +39,8 @@ def test_lbfgs_records_the_loss_step_returns_and_times_the_closures(tmp_path: Pa
         assert (s["forward_s"] > 0).all() and (s["backward_s"] > 0).all() and (s["optimizer_s"] > 0).all()
         assert ((s["forward_s"] + s["backward_s"] + s["optimizer_s"]) <= s["duration_s"] * 1.0001).all()
         ev = run.events[run.events["kind"] == "evaluation"]  # the prediction under no_grad after each step
-        assert ev["step"].tolist() == [1, 2]
+        assert ev["step"].tolist() == [0, 1]  # the weights of the step before it
+        assert [e["after_steps"] for e in ev["data"]] == [1, 2]
         assert [e["metrics"]["eval_loss"] for e in ev["data"]] == pytest.approx(tests, rel=1e-6)  # read as float32
     finally:
         run.close()

@@ -7,10 +7,20 @@ that only imports torch does not import all of gpudash) and hands it the module.
 It also tells the agent when transformers' and Lightning's trainers and
 gpudash's Monitor are imported. It then steps off ``sys.path`` and runs the
 ``sitecustomize`` that would have run without it, if any.
+
+A watched module is watched until it has been *executed*, not until someone first
+looks it up: ``importlib.util.find_spec('torch')`` (what transformers, datasets and
+accelerate do before they import torch) gets a spec whose loader tells the agent if
+it is ever used, and the real import that follows is still seen.
+
+In the job's first process (the one ``gpudash run`` became) it also registers the
+job's last word at exit (``../outcome.py``): a job that recorded no step says why on
+stderr and leaves a run folder with a ``no_steps`` event.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import sys
@@ -19,18 +29,24 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _AGENT_FILE = os.path.join(os.path.dirname(_HERE), "agent.py")
 _AGENT_NAME = "_gpudash_zerocode_agent"
+_OUTCOME_FILE = os.path.join(os.path.dirname(_HERE), "outcome.py")
+_OUTCOME_NAME = "_gpudash_zerocode_outcome"
 _WATCHED = ("torch", "gpudash.monitor", "transformers.trainer", "lightning.pytorch.trainer.trainer")
 
 
-def _agent() -> Any:
-    mod = sys.modules.get(_AGENT_NAME)
+def _load(name: str, path: str) -> Any:
+    mod = sys.modules.get(name)
     if mod is None:
-        spec = importlib.util.spec_from_file_location(_AGENT_NAME, _AGENT_FILE)
+        spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
-        sys.modules[_AGENT_NAME] = mod
+        sys.modules[name] = mod
         spec.loader.exec_module(mod)
     return mod
+
+
+def _agent() -> Any:
+    return _load(_AGENT_NAME, _AGENT_FILE)
 
 
 def _imported(name: str, module: Any) -> None:
@@ -58,7 +74,8 @@ class _Loader:
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        _imported(self._name, module)
+        if _FINDER.done(self._name):  # once, even when two specs of it were handed out
+            _imported(self._name, module)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._loader, attr)
@@ -69,11 +86,26 @@ class _WhenImported:
 
     def __init__(self) -> None:
         self.pending = set(_WATCHED)
+        self._finding: set[str] = set()
+
+    def done(self, name: str) -> bool:
+        """``name`` has been executed: stop watching it; False when it already was."""
+        if name not in self.pending:
+            return False
+        self.pending.discard(name)
+        return True
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.pending:
+        # watched until executed: a lookup (importlib.util.find_spec) does not end the watch
+        if name not in self.pending or name in self._finding:
             return None
-        self.pending.discard(name)
+        self._finding.add(name)
+        try:
+            return self._find(name, path, target)
+        finally:
+            self._finding.discard(name)
+
+    def _find(self, name: str, path: Any, target: Any) -> Any:
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
@@ -88,9 +120,29 @@ class _WhenImported:
         return spec
 
 
+_FINDER = _WhenImported()
+_RUN_DIR = os.environ.get("GPUDASH_RUN_DIR")  # the agent takes it out of the environment once it records
+
+
+def _job_done() -> None:
+    """The job's first process exits: say why when no process of the job recorded a step."""
+    if _FINDER in sys.meta_path:  # what the last word imports is not the script's
+        sys.meta_path.remove(_FINDER)
+    try:
+        _load(_OUTCOME_NAME, _OUTCOME_FILE).job_done(_RUN_DIR, in_job=True)
+    except Exception as exc:  # noqa: BLE001
+        try:
+            print(f"gpudash: could not check the run's steps ({type(exc).__name__}: {exc})", file=sys.stderr,
+                  flush=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _boot() -> None:
     if os.environ.get("GPUDASH_RUN_DIR"):
-        sys.meta_path.insert(0, _WhenImported())
+        sys.meta_path.insert(0, _FINDER)
+        if os.environ.get("GPUDASH_RUN_ROOT") == str(os.getpid()):
+            atexit.register(_job_done)  # first registered: runs after the agent's and the Monitor's
     # step aside: off sys.path, out of sys.modules, and run the sitecustomize we shadowed
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     me = sys.modules.get(__name__)
