@@ -61,8 +61,10 @@ class ActivationProbe:
         self.pack_s = 0.0
         self._handles: list[Any] = []
         self._ctx: Any = None
-        compiler = getattr(torch, "compiler", None)
-        self._compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
+        # torch.compiler.is_compiling from torch 2.3; torch._utils.is_compiling before it
+        self._compiling: Callable[[], bool] = (getattr(getattr(torch, "compiler", None), "is_compiling", None)
+                                               or getattr(getattr(torch, "_utils", None), "is_compiling", None)
+                                               or (lambda: False))
         # one bound method each, made once: a hook is the same object on every measured step
         self._enter_hook = self._enter
         self._leave_hook = self._leave
