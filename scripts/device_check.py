@@ -243,9 +243,7 @@ def leak(out: Path, gpu: bool, timeout: float) -> dict[str, Any]:
     res: dict[str, Any] = {}
     for keep in ("tensor", "item"):
         run_dir = out / "runs" / f"leak-{keep}"
-        # activations measured once: gpudash's pack hook keeps a retained graph of each measured step (its own bug)
         cmd = [sys.executable, "-m", "gpudash", "run", "--run-dir", str(run_dir), "--host-hz", "20", "--leak-poll-s", "1",
-               "--activations-every", "1000000",
                *(["--snapshot-every", "100"] if gpu else []), "--", sys.executable, str(script), "--keep", keep,
                "--steps", "600" if gpu else "250", "--device", "cuda" if gpu else "cpu",
                *(["--width", "4096", "--batch", "256"] if gpu else [])]

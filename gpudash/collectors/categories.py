@@ -5,7 +5,8 @@ storage is counted once (views and DDP buckets share storage). Activations
 are what autograd saves for backward: on sampled steps a
 ``torch.autograd.graph.saved_tensors_hooks`` pair sees every saved tensor and
 attributes its storage to the innermost watched module running at that time
-(parameter storages excluded). Under gradient checkpointing, torch's own
+(parameter storages excluded): :mod:`gpudash.collectors.activations`, whose
+hooks are process-wide, never on a module, and keep no tensor. Under gradient checkpointing, torch's own
 hooks take over inside the checkpointed region, so only what is really kept
 is counted: this is how the dashboard shows what checkpointing saves.
 
@@ -39,14 +40,14 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from gpudash.collectors.activations import OUTSIDE, ActivationProbe, storage_of
 from gpudash.collectors.base import try_import_torch
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["QUANTIZED_CLASSES", "AdaptiveEvery", "CategoryCollector", "param_storages", "watched_modules"]
+__all__ = ["OUTSIDE", "QUANTIZED_CLASSES", "AdaptiveEvery", "CategoryCollector", "param_storages", "watched_modules"]
 
-OUTSIDE = "(outside modules)"
 #: Parameter classes that hold quantized weights (bitsandbytes), by class name: their storage is the truth.
 QUANTIZED_CLASSES = ("Params4bit", "Int8Params")
 
@@ -120,14 +121,6 @@ def watched_modules(model: Any, max_depth: int = 3) -> list[tuple[str, Any]]:
     return out
 
 
-def _storage(t: Any) -> tuple[int, int] | None:
-    try:
-        st = t.untyped_storage()
-        return st.data_ptr(), st.nbytes()
-    except Exception:  # noqa: BLE001 - sparse, meta, or exotic tensors: skip them
-        return None
-
-
 def _quant_constants(p: Any) -> list[Any]:
     """The tensors a quantized parameter keeps beside its storage (bitsandbytes ``quant_state``: absmax, code,
     nested state; ``Int8Params.SCB``)."""
@@ -157,7 +150,7 @@ def param_storages(params: list[Any]) -> tuple[dict[int, int], dict[int, int], d
         extra = _quant_constants(p) if cls in QUANTIZED_CLASSES else []
         name = str(getattr(p, "dtype", "?")).removeprefix("torch.") + (f" ({cls})" if cls in QUANTIZED_CLASSES else "")
         for t in (p, *extra):
-            s = _storage(t)
+            s = storage_of(t)
             if s is None or s[0] in seen:
                 continue
             seen[s[0]] = s[1]
@@ -186,15 +179,10 @@ class CategoryCollector:
         self._opt_cache: tuple[int, int, int] = (-1, 0, 0)
         self._opt_calls = 0
         self._modules = watched_modules(model)
-        self._handles: list[Any] = []
-        self._hooks_ctx: Any = None
-        self._stack: list[str] = []
-        self._seen: dict[int, tuple[str, int]] = {}
-        self._counts: dict[str, int] = {}
+        torch = try_import_torch()
+        self._probe = None if torch is None else ActivationProbe(torch, self._in_backward)
         self._peak_cycle: dict[str, int] = {}
         self._peak_counts: dict[str, int] = {}
-        self._act_t0 = 0.0
-        self._pack_s = 0.0
         self._on_cuda = False
         self._next_step = 0
         self._grads_total = 0
@@ -257,17 +245,17 @@ class CategoryCollector:
         self._held_max = max(self._held_max, self._held)
         # under gradient accumulation each micro-batch's activations are freed by its
         # backward: the step's activation memory is the largest micro-batch, not the sum
-        if self._hooks_ctx is not None:
+        if self._measuring:
             self._close_cycle()
         self._held = grads
 
     @property
     def step_due(self) -> bool:
-        return self._hooks_ctx is not None or self._next_step % self.memory_every == 0
+        return self._measuring or self._next_step % self.memory_every == 0
 
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
         self._next_step = step + 1
-        sampled = self._hooks_ctx is not None
+        sampled = self._measuring
         if sampled:
             self._uninstall()
         if row.get("failed"):
@@ -296,7 +284,7 @@ class CategoryCollector:
             mem["grads_bytes"] = self._peak_held
             # what sampling cost: the hooks' own time, or (when larger) how much slower
             # this step ran than a plain one; autograd calling into Python adds to both
-            own = self._pack_s + (time.perf_counter() - t0)
+            own = (self._probe.pack_s if self._probe is not None else 0.0) + (time.perf_counter() - t0)
             self.act_sampler.done(step, own, row.get("duration_s", 0.0))
             mem["activations_every"] = self.act_sampler.every
         monitor = self._monitor
@@ -308,7 +296,7 @@ class CategoryCollector:
         for p in self.params:
             g = p.grad
             if g is not None:
-                s = _storage(g)
+                s = storage_of(g)
                 if s is not None:
                     seen[s[0]] = s[1]
         return sum(seen.values())
@@ -331,7 +319,7 @@ class CategoryCollector:
                 continue
             for v in st.values():
                 if hasattr(v, "untyped_storage"):
-                    s = _storage(v)
+                    s = storage_of(v)
                     if s is not None:
                         seen[s[0]] = (s[1], self._on_cuda and v.device.type == "cpu")
         dev = sum(b for b, h in seen.values() if not h)
@@ -340,81 +328,42 @@ class CategoryCollector:
         return dev, host
 
     # ---- activations --------------------------------------------------------------------
+    @property
+    def _measuring(self) -> bool:
+        return self._probe is not None and self._probe.installed
+
+    def _in_backward(self) -> bool:
+        monitor = self._monitor
+        return monitor is not None and monitor.current_phase == "backward"
+
     def _install(self) -> None:
-        torch = try_import_torch()
-        if torch is None:
+        probe = self._probe
+        if probe is None:
             return
-        self._seen.clear()
-        self._counts.clear()
         self._peak_cycle, self._peak_counts = {}, {}
         self._peak_held = 0
         self._cycles = 0
-        self._stack.clear()
-        self._pack_s = 0.0
-        stack = self._stack
-        seen = self._seen
-        counts = self._counts
-        param_ptrs = self._param_ptrs
-        monitor = self._monitor
-
-        def pack(t: Any) -> Any:
-            t0 = time.perf_counter()
-            if monitor is None or monitor.current_phase != "backward":
-                s = _storage(t)
-                if s is not None and s[0] not in param_ptrs and s[0] not in seen:
-                    owner = stack[-1] if stack else OUTSIDE
-                    seen[s[0]] = (owner, s[1])
-                    counts[owner] = counts.get(owner, 0) + 1
-            self._pack_s += time.perf_counter() - t0
-            return t
-
-        def unpack(t: Any) -> Any:
-            return t
-
-        def enter(name: str) -> Any:
-            def hook(module: Any, args: Any) -> None:
-                stack.append(name)
-
-            return hook
-
-        def leave(module: Any, args: Any, output: Any) -> None:
-            if stack:
-                stack.pop()
-
-        for name, mod in self._modules:
-            self._handles.append(mod.register_forward_pre_hook(enter(name)))
-            self._handles.append(mod.register_forward_hook(leave))
-        ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-        ctx.__enter__()
-        self._hooks_ctx = ctx
+        probe.watch(self._modules, self._param_ptrs)
+        probe.install()
 
     def _uninstall(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        if self._hooks_ctx is not None:
-            try:
-                self._hooks_ctx.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - hooks popped by someone else: nothing to undo
-                pass
-            self._hooks_ctx = None
+        if self._probe is not None:
+            self._probe.uninstall()
 
     def _close_cycle(self) -> None:
         """End one forward/backward cycle: keep the per-module bytes of the cycle whose
         forward ended highest (its saved activations plus the gradients it ran with)."""
-        per: dict[str, int] = {}
-        for owner, nbytes in self._seen.values():
-            per[owner] = per.get(owner, 0) + nbytes
+        assert self._probe is not None
+        per, counts = self._probe.take_cycle()
         if sum(per.values()) + self._held >= sum(self._peak_cycle.values()) + self._peak_held:
             self._peak_cycle = per
-            self._peak_counts = dict(self._counts)
+            self._peak_counts = counts
             self._peak_held = self._held
         self._cycles += 1
-        self._seen.clear()
-        self._counts.clear()
 
     def _flush_activations(self, step: int, t: float) -> int:
-        if self._seen or not self._cycles:  # a forward without a recorded backward phase
+        assert self._probe is not None
+        if self._probe.seen or not self._cycles:  # a forward without a recorded backward phase
             self._close_cycle()
         self._cycles = 0
         per = self._peak_cycle

@@ -33,8 +33,14 @@ What it hooks, all process-wide and cheap on the training thread:
   (or ``generate``), open until training resumes; the losses those calls
   return are ``evaluation`` events at the step whose weights they evaluated,
   one per ``DataLoader`` (``evals.py``). After the first ``NARROW_AFTER`` steps the global
-  forward hooks are replaced by hooks on the root modules seen, so other
-  module calls cost nothing (a root first called later is not timed).
+  forward hooks are replaced by a wrapper of each root module's call seen, so
+  other module calls cost nothing (a root first called later is not timed).
+  The wrapper is the slot ``nn.Module.compile()`` uses (``_compiled_call_impl``),
+  which ``nn.Module`` leaves out of its pickled and deep-copied state: no hook
+  is put on a module, so a model saved (``torch.save(model)``), deep-copied
+  (an EMA or teacher copy, which then runs unrecorded), scripted or exported
+  carries nothing of gpudash's. A torch without that slot keeps the global
+  hooks.
 - ``torch.autograd.backward`` (what ``Tensor.backward`` calls): the
   ``backward`` phase, and the loss: the step's loss is the *sum* of the
   one-element losses passed to ``backward()`` before its optimizer step, the
@@ -86,6 +92,56 @@ def say(message: str) -> None:
         print(f"gpudash: {message}", file=sys.stderr, flush=True)
     except Exception:  # noqa: BLE001 - a closed stderr must not break the script
         pass
+
+
+def _call_slot_is_private(torch: Any) -> bool:
+    """Whether ``nn.Module`` calls through ``_compiled_call_impl`` and leaves it out of pickles and copies."""
+    try:
+        probe = torch.nn.Module()
+        probe._compiled_call_impl = None
+        return ("_compiled_call_impl" not in probe.__getstate__()
+                and callable(getattr(getattr(torch, "compiler", None), "is_compiling", None)))
+    except Exception:  # noqa: BLE001 - any doubt: keep the global hooks
+        return False
+
+
+class _RootCall:
+    """A root module's call under the agent's forward hooks, kept in ``module._compiled_call_impl``
+    (chaining what ``module.compile()`` put there). Removable like a hook handle."""
+
+    __slots__ = ("agent", "inner", "module")
+
+    def __init__(self, agent: Agent, module: Any) -> None:
+        self.agent = agent
+        self.module = weakref.ref(module)
+        self.inner = module.__dict__.get("_compiled_call_impl")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module()
+        inner = self.inner
+        if module is None:  # cannot happen while the module calls it; kept for type checkers
+            return inner(*args, **kwargs)
+        if inner is None:
+            inner = module._call_impl
+        agent = self.agent
+        if agent._torch.compiler.is_compiling():
+            return inner(*args, **kwargs)
+        agent._forward_pre(module, args)
+        out = None
+        try:
+            out = inner(*args, **kwargs)
+        finally:
+            agent._forward_post(module, args, kwargs, out)
+        return out
+
+    def remove(self) -> None:
+        module = self.module()
+        if module is None or module.__dict__.get("_compiled_call_impl") is not self:
+            return  # gone, or the script compiled the module since: its call stays as it made it
+        if self.inner is None:
+            del module._compiled_call_impl
+        else:
+            module._compiled_call_impl = self.inner
 
 
 class Agent:
@@ -150,16 +206,18 @@ class Agent:
         atexit.register(self._report)  # before the Monitor's: runs after it closed
 
     def _narrow(self) -> None:
-        """Replace the global forward hooks by hooks on the root modules seen."""
+        """Replace the global forward hooks by a wrapper of each root module's call seen."""
+        if not _call_slot_is_private(self._torch):
+            return  # an older torch: calls not wrappable without riding on the module; the global hooks stay
         roots, self._roots = list(self._roots or ()), None
         for h in self._global_forward:
             h.remove()
             self._handles.remove(h)
         self._global_forward = []
         for module in roots:
-            self._handles.append(module.register_forward_pre_hook(self._forward_pre))
-            self._handles.append(module.register_forward_hook(self._forward_post, with_kwargs=True,
-                                                                 always_call=True))
+            call = _RootCall(self, module)
+            module._compiled_call_impl = call
+            self._handles.append(call)
 
     def _stepped(self) -> None:
         if self.session.steps == NARROW_AFTER and self._roots is not None:

@@ -22,12 +22,6 @@ from gpudash.analysis.leak import BLOCKS, LEAK_EVENT, MIN_POINTS_PER_BLOCK, leak
 
 # samples often enough that a few hundred fast steps hold enough of them; looks every second
 FLAGS = ("--host-hz", "20", "--leak-poll-s", "1")
-# keep_losses.py calls backward(retain_graph=True): on each step whose activations gpudash measures, the
-# saved-tensor pack hook (which returns the tensor itself) makes a C++ reference cycle through every saved
-# output, so that step's whole graph is never freed (measured: 552 KB per hooked step, gc.collect() cannot
-# free it). A gpudash bug of its own, left to its own issue: here activations are measured once, so the loop's
-# memory is the loop's.
-KEEP_FLAGS = (*FLAGS, "--activations-every", "1000000")
 
 
 def _gpudash(zoo: Any, *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +32,7 @@ def _gpudash(zoo: Any, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_loop_keeping_its_losses_gets_a_leak_event_while_it_runs(tmp_path: Path, zoo: Any) -> None:
     run_dir = tmp_path / "run"
     proc = zoo.run(run_dir, sys.executable, str(zoo.dir / "scripts" / "keep_losses.py"), "--steps", "300",
-                   cwd=tmp_path, flags=(*KEEP_FLAGS, "--alert", "kinds=leak", "--alert", "desktop=false"))
+                   cwd=tmp_path, flags=(*FLAGS, "--alert", "kinds=leak", "--alert", "desktop=false"))
     kept = int(re.search(r"kept bytes per step (\d+)", proc.stdout).group(1))  # type: ignore[union-attr]
     run = load_run(run_dir)
     try:
@@ -71,7 +65,7 @@ def test_a_loop_keeping_its_losses_gets_a_leak_event_while_it_runs(tmp_path: Pat
 def test_the_same_loop_keeping_the_numbers_gets_none(tmp_path: Path, zoo: Any) -> None:
     run_dir = tmp_path / "run"
     zoo.run(run_dir, sys.executable, str(zoo.dir / "scripts" / "keep_losses.py"), "--steps", "300", "--keep", "item",
-            cwd=tmp_path, flags=KEEP_FLAGS)
+            cwd=tmp_path, flags=FLAGS)
     run = load_run(run_dir)
     try:
         assert not (run.events["kind"] == LEAK_EVENT).any()
