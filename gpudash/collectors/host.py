@@ -78,8 +78,8 @@ class HeldSampler:
         used = self._in_use()
         cost = time.perf_counter() - t0
         self._monitor.memory_row(step, {"malloc_used_bytes": used})
-        # a sample the thread was preempted in at most doubles the cost it is budgeted by
-        self.cost = cost if not self.cost else min(cost, 2 * self.cost)
+        # the cost it is budgeted by: a sample the thread was preempted in raises it by a tenth at most
+        self.cost = cost if not self.cost else min(cost, 1.1 * self.cost)
         dur = float(row.get("duration_s") or 0.0)
         self.every = (min(HELD_MAX_EVERY, max(1, math.ceil(self.cost / (HELD_BUDGET * dur)))) if dur > 0
                       else HELD_MAX_EVERY)
