@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from gpudash.analysis.leak import LEAK_EVENT, WARMUP_STEPS, Leak, leak_of, leak_text
-from gpudash.store.reader import RunReader
+from gpudash.store.rankreader import RankReader
 
 __all__ = ["KEEP_ROWS", "LOOK_STEPS", "MAX_EPISODES", "MAX_SNAPSHOTS", "MIN_LOOK_S", "LeakWatch"]
 
@@ -63,7 +63,7 @@ class LeakWatch:
         self.cursor = {t: 0 for t in _TABLES}
         self.first_step: float | None = None
         self.found: list[Leak] = []
-        self._reader: RunReader | None = None
+        self._reader: RankReader | None = None
         self._active = False
         self._quiet = 0
         self._pending: tuple[int, int] | None = None
@@ -74,17 +74,15 @@ class LeakWatch:
         self._thread.start()
 
     # ---- reading ------------------------------------------------------------------------------------
-    def _rank(self) -> Any:
+    def _rank(self) -> RankReader | None:
+        """This rank's own database (never the other ranks': a reader left open on a finished rank's file
+        would keep its log files)."""
         if self._reader is None:
             try:
-                self._reader = RunReader(self.monitor.run_dir)
+                self._reader = RankReader(self.monitor.recorder.live_path)
             except Exception:  # noqa: BLE001 - nothing written yet: the next look tries again
                 return None
-        r = self._reader.ranks.get(self.monitor.rank)
-        if r is None:
-            self._reader.refresh()
-            r = self._reader.ranks.get(self.monitor.rank)
-        return r
+        return self._reader
 
     def _read_new(self) -> bool:
         r = self._rank()
