@@ -366,11 +366,10 @@ def _runs_out(source: str, g: Growth, mem: pd.DataFrame, host: pd.DataFrame,
 
 
 def _host(run: Any) -> pd.DataFrame:
-    """The run's host samples; none for a Run built in memory without a reader or host rows."""
-    if "host" in getattr(run, "__dict__", {}) or getattr(run, "_reader", None) is not None:
-        host: pd.DataFrame = run.host
-        return host
-    return pd.DataFrame()
+    """The run's host samples (:meth:`gpudash.store.run.Run.host_rows`)."""
+    rows = getattr(run, "host_rows", None)
+    host: pd.DataFrame = rows() if rows is not None else pd.DataFrame()
+    return host
 
 
 def _of_rank(df: pd.DataFrame, rank: int) -> pd.DataFrame:

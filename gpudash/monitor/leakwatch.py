@@ -157,7 +157,7 @@ class LeakWatch:
         if self._asked >= MAX_SNAPSHOTS:
             return False
         col = next((c for c in self.monitor.collectors if getattr(c, "name", "") == "snapshots"
-                    and getattr(c, "_take", None) is not None), None)  # one that can take them (CUDA, or a test's)
+                    and getattr(c, "can_take", False)), None)  # one that can take them (CUDA, or a test's)
         if col is None:
             return False
         self._asked += 1
