@@ -88,3 +88,36 @@ def test_a_flat_run_gets_no_leak_and_the_watch_can_be_off(tmp_path: Path) -> Non
         assert not (run.events["kind"] == LEAK_EVENT).any() and run_facts(run).leak is None
     finally:
         run.close()
+
+
+def test_one_judge_the_recorded_episode_is_the_runs_leak(tmp_path: Path) -> None:
+    """Issue 41: the live watch judged a trailing window while the run went; the whole run, judged afterwards,
+    would read other numbers (543.7 against 547.3 KiB/step once). The fact is the recorded episode, so the
+    alert, the page, the report, info and the gate say one number; a run without an episode is judged whole."""
+    from dataclasses import replace
+
+    def record(path: Path, episode: bool) -> None:
+        with Monitor(path, host_hz=0, leak_poll_s=0, handle_signals=False) as m:
+            for i in range(200):
+                with m.step():
+                    m.log_memory(allocated_bytes=BASE + i * MiB)
+                if episode and i == 120:  # what the watch would have recorded from its (shorter) window
+                    lk = replace(whole, per_step_bytes=1.01 * MiB, last_step=119, grown_bytes=100 * MiB)
+                    m.event(LEAK_EVENT, leak_text(lk), **lk.as_dict())
+
+    from gpudash.analysis.leak import run_leak
+
+    record(tmp_path / "whole", episode=False)
+    run = load_run(tmp_path / "whole")
+    try:
+        whole = run_leak(run)
+        assert whole is not None and abs(whole.per_step_bytes - MiB) < 0.01 * MiB and not recorded_leaks(run)
+    finally:
+        run.close()
+    record(tmp_path / "live", episode=True)
+    run = load_run(tmp_path / "live")
+    try:
+        live = recorded_leaks(run)
+        assert len(live) == 1 and run_facts(run).leak == live[0] != whole
+    finally:
+        run.close()

@@ -7,8 +7,10 @@ the report, ``gpudash info``, ``gpudash check --no-leak``).
 
 What is "held between steps": on GPU the allocator's ``allocated_bytes`` at each step's end (not
 ``reserved_bytes``: the caching allocator keeps what it once needed, a plateau that is no leak); on CPU,
-where there is no allocator to ask, malloc's in-use bytes (else the RSS) from the host samples, each placed
-at the step it was taken in. The rule looks at the floor of that series, not its every value: the window after warm-up is cut
+where there is no allocator to ask, malloc's in-use bytes read at step ends (the memory rows'
+``malloc_used_bytes``, :class:`gpudash.collectors.host.HeldSampler`), so a leak is judged by steps, whenever a
+timer fires; runs recorded before that fall back to the host samples (malloc's in-use bytes, else the RSS),
+each placed at the step it was taken in. The rule looks at the floor of that series, not its every value: the window after warm-up is cut
 into :data:`BLOCKS` blocks of equal steps and each block contributes its lowest value. An evaluation or a
 checkpoint that holds more memory for a while lifts a block's top, never its floor; a leak lifts every
 floor. Growth is a leak when the floors rise block after block for at least :data:`MIN_RISING` blocks
@@ -280,9 +282,11 @@ def _step_of_time(steps: pd.DataFrame, times: np.ndarray) -> np.ndarray:
 
 
 def _series(mem: pd.DataFrame, host: pd.DataFrame, steps: pd.DataFrame) -> tuple[str, np.ndarray, np.ndarray] | None:
-    alloc = numeric(mem, "allocated_bytes")
-    if alloc is not None and alloc.notna().sum() >= 2:
-        return "allocated_bytes", mem["step"].to_numpy(dtype=float), alloc.to_numpy(dtype=float)
+    for held in ("allocated_bytes", "malloc_used_bytes"):  # read at step ends: the GPU's, else the host's
+        v = numeric(mem, held)
+        if v is not None and v.notna().sum() >= 2:
+            ok = v.notna().to_numpy()
+            return held, mem["step"].to_numpy(dtype=float)[ok], v.to_numpy(dtype=float)[ok]
     col = next((c for c in _HOST_HELD if numeric(host, c) is not None), None)
     if col is None:
         return None
@@ -362,11 +366,10 @@ def _runs_out(source: str, g: Growth, mem: pd.DataFrame, host: pd.DataFrame,
 
 
 def _host(run: Any) -> pd.DataFrame:
-    """The run's host samples; none for a Run built in memory without a reader or host rows."""
-    if "host" in getattr(run, "__dict__", {}) or getattr(run, "_reader", None) is not None:
-        host: pd.DataFrame = run.host
-        return host
-    return pd.DataFrame()
+    """The run's host samples (:meth:`gpudash.store.run.Run.host_rows`)."""
+    rows = getattr(run, "host_rows", None)
+    host: pd.DataFrame = rows() if rows is not None else pd.DataFrame()
+    return host
 
 
 def _of_rank(df: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -374,7 +377,18 @@ def _of_rank(df: pd.DataFrame, rank: int) -> pd.DataFrame:
 
 
 def run_leak(run: Any) -> Leak | None:
-    """The leak rule on the whole run, each rank on its own rows; the fastest-growing rank's leak."""
+    """The run's leak: one judge for every surface. When the live watch recorded a ``leak`` event, that
+    event is the leak (the fastest-growing one when several episodes or ranks recorded one): the alert said
+    its line, so the run page, the report, ``gpudash info`` and ``gpudash check --no-leak`` say the same
+    numbers from the same window. Otherwise (the watch was off, or the run ended before it looked again) the
+    rule on the whole run, each rank on its own rows; the fastest-growing rank's leak."""
+    live = recorded_leaks(run)
+    if live:
+        return max(reversed(live), key=lambda lk: lk.per_step_bytes)  # ties: the newest episode
+    return _whole_run_leak(run)
+
+
+def _whole_run_leak(run: Any) -> Leak | None:
     from gpudash.analysis.memory import capacity_bytes
 
     mem, steps = run.memory, run.steps
@@ -394,10 +408,7 @@ def run_leak(run: Any) -> Leak | None:
             found.append(leak)
     if not found:
         return None
-    best = max(found, key=lambda lk: lk.per_step_bytes)
-    live = recorded_leaks(run)
-    frames = next((lk.frames for lk in reversed(live) if lk.frames and lk.rank == best.rank), ())
-    return best if not frames else Leak(**{**asdict(best), "frames": frames})
+    return max(found, key=lambda lk: lk.per_step_bytes)
 
 
 def recorded_leaks(run: Any) -> list[Leak]:

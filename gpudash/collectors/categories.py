@@ -11,7 +11,11 @@ hooks take over inside the checkpointed region, so only what is really kept
 is counted: this is how the dashboard shows what checkpointing saves.
 
 Hooks are installed only on sampled steps, and the sampling interval adapts so
-the measured cost stays below a share of the median step time.
+the measured cost stays below a share of the median step time. The first
+:data:`FULL_STEPS` steps after the first are all sampled: which steps a run's
+peak is measured at must not depend on how loaded the machine was (two identical
+short runs give the same peak, and a gate on it holds); ``activations_every=N``
+fixes the schedule for a whole run.
 
 The categories of a row describe one moment, so their sum never exceeds the
 step's measured peak (``peak_bytes``): the end of the forward pass of the
@@ -46,10 +50,14 @@ from gpudash.collectors.base import try_import_torch
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["OUTSIDE", "QUANTIZED_CLASSES", "AdaptiveEvery", "CategoryCollector", "param_storages", "watched_modules"]
+__all__ = ["FULL_STEPS", "OUTSIDE", "QUANTIZED_CLASSES", "AdaptiveEvery", "CategoryCollector", "param_storages",
+           "watched_modules"]
 
 #: Parameter classes that hold quantized weights (bitsandbytes), by class name: their storage is the truth.
 QUANTIZED_CLASSES = ("Params4bit", "Int8Params")
+FULL_STEPS = 8
+"""Steps after the first whose activations are all measured under the adaptive rule (a step-count rule, not a
+timer's: identical runs measure the same steps)."""
 
 
 class AdaptiveEvery:
@@ -64,6 +72,8 @@ class AdaptiveEvery:
         self.budget = budget
         self.every = fixed or 1
         self.next = first
+        self.until = -1
+        """Every step before this one is sampled, whatever the cost (the adaptive rule only)."""
         self.max_every = max_every
         self._durations: deque[float] = deque(maxlen=64)
         self._observed = 0
@@ -92,7 +102,7 @@ class AdaptiveEvery:
         self._cost = cost if not self._cost else 0.5 * (self._cost + cost)
         if not self.fixed:
             self.every = min(self.max_every, max(1, math.ceil(self._cost / (self.budget * max(med, 1e-9)))))
-        self.next = step + self.every
+        self.next = step + (1 if not self.fixed and step + 1 < self.until else self.every)
 
 
 def watched_modules(model: Any, max_depth: int = 3) -> list[tuple[str, Any]]:
@@ -223,6 +233,7 @@ class CategoryCollector:
         if self._first_step is None:  # frameworks number steps their own way (HF: from 1): skip the first
             self._first_step = step
             self.act_sampler.next = max(self.act_sampler.next, step + 1)
+            self.act_sampler.until = step + 1 + FULL_STEPS
         if self.act_sampler.due(step):
             self._install()
         self._grads_total = 0

@@ -4,20 +4,35 @@ Beside the RSS, where the C library is glibc, ``malloc_used_bytes``: the bytes m
 not had back (``mallinfo2``: in-use heap chunks plus mmapped ones). On CPU it is what the process holds,
 without the pages malloc keeps for reuse or loses to fragmentation (measured on a loop that keeps 531 KiB
 of tensors a step: RSS grew 774 KiB a step, malloc's in-use bytes 543 KiB), so the leak rule reads it first.
+
+Memory held *between steps* is read where it is defined, at step boundaries on the training thread (a timer
+lands anywhere inside a step, and how many samples a run gets depends on how loaded the machine is): at the end
+of a step :class:`HeldSampler` adds malloc's in-use bytes to the step's memory row as ``malloc_used_bytes``.
+``mallinfo2`` costs tens to hundreds of µs (it walks the free lists), so it runs every ``every`` steps, ``every``
+chosen from its own measured cost so that it stays under :data:`HELD_BUDGET` of the step time and never above
+:data:`HELD_MAX_EVERY`; steps without a sample pay one comparison. The leak rule judges these rows: a leak is
+found by steps, however slowly a timer would have fired.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["HostCollector", "malloc_used"]
+__all__ = ["HELD_BUDGET", "HELD_MAX_EVERY", "HeldSampler", "HostCollector", "malloc_used"]
+
+HELD_BUDGET = 0.01
+"""Share of the step time the step-boundary malloc sample may cost (its own measured time): on steps of a few
+ms or more (any step that keeps 1 MiB of tensors) every step is sampled."""
+HELD_MAX_EVERY = 1000
+"""Steps between two step-boundary samples at most (a loop of µs steps is still sampled now and then)."""
 
 
 class _MallInfo2(ctypes.Structure):
@@ -42,6 +57,35 @@ def malloc_used() -> Callable[[], int] | None:
     return used
 
 
+class HeldSampler:
+    """Malloc's in-use bytes at step ends, into the step's memory row (an end hook on the training thread).
+    Which steps are sampled adapts to the cost; what a sample reads is the step boundary's value."""
+
+    name = "host_held"
+    __slots__ = ("_in_use", "_monitor", "cost", "every", "next")
+
+    def __init__(self, in_use: Callable[[], int], monitor: Recording) -> None:
+        self._in_use = in_use
+        self._monitor = monitor
+        self.next = 0
+        self.every = 1
+        self.cost = 0.0
+
+    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
+        if step < self.next or "failed" in row:
+            return
+        t0 = time.perf_counter()
+        used = self._in_use()
+        cost = time.perf_counter() - t0
+        self._monitor.memory_row(step, {"malloc_used_bytes": used})
+        # the cost it is budgeted by: a sample the thread was preempted in raises it by a tenth at most
+        self.cost = cost if not self.cost else min(cost, 1.1 * self.cost)
+        dur = float(row.get("duration_s") or 0.0)
+        self.every = (min(HELD_MAX_EVERY, max(1, math.ceil(self.cost / (HELD_BUDGET * dur)))) if dur > 0
+                      else HELD_MAX_EVERY)
+        self.next = step + self.every
+
+
 class HostCollector:
     name = "host"
 
@@ -49,6 +93,7 @@ class HostCollector:
         self.hz = hz
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.held: HeldSampler | None = None
 
     def start(self, monitor: Recording) -> None:
         try:
@@ -62,6 +107,9 @@ class HostCollector:
         put = monitor.put
         in_use = malloc_used()
         period = 1.0 / self.hz
+        if in_use is not None:
+            self.held = HeldSampler(in_use, monitor)
+            monitor.add_step_hooks(end=self.held.on_step_end)
 
         def sample() -> None:
             while True:

@@ -178,6 +178,11 @@ class SnapshotCollector:
             self._history_on = False
         self._monitor = None
 
+    @property
+    def can_take(self) -> bool:
+        """Whether this collector can take a snapshot here (CUDA, or a test's ``take_snapshot``)."""
+        return self._take is not None
+
     # ---- training thread ----------------------------------------------------------------
     def request(self) -> None:
         """Take a snapshot at the end of the current step (from any thread)."""

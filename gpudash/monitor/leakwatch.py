@@ -3,7 +3,9 @@ trailing rows, and a ``leak`` event recorded once per episode.
 
 A daemon thread reads the rows this rank recorded since its last look (memory, host, steps: the same rows
 every surface reads, from the run directory), keeps the newest :data:`KEEP_ROWS` of each, and judges them
-every ``poll_s``. Nothing touches the training thread but the GIL share of a few small SQLite reads and
+every ``poll_s`` (the writer flushed first), and sooner by steps: once :data:`LOOK_STEPS` steps have passed since the last look (but not
+more often than every :data:`MIN_LOOK_S`, nor than :data:`LOOK_SHARE` of its own time allows), so a fast leak is
+named within a hundred steps of its start however long ``poll_s`` is. Nothing touches the training thread but the GIL share of a few small SQLite reads and
 one judge of a few thousand numbers per look; a failure stops the watch (said once), never the run.
 
 On GPU the cause is looked for in the allocator: once the run is past its warm-up the watch asks the
@@ -16,6 +18,7 @@ looks for its snapshot before it is recorded without frames.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import replace
 from typing import Any
@@ -24,9 +27,9 @@ import pandas as pd
 
 from gpudash.analysis.capacity import capacity_bytes
 from gpudash.analysis.leak import LEAK_EVENT, WARMUP_STEPS, Leak, leak_of, leak_text
-from gpudash.store.reader import RunReader
+from gpudash.store.rankreader import RankReader
 
-__all__ = ["KEEP_ROWS", "MAX_EPISODES", "MAX_SNAPSHOTS", "LeakWatch"]
+__all__ = ["KEEP_ROWS", "LOOK_STEPS", "MAX_EPISODES", "MAX_SNAPSHOTS", "MIN_LOOK_S", "LeakWatch"]
 
 KEEP_ROWS = 4096
 """Rows of each table (memory, host, steps) the trailing window keeps."""
@@ -39,6 +42,14 @@ SNAPSHOT_WAIT_LOOKS = 3
 QUIET_LOOKS = 3
 """Looks in a row that find no leak end an episode (a later leak is a new one)."""
 TOP_FRAMES = 5
+LOOK_STEPS = 16
+"""Steps after which the watch looks again without waiting for ``poll_s``."""
+MIN_LOOK_S = 0.2
+"""Seconds between two looks at least (a loop of ms steps is not judged every 16 steps)."""
+LOOK_SHARE = 0.02
+"""A look's own CPU time is at most this share of the time between looks (it holds the GIL while it judges)."""
+_TICK_S = 0.1
+"""How often the thread checks the step count (reads one int: nothing on the training thread)."""
 _TABLES = ("memory", "host", "steps")
 
 
@@ -53,7 +64,7 @@ class LeakWatch:
         self.cursor = {t: 0 for t in _TABLES}
         self.first_step: float | None = None
         self.found: list[Leak] = []
-        self._reader: RunReader | None = None
+        self._reader: RankReader | None = None
         self._active = False
         self._quiet = 0
         self._pending: tuple[int, int] | None = None
@@ -64,17 +75,15 @@ class LeakWatch:
         self._thread.start()
 
     # ---- reading ------------------------------------------------------------------------------------
-    def _rank(self) -> Any:
+    def _rank(self) -> RankReader | None:
+        """This rank's own database (never the other ranks': a reader left open on a finished rank's file
+        would keep its log files)."""
         if self._reader is None:
             try:
-                self._reader = RunReader(self.monitor.run_dir)
+                self._reader = RankReader(self.monitor.recorder.live_path)
             except Exception:  # noqa: BLE001 - nothing written yet: the next look tries again
                 return None
-        r = self._reader.ranks.get(self.monitor.rank)
-        if r is None:
-            self._reader.refresh()
-            r = self._reader.ranks.get(self.monitor.rank)
-        return r
+        return self._reader
 
     def _read_new(self) -> bool:
         r = self._rank()
@@ -145,7 +154,7 @@ class LeakWatch:
         if self._asked >= MAX_SNAPSHOTS:
             return False
         col = next((c for c in self.monitor.collectors if getattr(c, "name", "") == "snapshots"
-                    and getattr(c, "_take", None) is not None), None)  # one that can take them (CUDA, or a test's)
+                    and getattr(c, "can_take", False)), None)  # one that can take them (CUDA, or a test's)
         if col is None:
             return False
         self._asked += 1
@@ -182,13 +191,30 @@ class LeakWatch:
         return leak
 
     # ---- the thread ---------------------------------------------------------------------------------
+    def _due(self, now: float, last: float, last_step: int, cost: float) -> bool:
+        waited = now - last
+        if waited >= self.poll_s:
+            return True
+        return (self.monitor.step_index - last_step >= LOOK_STEPS and waited >= MIN_LOOK_S
+                and waited * LOOK_SHARE >= cost)
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        last, last_step, cost = time.monotonic(), 0, 0.0
+        while not self._stop.wait(min(self.poll_s, _TICK_S)):
+            now = time.monotonic()
+            if not self._due(now, last, last_step, cost):
+                continue
+            last, last_step = now, self.monitor.step_index
             try:
+                # the rows written so far reach the file first (the writer's own flush waits up to
+                # flush_interval: tens of fast steps a look would not see); this thread waits, not training's
+                self.monitor.recorder.flush(1.0)
+                t0 = time.thread_time()
                 self.look()
             except Exception as exc:  # noqa: BLE001 - the watch stops; training goes on
                 self.monitor.unavailable("leak_watch", f"stopped after an error: {type(exc).__name__}: {exc}")
                 return
+            cost = time.thread_time() - t0  # the judging's own CPU, not the wait for the writer or a busy machine
 
     def stop(self) -> None:
         self._stop.set()

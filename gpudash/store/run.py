@@ -59,6 +59,12 @@ class Run:
     def host(self) -> pd.DataFrame:
         return self._table("host")
 
+    def host_rows(self) -> pd.DataFrame:
+        """The host samples; an empty frame for a Run built in memory with neither a reader nor host rows."""
+        if "host" in self.__dict__ or self._reader is not None:
+            return self.host
+        return pd.DataFrame()
+
     @cached_property
     def device(self) -> pd.DataFrame:
         return self._table("device")

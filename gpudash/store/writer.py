@@ -129,6 +129,8 @@ class Recorder:
                                                live_dir=self.run_dir if publish_to else None,
                                                run_json=self.run_dir / RUN_META_FILE if publish_to else None)
         live = self._publisher.live_path if self._publisher else self.path
+        #: the database this process writes (local even when the run is published elsewhere): its own readers'
+        self.live_path = live
         self._conn = connect(live)
         self._wal = wal_path(live)
         start = {

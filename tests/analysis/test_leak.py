@@ -119,3 +119,17 @@ def test_on_cpu_the_host_samples_are_placed_at_their_steps() -> None:
     assert "on CPU" in lk.seen and "parameters, activations stay flat" in lk.seen
     rss_only = leak_of(mem, host.drop(columns="malloc_used_bytes"), steps, first_step=0)
     assert rss_only is not None and rss_only.source == "rss_bytes"
+
+
+def test_on_cpu_the_step_boundary_reads_are_judged_before_the_timer_samples() -> None:
+    """Issue 41: malloc's in-use bytes read at step ends (memory rows) are the series; the timer's host samples,
+    landing anywhere inside steps and fewer on a loaded machine, are only the fallback of older runs."""
+    x = _steps(120)
+    mem = pd.DataFrame({"step": x, "malloc_used_bytes": 3e8 + x * 1.6 * MiB, "params_bytes": 1e6})
+    host = pd.DataFrame({"step": [5.0, 60.0, 110.0], "malloc_used_bytes": 9e8, "rss_bytes": 1e9,
+                         "available_bytes": 10e9, "total_bytes": 16e9})  # three samples: too few to judge
+    steps = pd.DataFrame({"step": x, "time": x})
+    lk = leak_of(mem, host, steps, first_step=0)
+    assert lk is not None and lk.source == "malloc_used_bytes" and lk.since_step <= 12
+    assert lk.per_step_bytes == pytest.approx(1.6 * MiB, rel=0.01)
+    assert leak_of(mem.drop(columns="malloc_used_bytes"), host, steps, first_step=0) is None
