@@ -100,8 +100,10 @@ SYNCHRONOUS = "OFF"
 def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
     conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before WAL mode: a WAL database keeps its page size
-    conn.execute("PRAGMA journal_mode=WAL")
+    # before WAL mode too: switching a new file to WAL with the default (FULL) fsyncs it, 30-300 ms of the
+    # first training step under `gpudash run` on a busy disk
     conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
+    conn.execute("PRAGMA journal_mode=WAL")
     page = int(conn.execute("PRAGMA page_size").fetchone()[0] or PAGE_SIZE)
     conn.execute(f"PRAGMA wal_autocheckpoint={max(16, CHECKPOINT_BYTES // page)}")
     conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
