@@ -127,9 +127,10 @@ class Monitor:
             self.add_step_hooks(end=self._record_cuda_device)
         for collector in default_collectors(options):
             self.add_collector(collector)
-        # the leak watch starts on a thread of its own: what it imports (pandas, the analysis) took 0.5-1 s of
-        # the first training step under `gpudash run`; it reads the rank file from its first row, so it misses
-        # nothing by starting later
+        # the leak watch starts on a thread of its own once the first step has ended (or after one look's
+        # wait): what it imports (pandas) took 0.5-1 s of the first training step under `gpudash run`, and
+        # even on its own thread it takes the GIL from that step; it reads the rank file from its first row,
+        # so it misses nothing by starting later
         self._leak_watch: Any = None
         self._abandoned = False
         self._watch_start: threading.Thread | None = None
@@ -146,6 +147,11 @@ class Monitor:
         self._exits = ExitHandlers(self.close, handle_signals=options.handle_signals)
 
     def _start_leak_watch(self) -> None:
+        deadline = time.monotonic() + self.options.leak_poll_s
+        while self.step_index < 1 and not self._abandoned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._abandoned:
+            return
         try:
             from gpudash.monitor.leakwatch import LeakWatch
 
@@ -312,9 +318,9 @@ class Monitor:
                 c.stop()
             except Exception:  # noqa: BLE001 - closing must always reach the writer
                 pass
-        leaks = self._leaks  # (waits for it to have started)
         with self._lock:
-            self._abandoned = True
+            self._abandoned = True  # a leak watch not started yet never starts
+        leaks = self._leaks  # (waits for one starting now)
         if leaks is not None:
             leaks.stop()
         if self._alerts is not None:  # the last look (a crash alert) is recorded before the writer closes
