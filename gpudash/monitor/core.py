@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Monitor"]
 
+#: Phase names a Monitor remembers (and lists in the run meta); a phase named past them is still timed.
+MAX_PHASES = 256
 #: Values ``log()`` stores as they are (no ``detach``): checked for all of a call's values at once, in C.
 _PLAIN = frozenset({float, int, bool, str, type(None)})
 
@@ -248,7 +250,10 @@ class Monitor:
         """Time a part of the step (data, forward, backward, optimizer, ...); nests and repeats add up."""
         ph = self._phases.get(name)
         if ph is None:
-            ph = self._phases[name] = Phase(self, name)
+            ph = Phase(self, name)
+            if len(self._phases) >= MAX_PHASES:  # ever-new names: timed, not remembered (bounded memory)
+                return ph
+            self._phases[name] = ph
             # the run's phase set is what was opened (analysis never guesses it from a column suffix)
             self.recorder.put_meta(phases=[p.key.removesuffix("_s") for p in self._phases.values()])
         return ph
