@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import gpudash
-from gpudash.monitor import Monitor
-from gpudash.monitor import core
+from gpudash.monitor import Monitor, core
 from gpudash.monitor.names import MAX_NAMES as MONITOR_NAMES
 from gpudash.store.tables import MAX_NAMES
 from gpudash.store.writer import MAX_REPORTS
