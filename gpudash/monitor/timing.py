@@ -167,5 +167,5 @@ class Step:
         if memory.row is not None:  # (checked here: most steps have no memory record)
             m.recorder.put("memory", memory.take())
         if not taken:
-            m.recorder.put("steps", row)  # (Monitor.put_step, without its call)
+            m.put_step(row)
         m.step_index = step + 1
