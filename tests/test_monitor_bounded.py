@@ -8,7 +8,12 @@ where SQLite has room. (The soak benchmark, ``benchmarks/soak.py``, measures the
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import gpudash
 from gpudash.monitor import Monitor, core
@@ -47,3 +52,25 @@ def test_ever_new_names_phases_and_problems_stay_within_their_bounds(tmp_path: P
         assert 0 < int(run.meta["unreported_problems"]) <= mon.recorder.unreported  # (counted as they come)
     finally:
         run.close()
+
+
+def test_optimizers_made_again_and_again_are_not_kept_alive_by_gpudash_run() -> None:
+    """``gpudash run`` watches the optimizers a script steps; one made anew every epoch (and its state's tensors)
+    is let go once the script drops it, not kept for the whole run."""
+    torch = pytest.importorskip("torch")
+    from gpudash.zerocode.steps import Watched
+
+    model = torch.nn.Linear(64, 64)
+    watched = Watched()
+    watched.add_root(model)
+    states: list[weakref.ref[Any]] = []
+    for _ in range(20):
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(2, 64)).sum().backward()
+        opt.step()  # Adam's state: two tensors per parameter
+        watched.add_optimizer(opt)
+        states.append(weakref.ref(opt.state[model.weight]["exp_avg"]))
+        del opt
+        gc.collect()
+    assert len(watched.state.maps) <= 2
+    assert sum(r() is not None for r in states) <= 1  # only the last optimizer's state is alive
