@@ -17,6 +17,10 @@ Part 4, zero code: the same real step under ``gpudash run``'s in-process agent
 ``gpudash run -- python train.py`` installs) next to the explicit Monitor
 (``with loop.step(mon)`` + watch + loss), variants interleaved in rounds.
 
+Part 5, the microbenchmark: the same calls with no body, as CPU time of the training thread
+(``time.thread_time``: a loaded machine's waits for a core or the GIL are not counted), next to wandb.log
+and trackio.log of the same 8 scalars, interleaved in rounds. Goal (issue 41): gpudash <= 5 µs per step.
+
 Part 3, the store: write throughput (records/s through Monitor.step),
 bytes per step on disk, and ``load_run`` time for a run of ``--big-steps``.
 """
@@ -127,6 +131,62 @@ def part1(steps: int, tmp: Path) -> list[tuple[str, float, float, float]]:
         p50, p99 = np.percentile(t, 50), np.percentile(t, 99)
         rows.append((name, (p50 - b50) * 1e6, (p99 - b99) * 1e6, p50 / b50))
     return rows
+
+
+def part5(steps: int, tmp: Path) -> list[tuple[str, float, float]]:
+    """The microbenchmark: each logger's own calls (no body), as CPU time of the training thread
+    (``time.thread_time``), so the figure holds on a loaded machine (waiting for a core or the GIL is not
+    counted); rounds of ``steps`` steps, loggers interleaved, median and min of the per-round µs per step."""
+
+    def mb_gpudash(mon: Monitor, i: int) -> None:
+        with mon.step(samples=8, tokens=1024):
+            with mon.phase("data"):
+                pass
+            with mon.phase("forward"):
+                pass
+            with mon.phase("backward"):
+                pass
+            with mon.phase("optimizer"):
+                pass
+            mon.log(**scalars(i))
+
+    def mb_other(run: Any, i: int) -> None:
+        run.log(scalars(i))
+
+    def mb_bare(ctx: Any, i: int) -> None:
+        scalars(i)  # the same dict built: what each logger is handed
+
+    variants: dict[str, tuple[Callable[[Any, int], None], Any, Callable[[], None]]] = {
+        "bare (the scalars' dict only)": (mb_bare, None, lambda: None)}
+    mon = Monitor(tmp / "micro", host_hz=1)
+    variants["gpudash: step + 4 phases + 8 scalars"] = (mb_gpudash, mon, mon.close)
+    try:
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        run = wandb.init(mode="offline", dir=str(tmp), project="bench", name="micro",
+                         settings=wandb.Settings(console="off"))
+        variants["wandb (offline): log of 8 scalars"] = (mb_other, run, run.finish)
+    except Exception as exc:  # noqa: BLE001
+        print(f"wandb not available: {exc}")
+    try:
+        os.environ["TRACKIO_DIR"] = str(tmp / "trackio")
+        import trackio
+
+        trackio.init(project="bench", name="micro")
+        variants["trackio: log of 8 scalars"] = (mb_other, trackio, trackio.finish)
+    except Exception as exc:  # noqa: BLE001
+        print(f"trackio not available: {exc}")
+    per: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(15):
+        for name, (body, ctx, _) in variants.items():
+            t0 = time.thread_time()
+            for i in range(r * steps, (r + 1) * steps):
+                body(ctx, i)
+            per[name].append((time.thread_time() - t0) / steps * 1e6)
+    for _, (_, _, close) in variants.items():
+        close()
+    return [(name, statistics.median(v), min(v)) for name, v in per.items()]
 
 
 def part2(steps: int, tmp: Path) -> list[tuple[str, float, float]]:
@@ -255,7 +315,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--real-steps", type=int, default=400)
     ap.add_argument("--big-steps", type=int, default=1_000_000)
-    ap.add_argument("--parts", default="1,2,3,4", help="which parts to run (default: all)")
+    ap.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (default: all)")
+    ap.add_argument("--micro-steps", type=int, default=2000, help="steps per round of part 5")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="gpudash-bench-"))
@@ -290,6 +351,13 @@ def main() -> None:
         for widths in ((32, 64, 64, 4), (256, 1024, 1024, 16)):
             for name, ms, added, ratio in part4(args.real_steps, tmp, widths):
                 print(f"| {'x'.join(map(str, widths))} | {name} | {ms:.2f} | {added:.0f} | {ratio:.3f} |")
+    if "5" in parts:
+        print("\n## 5. Microbenchmark: the loggers' own calls, CPU µs of the training thread per step "
+              f"(15 rounds of {args.micro_steps:,}; load average {os.getloadavg()[0]:.1f})\n")
+        print("| logger | µs per step, median | min |")
+        print("|---|---:|---:|")
+        for name, med, low in part5(args.micro_steps, tmp):
+            print(f"| {name} | {med:.2f} | {low:.2f} |")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from gpudash.collectors.base import cuda_torch
 from gpudash.collectors.oom import flush_observed_oom, note_observed_oom
 from gpudash.store.schema import SNAPSHOT_REQUEST_FILE
-from gpudash.store.snapshot import snapshot_row, summarize
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
@@ -246,6 +245,10 @@ class SnapshotCollector:
         monitor = self._monitor
         if monitor is None:
             return
+        # imported here, on the collector's thread: pandas (which the summary uses) is not the training
+        # thread's to import at the first step (most runs never take a snapshot)
+        from gpudash.store.snapshot import snapshot_row, summarize
+
         try:
             # torch's own snapshot, not a stranger's file: the work budget is its size (a 1,000,000-entry
             # history is ~11 million entries and frames), every trace entry kept

@@ -48,6 +48,10 @@ class Monitor(Protocol):
 
 _perf = time.perf_counter
 _time = time.time
+#: Steps between two readings of the wall clock: a step's ``time`` is its end on ``perf_counter`` plus the
+#: wall clock's offset from it, read again every this many steps (one clock call a step saved; a wall clock
+#: set by hand or by NTP is followed within as many steps)
+WALL_EVERY = 256
 
 
 class Phase:
@@ -93,13 +97,15 @@ class Phase:
 class Step:
     """``monitor.step(...)``: the Monitor's one step context, reused every step."""
 
-    __slots__ = ("_m", "samples", "tokens", "_t0")
+    __slots__ = ("_m", "samples", "tokens", "_t0", "_wall", "_wall_in")
 
     def __init__(self, monitor: Monitor) -> None:
         self._m = monitor
         self.samples: Any = None
         self.tokens: Any = None
         self._t0 = 0.0
+        self._wall = 0.0  # time.time() - time.perf_counter(), read every WALL_EVERY steps
+        self._wall_in = 0  # steps until the next reading
 
     def __enter__(self) -> Step:
         m = self._m
@@ -129,7 +135,12 @@ class Step:
         if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
             m._names.rename_own(row)
         row["step"] = step
-        row["time"] = _time()
+        if self._wall_in:
+            self._wall_in -= 1
+        else:
+            self._wall_in = WALL_EVERY - 1
+            self._wall = _time() - _perf()
+        row["time"] = t1 + self._wall
         row["duration_s"] = t1 - self._t0
         if self.samples is not None:
             row["samples"] = self.samples

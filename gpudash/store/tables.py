@@ -60,6 +60,11 @@ _SLICE = 4096
 TABLE_TAG: Any = None
 _BASE = {t: frozenset(c for c, _ in cols) for t, cols in TABLE_BASE_COLUMNS.items()}
 
+#: Names remembered per table (a key's column name; the columns SQLite had no room for): a run that logs
+#: ever-new names (``log(**{f"x{step}": ...})``) must not grow the writer's memory with them. Past this, a
+#: name is worked out again in each batch that carries it.
+MAX_NAMES = 4096
+
 #: ``report(message, key=..., kind=...)``: say a problem once (see ``Recorder._report``)
 Report = Callable[..., None]
 
@@ -100,8 +105,10 @@ SYNCHRONOUS = "OFF"
 def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
     conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before WAL mode: a WAL database keeps its page size
-    conn.execute("PRAGMA journal_mode=WAL")
+    # before WAL mode too: switching a new file to WAL with the default (FULL) fsyncs it, 30-300 ms of the
+    # first training step under `gpudash run` on a busy disk
     conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
+    conn.execute("PRAGMA journal_mode=WAL")
     page = int(conn.execute("PRAGMA page_size").fetchone()[0] or PAGE_SIZE)
     conn.execute(f"PRAGMA wal_autocheckpoint={max(16, CHECKPOINT_BYTES // page)}")
     conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
@@ -178,14 +185,15 @@ class TableWriter:
         defs = list(new.items())
         room = column_room(self._conn, len(known))
         if len(defs) > room:
-            ignored.update(c for c, _ in defs[room:])  # record the rest of the row
+            ignored.update(c for c, _ in defs[room:][:max(0, MAX_NAMES - len(ignored))])  # record the rest of the row
             self._report(f"writer: {table}.{defs[room][0]} and {len(defs) - room - 1} more cannot be added (too "
                          f"many columns: SQLite allows {len(known) + room}); their values are not recorded",
                          key=f"add column to {table}: too many columns")  # said once, not once per column
             defs = defs[:room]
         refused = add_columns(self._conn, table, defs)  # a failure "for now" raises: the caller retries
         for col, exc in refused.items():
-            ignored.add(col)
+            if len(ignored) < MAX_NAMES:
+                ignored.add(col)
             self._report(f"writer: {table}.{col} cannot be added ({exc}); its values are not recorded",
                          key=f"add column to {table}: {exc}")
         known.update((c, t) for c, t in defs if c not in refused)
@@ -202,7 +210,8 @@ class TableWriter:
                 self._report(f"{table}: {key[:60]!r} is a name gpudash uses itself; recorded as {new!r} "
                              f"(rename it to silence this)", kind="reserved_name")
                 col = new
-            cache[key] = col
+            if len(cache) < MAX_NAMES:
+                cache[key] = col
         return col
 
     def insert(self, table: str, rows: list[dict[Any, Any]]) -> None:

@@ -59,6 +59,9 @@ _TABLE = TABLE_TAG
 _Record = dict[Any, Any]
 #: Failed transactions per flush spent on isolating the records that cannot be written.
 _FAIL_BUDGET = 64
+#: Different problems said (and remembered, so each is said once) per run; past this, one line says that
+#: more are not shown and they are only counted (``unreported``): ever-new messages must not grow memory.
+MAX_REPORTS = 256
 
 
 def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
@@ -104,6 +107,7 @@ class Recorder:
         self.dropped_values = 0
         self.errors: list[str] = []
         self._reported: set[str] = set()
+        self.unreported = 0  # problems not said past MAX_REPORTS
         self._retry: list[_Record] = []  # records of a write that failed for now
         self._stalled = False  # a write failed for now in this flush: keep the rest for the next one
         self._failing: tuple[float, str] | None = None  # (since, message) while writes fail for now
@@ -391,6 +395,14 @@ class Recorder:
         """Say a problem once: in ``errors``, on stderr and (if it can be written) as an event."""
         key = msg if key is None else key
         if key in self._reported:
+            return
+        if len(self._reported) >= MAX_REPORTS:
+            self.unreported += 1
+            if self.unreported == 1:
+                print(f"gpudash: {self.path.name}: {MAX_REPORTS} different problems said; more are only counted "
+                      f"(run meta unreported_problems)", file=sys.stderr)
+            with self._meta_lock:
+                self._meta_pending["unreported_problems"] = self.unreported
             return
         self._reported.add(key)
         self.errors.append(msg)

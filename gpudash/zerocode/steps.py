@@ -53,8 +53,11 @@ class Watched:
     def add_optimizer(self, optimizer: Any) -> bool:
         if any(r() is optimizer for r in self._optimizers):
             return False
+        # optimizers gone since (a script that makes a new one every epoch) are forgotten, and their states
+        # with them: the mapping held every state it was given, and its tensors, for the whole run
+        self._optimizers = [r for r in self._optimizers if r() is not None]
         self._optimizers.append(weakref.ref(optimizer))
-        self.state.maps.append(optimizer.state)
+        self.state = ChainMap(*[o.state for o in (r() for r in self._optimizers) if o is not None])
         self._params = None
         return True
 
