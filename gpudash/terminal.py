@@ -18,7 +18,12 @@ __all__ = ["printable", "printable_lines"]
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
 
 
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(m: re.Match[str]) -> str:
+    if m.group(0) in _NAMED:
+        return _NAMED[m.group(0)]
     c = ord(m.group(0))
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 

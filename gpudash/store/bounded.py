@@ -193,24 +193,34 @@ def read_below(root: str | os.PathLike[str], name: str, max_bytes: int) -> bytes
     return _read_fd(open_below(root, name), name.rsplit("/", 1)[-1], max_bytes)
 
 
-def walk_below(root: str | os.PathLike[str], prefix: str) -> list[str]:
-    """Names (``prefix/...``, relative to ``root``) of the regular files under folder ``root/prefix``, no
-    link followed: a linked folder is not entered and a linked file not listed."""
-    base = os.path.join(os.fspath(root), prefix) if prefix else os.fspath(root)
-    if prefix and any(os.path.islink(os.path.join(os.fspath(root), *prefix.split("/")[:i + 1]))
-                      for i in range(len(prefix.split("/")))):
-        return []
-    out: list[str] = []
-    for top, dirs, files in os.walk(base, followlinks=False):
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
-        rel = os.path.relpath(top, os.fspath(root)).replace(os.sep, "/")
-        for f in files:
+def walk_below(root: str | os.PathLike[str], prefix: str) -> tuple[list[str], list[str]]:
+    """(files, links): names (``prefix/...``, relative to ``root``) of the regular files under folder
+    ``root/prefix`` and of the links there, no link followed (a linked folder is not entered; reading a
+    linked file's name with :func:`read_below` is refused, so the caller can name it)."""
+    root_s = os.fspath(root)
+    parts = [p for p in prefix.split("/") if p]
+    for i in range(len(parts)):
+        if os.path.islink(os.path.join(root_s, *parts[:i + 1])):
+            return [], ["/".join(parts[:i + 1])]
+    files: list[str] = []
+    links: list[str] = []
+    for top, dirs, names in os.walk(os.path.join(root_s, *parts), followlinks=False):
+        rel = os.path.relpath(top, root_s).replace(os.sep, "/")
+        for d in list(dirs):
+            if os.path.islink(os.path.join(top, d)):
+                dirs.remove(d)
+                links.append(d if rel == "." else f"{rel}/{d}")
+        for f in names:
             try:
-                if stat.S_ISREG(os.lstat(os.path.join(top, f)).st_mode):
-                    out.append(f if rel == "." else f"{rel}/{f}")
+                mode = os.lstat(os.path.join(top, f)).st_mode
             except OSError:
                 continue
-    return out
+            name = f if rel == "." else f"{rel}/{f}"
+            if stat.S_ISLNK(mode):
+                links.append(name)
+            elif stat.S_ISREG(mode):
+                files.append(name)
+    return files, links
 
 
 def read_regular(path: Path, max_bytes: int) -> bytes:

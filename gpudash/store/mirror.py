@@ -74,6 +74,8 @@ class SegmentMirror:
 
     def _sync(self) -> None:
         files = self.store.find(SEGMENTS_DIR)
+        for link in self.store.links[:20]:  # never followed, always named
+            self._note(f"{link}: a symbolic link; not followed (nothing below a run folder is)")
         present: set[str] = set(files)
         for rank, tables in sorted(segment_ranks(files).items()):
             cache = self.caches.get(rank)

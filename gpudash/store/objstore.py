@@ -64,6 +64,8 @@ class Store:
     def __init__(self, location: str | os.PathLike[str]) -> None:
         self.location = str(location).rstrip("/") if is_url(location) else os.fspath(location)
         self.remote = is_url(location)
+        #: links met by the last :meth:`find` of a folder (never followed; the reader names them)
+        self.links: list[str] = []
         if self.remote:
             self.fs, self.root = _remote_fs(self.location)
         else:
@@ -116,10 +118,12 @@ class Store:
         """Names (relative to the store) of every file under folder ``prefix``: one listing request
         on an object store, however many ranks and tables."""
         full = self._full(prefix)
-        if not self.remote:  # a linked folder is not entered, a linked file not listed
+        if not self.remote:  # no link is listed or entered: they are kept in ``links`` for the reader to name
             from gpudash.store.bounded import walk_below
 
-            return sorted(n for n in walk_below(self.root, prefix) if not n.rsplit("/", 1)[-1].startswith("."))
+            files, links = walk_below(self.root, prefix)
+            self.links = sorted(links)
+            return sorted(n for n in files if not n.rsplit("/", 1)[-1].startswith("."))
         self.fs.invalidate_cache(full)
         try:
             found = self.fs.find(full)

@@ -83,7 +83,7 @@ class RunsMirror:
         for full, info in listing.items():
             key = str(full)[len(root):] if str(full).startswith(root) else None
             named = self._named(key) if key else None
-            if named is None:
+            if key is None or named is None:
                 continue
             if named[0] == self.own_id and mirrored_name(key) is None:
                 own.add(f"{named[0]}/{named[1]}")

@@ -368,11 +368,18 @@ def segment_bounds(data: bytes, name: str) -> tuple[Any, list[str]]:
     schema = pf.schema_arrow
     if "_rowid" not in schema.names or not pa.types.is_integer(schema.field("_rowid").type):
         raise SegmentRefused("no integer _rowid column; not a gpudash segment")
-    text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
-            or pa.types.is_large_string(f.type) or pa.types.is_large_binary(f.type)]
+    text = [f.name for f in schema if _is_text(f.type)
+            or (pa.types.is_dictionary(f.type) and _is_text(f.type.value_type))]
     if text:  # reopened reading text as dictionaries: each distinct value once, measured before it is spread
         pf = pq.ParquetFile(io.BytesIO(data), read_dictionary=text)
     return pf, text
+
+
+def _is_text(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+                or pa.types.is_large_binary(t))
 
 
 def _decoded(batch: Any, text_cols: list[str], name: str) -> Any:
@@ -380,16 +387,18 @@ def _decoded(batch: Any, text_cols: list[str], name: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not text_cols:
-        return batch
     total = 0
     arrays = []
     for arr in batch.columns:
-        if pa.types.is_dictionary(arr.type):
-            lengths = pc.binary_length(arr.dictionary)
-            total += int(pc.sum(pc.take(lengths, arr.indices)).as_py() or 0)
-            if total > BATCH_TEXT_BYTES:
-                raise SegmentRefused(f"its text in {BATCH_ROWS:,} rows is over {BATCH_TEXT_BYTES:,} bytes decoded")
+        if pa.types.is_dictionary(arr.type):  # every text column is read as one (and a file may store others so)
+            if _is_text(arr.type.value_type):
+                lengths = pc.binary_length(arr.dictionary)
+                total += int(pc.sum(pc.take(lengths, arr.indices)).as_py() or 0)
+                if total > BATCH_TEXT_BYTES:
+                    raise SegmentRefused(f"its text in {BATCH_ROWS:,} rows is over {BATCH_TEXT_BYTES:,} bytes "
+                                         "decoded")
             arr = arr.cast(arr.type.value_type)
+        elif _is_text(arr.type):  # read plain: its bytes are what the file held uncompressed (bounded above)
+            total += arr.nbytes
         arrays.append(arr)
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
