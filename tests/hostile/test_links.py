@@ -17,7 +17,7 @@ from gpudash.server.layouts.pages import request_snapshot
 from gpudash.server.metrics import metrics_registry
 from gpudash.server.runcache import shared_cache
 from gpudash.store import load_run
-from gpudash.store.bounded import UnsafeFile, open_below, read_below
+from gpudash.store.bounded import UnsafeFile
 from gpudash.store.segments import PUBLISHED_TABLES, export_rows, read_meta_rows
 
 SECRET = "aws_secret_access_key_LEAKED"
@@ -135,6 +135,8 @@ def test_snapshot_request_is_never_written_through_a_link(runs: Path) -> None:
 
 
 def test_open_below_refuses_a_link_at_every_level(tmp_path: Path) -> None:
+    from gpudash.store.bounded import open_below, read_below
+
     (tmp_path / "real" / "a").mkdir(parents=True)
     (tmp_path / "real" / "a" / "f").write_bytes(b"x")
     (tmp_path / "run").mkdir()

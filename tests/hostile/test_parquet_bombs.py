@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpudash.store import segments
-from gpudash.store.segments import SegmentCache, SegmentRefused, segment_bounds
+from gpudash.store.segments import SegmentCache
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -40,6 +40,8 @@ def bomb() -> bytes:
 
 
 def test_the_bomb_is_refused_from_its_footer(bomb: bytes, tmp_path: Path) -> None:
+    from gpudash.store.segments import SegmentRefused, segment_bounds
+
     with pytest.raises(SegmentRefused, match="claims 10,000,000 rows in .* bytes.*Parquet bomb"):
         segment_bounds(bomb, BOMB_NAME)
     said: list[str] = []
@@ -59,6 +61,8 @@ def _table_bytes(n: int, **cols: object) -> bytes:
 
 
 def test_rows_beyond_the_names_rowid_range_are_refused() -> None:
+    from gpudash.store.segments import SegmentRefused, segment_bounds
+
     data = _table_bytes(100, step=np.arange(100))
     with pytest.raises(SegmentRefused, match="100 rows, more than the 10 its name's rowid range"):
         segment_bounds(data, "000000000000-000000000010.parquet")
