@@ -101,9 +101,15 @@ def redact_text(text: str) -> tuple[str, bool]:
     return out, hit
 
 
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
 def _value(v: str) -> str:
-    """A whole value given under a secret name: a URL keeps scheme and host, anything else goes."""
+    """A whole value given under a secret name: a URL keeps scheme and host, a plain number stays
+    (``--max-token-count 5``), anything else goes."""
     v = v.strip()
+    if _NUMBER.fullmatch(v):
+        return v
     return _short_url(v) if _URL.fullmatch(v) else REDACTED
 
 
@@ -116,13 +122,14 @@ def _argv(argv: list[Any], notes: list[str]) -> list[Any]:
             continue
         if secret_next is not None and not (raw.startswith("-") and len(raw) > 1 and not raw[1].isdigit()):
             out.append(_value(raw))
-            notes.append(f"argv: the value of {secret_next[:60]}")
+            if out[-1] != raw:
+                notes.append(f"argv: the value of {secret_next[:60]}")
             secret_next = None
             continue
         secret_next = None
         if raw.startswith("-") and "=" in raw:
             flag, value = raw.split("=", 1)
-            if secret_name(flag) and value:
+            if secret_name(flag) and value and _value(value) != value:
                 out.append(f"{flag}={_value(value)}")
                 notes.append(f"argv: the value of {flag[:60]}")
                 continue
@@ -132,7 +139,8 @@ def _argv(argv: list[Any], notes: list[str]) -> list[Any]:
             continue
         elif not raw.startswith("-") and "=" in raw:  # VAR=value (an environment assignment)
             name, value = raw.split("=", 1)
-            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and secret_name(name) and value:
+            if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and secret_name(name) and value \
+                    and _value(value) != value:
                 out.append(f"{name}={_value(value)}")
                 notes.append(f"argv: the value of {name[:60]}")
                 continue

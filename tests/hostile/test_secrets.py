@@ -78,3 +78,23 @@ def test_a_user_password_webhook_is_refused_in_one_line(tmp_path: Path) -> None:
         assert len(lines) == 1 and "user:password@" in lines[0] and "Traceback" not in out.stderr, out.stderr
         assert SECRET not in out.stderr  # the refusal does not print the password either
     assert not (tmp_path / "r").exists()
+
+
+def test_a_run_recorded_with_a_secret_shows_none(tmp_path: Path) -> None:
+    """A run written before redaction (or by another tool): every surface reads its meta redacted."""
+    from helpers.hostile_cases import healthy
+
+    from gpudash.store import load_run
+
+    run = healthy(tmp_path / "old")
+    (run / "run.json").write_text(json.dumps({"name": "old", "argv": ["train", "--alert-webhook", HOOK]}))
+    with sqlite3.connect(run / "rank0.db") as c:
+        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('config', ?)",
+                  (json.dumps({"alerts": {"webhook": HOOK}}),))
+    c.close()
+    r = load_run(run)
+    try:
+        assert SECRET not in json.dumps(r.meta, default=str)
+        assert "https://hooks.slack.com/…" in json.dumps(r.meta, ensure_ascii=False)
+    finally:
+        r.close()
