@@ -100,9 +100,16 @@ def test_a_run_json_too_large_is_named_not_hidden(tmp_path: Path) -> None:
     _run_objects(prefix, "fat5", {"pad": "x" * (5 << 20)})  # over the 4 MiB the mirror copied: read now
     _run_objects(prefix, "fat9", {"pad": "x" * (9 << 20)})  # over what any reader reads: named
     _run_objects(prefix, "good")
+    _put(f"{prefix}/good/segments/rank=0/meta.json", json.dumps({"pad": "x" * (5 << 20)}).encode())
     mirror = RunsMirror(prefix, tmp_path / "local")
     mirror.sync_once()
     assert [e for e in mirror.errors if "fat9/run.json" in e and "not copied" in e], mirror.errors
+    assert [e for e in mirror.errors if "good/segments/rank=0/meta.json" in e and "not copied" in e], mirror.errors
+    r = load_run(tmp_path / "local" / "good")
+    try:
+        assert [p for p in r.problems if "meta.json is 5.2 MB, over the" in p], r.problems
+    finally:
+        r.close()
     r = load_run(tmp_path / "local" / "fat5")
     try:
         assert r.name == "fat5" and not [p for p in r.problems if "run.json" in p]
