@@ -246,7 +246,7 @@ class SegmentCache:
         import pyarrow as pa
 
         try:
-            pf, text_cols = segment_bounds(data, name)
+            pf, _text = segment_bounds(data, name)
         except SegmentRefused as exc:
             self._report(f"{name}: damaged, not read ({exc}); the rows after it wait for a good copy")
             return 0
@@ -256,7 +256,7 @@ class SegmentCache:
         added = 0
         try:
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
-                tab = pa.Table.from_batches([_decoded(batch, text_cols, name)])
+                tab = pa.Table.from_batches([_decoded(batch)])
                 added += self._ingest_batch(table, tab)
         except SegmentRefused as exc:
             self._report(f"{name}: damaged, read up to row {added:,} ({exc}); the rows after it wait for a good copy")
@@ -382,7 +382,7 @@ def _is_text(t: Any) -> bool:
                 or pa.types.is_large_binary(t))
 
 
-def _decoded(batch: Any, text_cols: list[str], name: str) -> Any:
+def _decoded(batch: Any) -> Any:
     """``batch`` with its dictionary-read text columns made plain, after checking the bytes that makes."""
     import pyarrow as pa
     import pyarrow.compute as pc
