@@ -242,8 +242,13 @@ def _read_fd(fd: int, name: str, max_bytes: int) -> bytes:
         if st.st_size > max_bytes:
             raise UnsafeFile(f"{name} is {_size(st.st_size)}, over the {_size(max_bytes)} a reader accepts; "
                              "not read")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:  # its size, not the limit, sets what is allocated
+            data = f.read(min(max_bytes, st.st_size) + 1)
+            while st.st_size < len(data) <= max_bytes:  # growing while read: on, a MiB at a time, to the limit
+                more = f.read(min(1 << 20, max_bytes + 1 - len(data)))
+                if not more:
+                    break
+                data += more
     finally:
         os.close(fd)
     if len(data) > max_bytes:
