@@ -32,6 +32,9 @@ _WORDS = frozenset({"token", "secret", "secrets", "password", "passwd", "pwd", "
                     "accesskey", "secretkey", "clientsecret"})
 _KEY_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
                         ("account", "key"), ("client", "secret"), ("session", "key"), ("signing", "key")})
+#: A last name part that makes a name about a credential rather than one (counts, errors, where it is kept).
+_ABOUT = frozenset({"sent", "dropped", "error", "errors", "count", "counts", "limit", "budget", "file", "path",
+                    "kind", "type", "size", "timeout", "retries", "env", "var", "enabled"})
 _SPLIT = re.compile(r"[^a-z0-9]+")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,20}://[^\s\"'<>]+")
 _WEBHOOK_HOSTS = ("hooks.slack.com", "discord.com", "discordapp.com", "webhook.office.com", "outlook.office.com",
@@ -48,6 +51,8 @@ def secret_name(name: str) -> bool:
     ``HF_TOKEN``, ``api_key``, ``secretAccessKey``; not ``max_tokens`` or ``tokenizer``)."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)  # camelCase -> camel_case
     parts = [p for p in _SPLIT.split(spaced.lower()) if p]
+    if len(parts) > 1 and parts[-1] in _ABOUT:  # webhook_sent, webhook_last_error, token_file: about it, not it
+        return False
     if any(p in _WORDS for p in parts):
         return True
     return any(pair in _KEY_PAIRS for pair in zip(parts, parts[1:], strict=False))

@@ -65,6 +65,7 @@ def test_a_config_and_environment_assignments_are_redacted() -> None:
     assert out["config"]["db"]["host"] == "db" and out["config"]["alerts"] == {"webhook": None}
     assert len(out["redacted"]) == 7
     assert secret_name("HF_TOKEN") and secret_name("secretAccessKey") and not secret_name("max_tokens")
+    assert not secret_name("webhook_last_error") and not secret_name("webhook_sent")  # the alerts' own counts
 
 
 def test_a_user_password_webhook_is_refused_in_one_line(tmp_path: Path) -> None:
