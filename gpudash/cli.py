@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from gpudash._version import __version__
 from gpudash.errors import RunError, UserError
+from gpudash.terminal import printable
 
 __all__ = ["COMMANDS", "main"]
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, RunError) as exc:
         if os.environ.get("GPUDASH_DEBUG"):
             raise
-        print(f"gpudash: error: {exc}", file=sys.stderr)
+        print(f"gpudash: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gpudash: interrupted", file=sys.stderr)

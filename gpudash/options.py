@@ -61,6 +61,9 @@ def check_webhook_url(url: str) -> str:
     if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() for c in url):
         raise ValueError(f"alert webhook {str(url)[:200]!r}: pass an http:// or https:// URL "
                          "(e.g. a Slack or Discord incoming-webhook URL)")
+    if "@" in parts.netloc:  # never delivered (urllib sends no userinfo), and a password on the command line
+        raise ValueError(f"alert webhook {parts.scheme}://{parts.hostname or ''}/…: holds a user:password@, which "
+                         "is never sent; pass the URL the service gives (its secret in the path), without user:pass@")
     return url
 
 

@@ -163,17 +163,33 @@ def _events(run: Run, *kinds: str) -> pd.DataFrame:
     return ev[mask]
 
 
+def nan_loss_rows(loss: np.ndarray) -> np.ndarray:
+    """Which rows of a step-ordered loss column (NaN where the row has none: SQLite stores a NaN as NULL)
+    held a NaN, judged from every step's loss: a missing loss after the first logged one is a NaN when the
+    loss was logged on most steps while it was finite (a run NaN from step k on has every row from k on
+    missing, however many that is); when it was logged every N steps, a missing run longer than any gap
+    seen before is (the loss stopped being finite), the ordinary gaps are not."""
+    present = ~np.isnan(loss)
+    idx = np.flatnonzero(present)
+    out = np.zeros(len(loss), dtype=bool)
+    if not len(idx):
+        return out
+    first, last = int(idx[0]), int(idx[-1])
+    after = np.arange(len(loss)) > first
+    if len(idx) / (last - first + 1) >= 0.5:  # logged on most steps while finite: every gap is a NaN
+        return ~present & after
+    gap = int(np.diff(idx).max()) if len(idx) > 1 else 1
+    tail = np.arange(len(loss)) > last + gap  # sparse logging, and then nothing for longer than ever before
+    return ~present & tail
+
+
 def nonfinite_steps(run: Run) -> list[int]:
     s = _one_rank(run.steps)
     out: set[int] = set()
     if "loss" in s and len(s):
-        loss = s["loss"].astype(float)
+        loss = pd.to_numeric(s["loss"], errors="coerce").astype(float)
         out.update(s.loc[np.isinf(loss), "step"].astype(int))
-        if loss.notna().mean() >= 0.5:
-            # the loss is logged on most steps: a NULL after the first logged one was a NaN
-            after_first = loss.notna().cumsum().to_numpy() > 0
-            inside = after_first
-            out.update(s.loc[loss.isna().to_numpy() & inside, "step"].astype(int))
+        out.update(s.loc[nan_loss_rows(loss.to_numpy()), "step"].astype(int))
     for col in ("nonfinite", "non_finite", "skipped", "skipped_step", "found_inf"):
         if col in s:
             out.update(s.loc[s[col].fillna(0).astype(float) > 0, "step"].astype(int))

@@ -13,25 +13,44 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from gpudash.errors import UserError
+from gpudash.terminal import printable
 
 __all__ = ["GateRules", "Outcome", "add_arguments", "check", "load_rules", "parse_percent", "run"]
 
 
+#: The largest rules file read (a real one is a few lines).
+RULES_BYTES = 1 << 20
+
+
+def _shown(v: Any) -> str:
+    """A rule's bad value in a one-line message: short, its type named when it is not a number or text."""
+    if isinstance(v, str):
+        text = repr(v)
+    elif isinstance(v, (bool, int, float)):
+        text = repr(v)
+    else:
+        text = f"(a {type(v).__name__})"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def parse_percent(text: Any, what: str = "value") -> float:
     """``"5%"``, ``"5"`` or ``5`` -> 5.0 (percent); ValueError names the value."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"{what} {_shown(text)}: expected a percentage like 5%")
     s = str(text).strip().removesuffix("%").strip()
     try:
         x = float(s)
     except ValueError:
-        raise ValueError(f"{what} {text!r}: expected a percentage like 5%") from None
-    if x != x or x < 0 or x == float("inf"):
-        raise ValueError(f"{what} {text!r}: expected a percentage >= 0")
+        raise ValueError(f"{what} {_shown(text)}: expected a percentage like 5%") from None
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(f"{what} {_shown(text)}: expected a finite percentage >= 0")
     return x
 
 
@@ -69,14 +88,17 @@ class GateRules:
             if v is not None:
                 setattr(self, name, parse_percent(v, name))
         if self.max_peak_gib is not None and (not isinstance(self.max_peak_gib, int | float)
-                                              or isinstance(self.max_peak_gib, bool) or self.max_peak_gib <= 0):
-            raise ValueError(f"max_peak_gib {self.max_peak_gib!r}: expected a number of GiB > 0")
+                                              or isinstance(self.max_peak_gib, bool)
+                                              or not math.isfinite(self.max_peak_gib) or self.max_peak_gib <= 0):
+            raise ValueError(f"max_peak_gib {_shown(self.max_peak_gib)}: expected a finite number of GiB > 0")
         if self.max_spikes is not None and (not isinstance(self.max_spikes, int) or isinstance(self.max_spikes, bool)
                                             or self.max_spikes < 0):
-            raise ValueError(f"max_spikes {self.max_spikes!r}: expected a whole number >= 0")
+            raise ValueError(f"max_spikes {_shown(self.max_spikes)}: expected a whole number >= 0")
         for name in ("no_nonfinite", "no_oom", "no_leak"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} {getattr(self, name)!r}: expected true or false")
+                raise ValueError(f"{name} {_shown(getattr(self, name))}: expected true or false")
+        if self.baseline is not None and (not isinstance(self.baseline, str) or not self.baseline.strip()):
+            raise ValueError(f"baseline {_shown(self.baseline)}: expected the path of a run folder, as text")
 
     def any(self) -> bool:
         return any(getattr(self, f.name) not in (None, False) for f in fields(self) if f.name != "baseline")
@@ -89,7 +111,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         import tomllib
     else:  # a dependency there (pyproject: tomli; python_version < "3.11")
         import tomli as tomllib
-    data: dict[str, Any] = tomllib.loads(path.read_text())
+    from gpudash.store.bounded import read_regular
+
+    data: dict[str, Any] = tomllib.loads(read_regular(path, RULES_BYTES).decode("utf-8"))
     return data
 
 
@@ -100,8 +124,12 @@ def load_rules(path: Path) -> GateRules:
         data = _read_toml(path)
     except OSError as exc:
         raise UserError(f"--rules {path}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError
-        raise UserError(f"--rules {path}: not valid TOML ({str(exc).splitlines()[0][:200]})") from None
+    except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError (and UnicodeDecodeError)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"--rules {path}: not valid TOML ({first[:200]})") from None
+    except (RecursionError, MemoryError):
+        raise UserError(f"--rules {path}: nested too deeply to read (a rules file is a few flat lines: "
+                        "max_peak_increase = \"5%\", no_oom = true)") from None
     if isinstance(data.get("check"), dict):
         data = data["check"]
     known = {f.name for f in fields(GateRules)}
@@ -113,7 +141,7 @@ def load_rules(path: Path) -> GateRules:
         items["baseline"] = str(path.parent / items["baseline"])
     try:
         return GateRules(**items)
-    except ValueError as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise UserError(f"--rules {path}: {exc}") from None
 
 
@@ -253,9 +281,9 @@ def run(args: argparse.Namespace) -> int:
                          default=lambda v: None))
     else:
         for o in broken:
-            print(f"FAIL {o.rule}: {o.text}")
+            print(printable(f"FAIL {o.rule}: {o.text}"))
         if not broken:
-            print(f"ok: {len(outcomes)} rule(s) hold for {args.run}"
-                  + (f" against {rules.baseline}" if rules.baseline else ""))
+            print(printable(f"ok: {len(outcomes)} rule(s) hold for {args.run}"
+                            + (f" against {rules.baseline}" if rules.baseline else "")))
     sys.stdout.flush()
     return 1 if broken else 0

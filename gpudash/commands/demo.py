@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from gpudash.commands._flags import add_server_arguments
 from gpudash.errors import UserError
+from gpudash.terminal import printable_lines
 
 __all__ = ["add_arguments", "run"]
 
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         train(cfg)
         r = load_run(run_dir)
-        print("\n".join(summarize(r)))
+        print(printable_lines(summarize(r)))
         r.close()
         print(f"\nReplay it at {page}; also: gpudash info {run_dir}, "
               f"gpudash report {run_dir}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.errors import UserError
+from gpudash.terminal import printable_lines
 from gpudash.units import human_bytes
 
 __all__ = ["add_arguments", "load_side", "run"]
@@ -90,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(diff.as_dict(), indent=1))
     else:
-        print("\n".join(lines(diff)))
+        print(printable_lines(lines(diff)))
     return 0

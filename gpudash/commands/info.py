@@ -10,6 +10,7 @@ from typing import Any
 from gpudash.analysis.facts import Facts, headline_rows, run_facts
 from gpudash.store import load_run
 from gpudash.store.run import Run
+from gpudash.terminal import printable_lines
 from gpudash.units import human_bytes
 
 __all__ = ["add_arguments", "as_json", "human_bytes", "run", "summarize"]
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "json", False):
             print(json.dumps(as_json(r), indent=1, allow_nan=False))
         else:
-            print("\n".join(summarize(r)))
+            print(printable_lines(summarize(r)))  # a run's text never acts on the terminal
     finally:
         r.close()
     return 0

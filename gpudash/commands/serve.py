@@ -89,19 +89,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _mirror(url: str) -> RunsMirror:
     """The runs under an object-store prefix, copied as they are published into a private local folder
-    that the dashboard serves (:mod:`gpudash.store.runsync`); a prefix that is itself a run serves its parent."""
+    that the dashboard serves (:mod:`gpudash.store.runsync`); a prefix that is itself a run is served as that one
+    run (never its parent: only what is under the prefix asked for is read)."""
     import tempfile
 
     from gpudash.errors import RunError
     from gpudash.store.runsync import RunsMirror
-    from gpudash.store.schema import RUN_META_FILE
-    from gpudash.store.segments import SEGMENTS_DIR
 
     try:
-        store = open_store(url)
-        if store.exists(RUN_META_FILE) or store.exists(SEGMENTS_DIR):
-            print(f"gpudash: {url} is a run; serving its parent {url.rstrip('/').rsplit('/', 1)[0]}")
-            url = url.rstrip("/").rsplit("/", 1)[0]
+        open_store(url)  # only the prefix asked for is ever read (a prefix that is a run is served as one run)
         mirror = RunsMirror(url, Path(tempfile.mkdtemp(prefix="gpudash-serve-")) / run_name(url))
     except RunError as exc:
         raise UserError(str(exc)) from None

@@ -27,6 +27,7 @@ from gpudash.commands._flags import (
     positive_int,
 )
 from gpudash.errors import UserError
+from gpudash.terminal import printable_lines
 
 __all__ = ["add_arguments", "config_from_args", "nonnegative_float", "positive_float", "positive_int", "run",
            "summary_lines"]
@@ -161,5 +162,5 @@ def run(args: argparse.Namespace) -> int:
     except MemoryError as exc:  # out of memory even at micro-batch 1: the config cannot run here
         raise UserError(str(exc)) from None
     if trainer.rank == 0:
-        print("\n".join(summary_lines(run_dir)))
+        print(printable_lines(summary_lines(run_dir)))
     return 0

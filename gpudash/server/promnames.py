@@ -62,6 +62,17 @@ class Families:
         self._exposed: dict[str, str] = {}  # name as exposed (a counter's with _total) -> family
         self.series: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
+        #: run -> the first label whose recorded text was not valid UTF-8 (a lone surrogate): the exposition
+        #: would fail to encode it and answer 500 for every run, so it is escaped and the run named damaged
+        self.bad_text: dict[str, str] = {}
+
+    def _text(self, val: str, run: str, label: str) -> str:
+        try:
+            val.encode("utf-8")
+            return val
+        except UnicodeEncodeError:
+            self.bad_text.setdefault(run.encode("utf-8", "backslashreplace").decode(), label)
+            return val.encode("utf-8", "backslashreplace").decode("utf-8")
 
     def add(self, name: str, doc: str, labels: dict[str, str], value: Any, counter: bool = False,
             capped: bool = True) -> None:
@@ -72,7 +83,7 @@ class Families:
         if v != v:  # NaN: nothing recorded
             return
         name = metric_name(name)
-        labels = {k: str(val)[:LABEL_CHARS] for k, val in labels.items()}
+        labels = {k: self._text(str(val)[:LABEL_CHARS], labels.get("run", ""), k) for k, val in labels.items()}
         run = labels.get("run", "") if capped else ""
         key = (name, tuple(labels.values()))
         if key in self._seen:

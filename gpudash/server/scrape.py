@@ -105,6 +105,10 @@ class RunsCollector:
                 continue
             except Exception as exc:  # noqa: BLE001 - one damaged run must not break the scrape
                 self._damaged(fams, run_id, "all", exc)
+        for run_id, label in sorted(fams.bad_text.items()):
+            fams.add("gpudash_run_damaged", _DAMAGED_HELP,
+                     {"run": run_id, "problem": f"a recorded {label} is not valid UTF-8 text; shown escaped"}, 1,
+                     capped=False)
         for run_id, n in sorted(fams.dropped.items()):
             fams.add("gpudash_series_dropped", f"Series of the run beyond the {promnames.MAX_SERIES_PER_RUN} served per run.",
                      {"run": run_id}, n, capped=False)

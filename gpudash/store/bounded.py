@@ -23,6 +23,7 @@ Every limit is a module constant, so tests can make a case small and quick.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import stat
@@ -41,6 +42,9 @@ __all__ = [
     "UnsafeFile",
     "GuardedConnection",
     "check_regular",
+    "open_below",
+    "read_below",
+    "walk_below",
     "count_trimmed",
     "connect",
     "damage",
@@ -130,36 +134,126 @@ def real_tables(conn: sqlite3.Connection) -> set[str]:
     return {r[0] for r in rows if isinstance(r[0], str)}
 
 
+def _kind(mode: int) -> str:
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a folder" if stat.S_ISDIR(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
 def check_regular(path: Path) -> os.stat_result:
-    """``path``'s stat when it is a regular file (after links); raises :class:`UnsafeFile` for a FIFO,
-    a device, a socket or a folder, ``FileNotFoundError`` when it is not there."""
-    st = os.stat(path)
+    """``path``'s stat when it is a regular file, itself no link (``lstat``: a link below a run folder is
+    never followed, so a run cannot show a file from elsewhere); raises :class:`UnsafeFile` for a link, a
+    FIFO, a device, a socket or a folder, ``FileNotFoundError`` when it is not there."""
+    st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
-                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-        raise UnsafeFile(f"{path.name} is {kind}, not a regular file; not read")
+        kind = _kind(st.st_mode)
+        raise UnsafeFile(f"{path.name} is {kind}, not a regular file; not "
+                         + ("followed" if kind == "a symbolic link" else "read"))
     return st
 
 
+def _link_error(exc: OSError, name: str) -> OSError:
+    if exc.errno in (errno.ELOOP, getattr(errno, "EMLINK", -1)):
+        return UnsafeFile(f"{name}: a symbolic link on its path; not followed")
+    if exc.errno == errno.ENOTDIR:
+        return UnsafeFile(f"{name}: a symbolic link or a file where a folder belongs on its path; not followed")
+    return exc
+
+
+def open_below(root: str | os.PathLike[str], name: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A file descriptor of ``root/name`` opened with no link followed below ``root``: every folder of
+    ``name`` opened ``O_NOFOLLOW | O_DIRECTORY`` from the one above, the file itself ``O_NOFOLLOW``
+    (and ``O_NONBLOCK``: a FIFO never blocks the open). ``root`` itself may be a link (a run folder linked
+    inside the runs folder). Raises :class:`UnsafeFile` for a link anywhere below ``root``."""
+    parts = [p for p in name.split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise UnsafeFile(f"{name!r}: not a name inside the run folder")
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    dirflags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for part in parts[:-1]:
+            try:
+                nfd = os.open(part, dirflags, dir_fd=fd)
+            except OSError as exc:
+                raise _link_error(exc, name) from None
+            os.close(fd)
+            fd = nfd
+        try:
+            return os.open(parts[-1], flags | nofollow | getattr(os, "O_NONBLOCK", 0), mode, dir_fd=fd)
+        except OSError as exc:
+            raise _link_error(exc, name) from None
+    finally:
+        os.close(fd)
+
+
+def read_below(root: str | os.PathLike[str], name: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``root/name`` (no link followed below ``root``, :func:`open_below`),
+    of at most ``max_bytes``."""
+    return _read_fd(open_below(root, name), name.rsplit("/", 1)[-1], max_bytes)
+
+
+def walk_below(root: str | os.PathLike[str], prefix: str) -> tuple[list[str], list[str]]:
+    """(files, links): names (``prefix/...``, relative to ``root``) of the regular files under folder
+    ``root/prefix`` and of the links there, no link followed (a linked folder is not entered; reading a
+    linked file's name with :func:`read_below` is refused, so the caller can name it)."""
+    root_s = os.fspath(root)
+    parts = [p for p in prefix.split("/") if p]
+    for i in range(len(parts)):
+        if os.path.islink(os.path.join(root_s, *parts[:i + 1])):
+            return [], ["/".join(parts[:i + 1])]
+    files: list[str] = []
+    links: list[str] = []
+    for top, dirs, names in os.walk(os.path.join(root_s, *parts), followlinks=False):
+        rel = os.path.relpath(top, root_s).replace(os.sep, "/")
+        for d in list(dirs):
+            if os.path.islink(os.path.join(top, d)):
+                dirs.remove(d)
+                links.append(d if rel == "." else f"{rel}/{d}")
+        for f in names:
+            try:
+                mode = os.lstat(os.path.join(top, f)).st_mode
+            except OSError:
+                continue
+            name = f if rel == "." else f"{rel}/{f}"
+            if stat.S_ISLNK(mode):
+                links.append(name)
+            elif stat.S_ISREG(mode):
+                files.append(name)
+    return files, links
+
+
 def read_regular(path: Path, max_bytes: int) -> bytes:
-    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``
+    """The bytes of ``path``, which must be a regular file (not a link) of at most ``max_bytes``
     (checked before reading, and again while reading: a file that grows is cut off)."""
     check_regular(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        st = os.fstat(fd)  # the file opened, not the name stat'ed above (it may have been swapped)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise _link_error(exc, path.name) from None
+    return _read_fd(fd, path.name, max_bytes)
+
+
+def _read_fd(fd: int, name: str, max_bytes: int) -> bytes:
+    try:
+        st = os.fstat(fd)  # the file opened, not the name stat'ed before (it may have been swapped)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{path.name} is not a regular file; not read")
+            raise UnsafeFile(f"{name} is {_kind(st.st_mode)}, not a regular file; not read")
         if st.st_size > max_bytes:
-            raise UnsafeFile(f"{path.name} is {_size(st.st_size)}, over the {_size(max_bytes)} a reader accepts; "
+            raise UnsafeFile(f"{name} is {_size(st.st_size)}, over the {_size(max_bytes)} a reader accepts; "
                              "not read")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:  # its size, not the limit, sets what is allocated
+            data = f.read(min(max_bytes, st.st_size) + 1)
+            while st.st_size < len(data) <= max_bytes:  # growing while read: on, a MiB at a time, to the limit
+                more = f.read(min(1 << 20, max_bytes + 1 - len(data)))
+                if not more:
+                    break
+                data += more
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise UnsafeFile(f"{path.name} grew past {_size(max_bytes)} while read; not read")
+        raise UnsafeFile(f"{name} grew past {_size(max_bytes)} while read; not read")
     return data
 
 

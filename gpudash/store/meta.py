@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.bounded import UnsafeFile, damage, read_regular
+from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE
 
 __all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "read_run_json"]
@@ -107,7 +108,7 @@ META_KEYS: dict[str, Callable[[Any], Any]] = {
     "cpu_count": _int_in(1, 1 << 24), "dropped_records": _int_in(0, _MAX_INT), "total_steps": _int_in(1, _MAX_INT),
     "device_capacity_bytes": _BYTES, "memory_budget_bytes": _BYTES,
     "cuda_available": _bool,
-    "argv": _list,
+    "argv": _list, "redacted": _list,
     "config": _obj, "estimate": _obj, "preflight": _obj, "train_summary": _obj, "trainer": _obj,
     "hf_config": _obj, "lightning_config": _obj,
     # what a step was and how the steps are numbered (gpudash run, the HF / Lightning callbacks)
@@ -152,7 +153,8 @@ def clean_meta(meta: dict[str, Any], where: str, problems: list[str]) -> dict[st
                 problems.append(msg)
             clean = clean[:TEXT_FACT_CHARS] + "…"
         out[key] = clean
-    return out
+    # a run recorded before secrets were redacted on write (or by another tool) shows none either
+    return redact_meta(out)
 
 
 def read_run_json(run_dir: Path, problems: list[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudash.store.bounded import UnsafeFile
 from gpudash.store.objstore import Store
 from gpudash.store.schema import rank_db_name
 from gpudash.store.segments import SEGMENTS_DIR, SegmentCache, rank_meta_name, segment_ranks
@@ -73,6 +74,8 @@ class SegmentMirror:
 
     def _sync(self) -> None:
         files = self.store.find(SEGMENTS_DIR)
+        for link in self.store.links[:20]:  # never followed, always named
+            self._note(f"{link}: a symbolic link; not followed (nothing below a run folder is)")
         present: set[str] = set(files)
         for rank, tables in sorted(segment_ranks(files).items()):
             cache = self.caches.get(rank)
@@ -82,12 +85,16 @@ class SegmentMirror:
                 except sqlite3.Error as exc:
                     self._note(f"rank {rank}: no room for a private copy of its segments in {self.folder} ({exc})")
                     continue
+            note = self._rank_note(rank)
             for table, segments in tables.items():
                 for _after, _last, name in cache.wanted(table, segments):
                     try:
                         data = self.store.get(name)
                     except FileNotFoundError:
                         break  # merged and removed since the listing: the next listing names the merged file
+                    except Exception as exc:  # noqa: BLE001 - a link, too large, archived: this table waits, the rest read
+                        note(f"{name}: {_why(exc)}; the rows after it wait for a good copy")
+                        break
                     if not cache.ingest(table, data, name):
                         break
             meta = rank_meta_name(rank)
@@ -96,6 +103,13 @@ class SegmentMirror:
                     cache.set_meta(self.store.get(meta, limit=META_BYTES))
                 except FileNotFoundError:
                     pass
+                except Exception as exc:  # noqa: BLE001 - named; the rows are shown
+                    note(f"{meta}: {_why(exc)}; the rank's meta is not shown")
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc)[:200] or type(exc).__name__
+    return text if isinstance(exc, UnsafeFile) else f"cannot read it ({type(exc).__name__}: {text})"
 
 
 def unpublished_note(rank: int, meta: dict[str, Any]) -> str:

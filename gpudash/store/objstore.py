@@ -64,6 +64,8 @@ class Store:
     def __init__(self, location: str | os.PathLike[str]) -> None:
         self.location = str(location).rstrip("/") if is_url(location) else os.fspath(location)
         self.remote = is_url(location)
+        #: links met by the last :meth:`find` of a folder (never followed; the reader names them)
+        self.links: list[str] = []
         if self.remote:
             self.fs, self.root = _remote_fs(self.location)
         else:
@@ -85,7 +87,10 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as f:
+            # a name planted beforehand (a link to another file) is removed, never written through
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -97,13 +102,15 @@ class Store:
     def get(self, name: str, limit: int = MAX_OBJECT_BYTES) -> bytes:
         """One object's bytes (``FileNotFoundError`` when absent; ``OSError`` when over ``limit``)."""
         full = self._full(name)
-        if not self.remote:
-            from gpudash.store.bounded import check_regular
+        if not self.remote:  # no link followed below the folder; a FIFO or device would block or never end
+            from gpudash.store.bounded import read_below
 
-            check_regular(Path(full))  # a FIFO or device under a run's name would block or never end
+            return read_below(self.root, name, limit)
         size = self.fs.size(full)
         if size is not None and size > limit:
-            raise OSError(f"{name} is {size:,} bytes, over the {limit:,} read at most")
+            from gpudash.store.bounded import UnsafeFile
+
+            raise UnsafeFile(f"{name} is {size:,} bytes, over the {limit:,} read at most; not read")
         data: bytes = self.fs.cat_file(full)
         return data
 
@@ -111,8 +118,13 @@ class Store:
         """Names (relative to the store) of every file under folder ``prefix``: one listing request
         on an object store, however many ranks and tables."""
         full = self._full(prefix)
-        if self.remote:
-            self.fs.invalidate_cache(full)
+        if not self.remote:  # no link is listed or entered: they are kept in ``links`` for the reader to name
+            from gpudash.store.bounded import walk_below
+
+            files, links = walk_below(self.root, prefix)
+            self.links = sorted(links)
+            return sorted(n for n in files if not n.rsplit("/", 1)[-1].startswith("."))
+        self.fs.invalidate_cache(full)
         try:
             found = self.fs.find(full)
         except FileNotFoundError:

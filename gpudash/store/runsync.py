@@ -19,11 +19,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpudash.store.objstore import RUN_META_BYTES, Store, open_store
+from gpudash.store.objstore import Store, open_store, run_name
 from gpudash.store.schema import RUN_META_FILE
 from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
 
 __all__ = ["RunsMirror", "mirrored_name"]
+
+
+def _json_limit(local: str) -> int | None:
+    """The most bytes copied of a run's JSON file: what its reader accepts (segments: no limit here)."""
+    from gpudash.store.meta import RUN_JSON_BYTES
+    from gpudash.store.mirror import META_BYTES
+
+    if local.endswith("/" + RUN_META_FILE):
+        return RUN_JSON_BYTES
+    return META_BYTES if local.endswith(".json") else None
 
 
 def mirrored_name(key: str) -> tuple[str, str] | None:
@@ -57,39 +67,55 @@ class RunsMirror:
         self._seen: dict[str, Any] = {}  # local name -> the remote object's identity when copied
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the id the prefix itself has when it is a run (``s3://b/runs/exp1`` holding ``run.json``)
+        self.own_id = run_name(location)
         local.mkdir(parents=True, exist_ok=True)
 
     def sync_once(self) -> int:
-        """Copy what changed; returns objects copied. A failing store raises (the caller says so)."""
+        """Copy what changed; returns objects copied. A failing listing raises (the caller says so); one
+        object that cannot be read is named in :attr:`errors` (once) and the others are copied all the same."""
         self.store.fs.invalidate_cache(self.store.root)  # a live run's listing changes: never from a cache
         listing = self.store.fs.find(self.store.root, detail=True)
         root = self.store.root.rstrip("/") + "/"
         wanted: dict[str, tuple[str, Any, int]] = {}
+        own: set[str] = set()  # the prefix's own files (it is a run itself)
+        clash = False
         for full, info in listing.items():
             key = str(full)[len(root):] if str(full).startswith(root) else None
-            named = mirrored_name(key) if key else None
-            if named is None:
+            named = self._named(key) if key else None
+            if key is None or named is None:
                 continue
+            if named[0] == self.own_id and mirrored_name(key) is None:
+                own.add(f"{named[0]}/{named[1]}")
+            elif named[0] == self.own_id:
+                clash = True
             local = f"{named[0]}/{named[1]}"
             size = int(info.get("size") or 0)
             ident = (size, info.get("LastModified") or info.get("mtime") or info.get("ETag"))
             wanted[local] = (key, ident, size)  # type: ignore[assignment]
+        if clash:  # a run under the prefix has the prefix's own name: that run is the one shown
+            wanted = {k: v for k, v in wanted.items() if k not in own}
         copied = 0
         for local, (key, ident, size) in sorted(wanted.items()):
             if self._seen.get(local) == ident:
                 continue
-            limit = RUN_META_BYTES if local.endswith((".json",)) else None
-            if limit is not None and size > limit:
-                continue
+            limit = _json_limit(local)
             try:
-                data = self.store.get(key) if limit is None else self.store.get(key, limit=limit)
+                if limit is not None and size > limit:
+                    # kept as a hole of the same size: the run is listed and its reader names the file as too
+                    # large to read, instead of the run vanishing
+                    self._write(local, None, size)
+                    self._say(f"{self.store.location}/{key}: {size:,} bytes, over the {limit:,} read at most; "
+                              "not copied (the run shows it as damaged)")
+                else:
+                    data = self.store.get(key) if limit is None else self.store.get(key, limit=limit)
+                    self._write(local, data, len(data))
             except FileNotFoundError:
                 continue  # removed by a merge since the listing
-            dest = self.local / local
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, dest)
+            except Exception as exc:  # noqa: BLE001 - one object (archived, denied, ...) never stops the rest
+                self._say(f"{self.store.location}/{key}: cannot read it ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}); the other objects are copied, this one is retried")
+                continue
             self._seen[local] = ident
             copied += 1
         for local in [n for n in self._seen if n not in wanted and "/" + SEGMENTS_DIR + "/" in n]:
@@ -97,9 +123,49 @@ class RunsMirror:
             del self._seen[local]
         return copied
 
+    def _named(self, key: str) -> tuple[str, str] | None:
+        """(run id, name inside the run) of a key: a run under the prefix, or the prefix itself when it is a
+        run (its files kept under the prefix's own name). Never anything outside the prefix asked for."""
+        named = mirrored_name(key)
+        if named is not None:
+            return named
+        own = mirrored_name(f"{self.own_id}/{key}")
+        if own is not None and not key.startswith(f"{self.own_id}/"):
+            return own
+        return None
+
+    def _write(self, local: str, data: bytes | None, size: int) -> None:
+        """``local`` in the mirror folder, whole (a temporary name, then a rename), never through a link;
+        ``data`` None: a sparse file of ``size`` bytes (an object too large to copy, named by the reader)."""
+        from gpudash.store.bounded import open_below
+
+        dest = self.local / local
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp_name = f"{local.rsplit('/', 1)[0]}/.{dest.name}.tmp"
+        (self.local / tmp_name).unlink(missing_ok=True)
+        fd = open_below(self.local, tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "wb") as f:
+            if data is None:
+                f.truncate(size)
+            else:
+                f.write(data)
+        os.replace(self.local / tmp_name, dest)
+
+    def _say(self, msg: str) -> None:
+        if msg in self.errors:
+            return
+        self.errors.append(msg)
+        del self.errors[:-100]  # bounded: the newest hundred
+        import sys
+
+        from gpudash.terminal import printable
+
+        print(f"gpudash: {printable(msg)}", file=sys.stderr)
+
     def start(self) -> None:
-        """Sync now (a failure is one clear line in :attr:`errors`), then every ``every_s`` seconds in a thread."""
-        self._sync_logged()
+        """Sync at once and then every ``every_s`` seconds, in a thread (a bucket of many objects never delays
+        the caller: the server binds its port while the first listing runs); a failure is one line in
+        :attr:`errors`."""
         self._thread = threading.Thread(target=self._loop, name="gpudash-runs-mirror", daemon=True)
         self._thread.start()
 
@@ -115,6 +181,7 @@ class RunsMirror:
                 print(f"gpudash: {msg}; retrying every {self.every_s:g} s", file=sys.stderr)
 
     def _loop(self) -> None:
+        self._sync_logged()
         while not self._stop.wait(self.every_s):
             self._sync_logged()
 

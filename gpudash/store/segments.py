@@ -37,8 +37,8 @@ import numpy as np
 from gpudash.store.columns import add_columns, table_columns
 from gpudash.store.schema import NUMERIC_TABLES, ROLLUP_TABLES, TABLE_BASE_COLUMNS, quote_ident
 
-__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "export_rows", "parse_segment", "rank_meta_name",
-           "rank_of_folder", "read_meta_rows", "segment_name", "segment_ranks"]
+__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "export_rows", "parse_segment", "rank_meta_name",
+           "rank_of_folder", "read_meta_rows", "segment_bounds", "segment_name", "segment_ranks"]
 
 SEGMENTS_DIR = "segments"
 #: The recorded tables (the roll-ups and chunks are derived from them and rebuilt by readers).
@@ -237,19 +237,39 @@ class SegmentCache:
         return chain(segments, self.have.get(table, 0))
 
     def ingest(self, table: str, data: bytes, name: str) -> int:
-        """Add the rows of one segment of ``table`` after those already here; returns rows added."""
+        """Add the rows of one segment of ``table`` after those already here; returns rows added.
+
+        The file is someone else's: its footer is checked before any row is decoded
+        (:func:`segment_bounds`) and the rows are read in batches of :data:`BATCH_ROWS`, each one's text
+        measured before it is decoded, so a Parquet bomb (millions of rows in a few kB) is named as damaged
+        and never costs more than a batch of memory."""
         import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
         try:
-            tab = pq.read_table(io.BytesIO(data))
+            pf, _text = segment_bounds(data, name)
+        except SegmentRefused as exc:
+            self._report(f"{name}: damaged, not read ({exc}); the rows after it wait for a good copy")
+            return 0
         except (pa.ArrowException, OSError, ValueError) as exc:
             self._report(f"{name}: not a readable Parquet file ({exc}); the rows after it wait for a good copy")
             return 0
-        if "_rowid" not in tab.column_names or not pa.types.is_integer(tab.schema.field("_rowid").type):
-            self._report(f"{name}: no _rowid column; not a gpudash segment, skipped")
+        added = 0
+        try:
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
+                tab = pa.Table.from_batches([_decoded(batch)])
+                added += self._ingest_batch(table, tab)
+        except SegmentRefused as exc:
+            self._report(f"{name}: damaged, read up to row {added:,} ({exc}); the rows after it wait for a good copy")
             return 0
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            self._report(f"{name}: not a readable Parquet file ({exc}); the rows after it wait for a good copy")
+            return 0
+        return added
+
+    def _ingest_batch(self, table: str, tab: Any) -> int:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         have = self.have.get(table, 0)
         # a file from anyone: rows in rowid order, and no column under a name SQLite or the reader use themselves
         tab = tab.filter(pc.greater(tab.column("_rowid"), have)).sort_by("_rowid")
@@ -288,3 +308,97 @@ class SegmentCache:
             raise
         self.have[table] = int(rowids[-1])
         return len(rowids)
+
+
+# ---- bounds on a segment from someone else ---------------------------------------------------------
+#: Rows a segment may hold per byte of its file (gpudash's own hold 2-40 bytes a row: a time and a step
+#: at least), plus one batch: a file claiming more is a bomb (10 million rows in 213 kB), not a record.
+ROWS_PER_BYTE = 8
+#: Bytes of text and binary cells one batch of a segment may decode to (measured before decoding).
+BATCH_TEXT_BYTES = 256 << 20
+#: Bytes the rows of a segment may take uncompressed, as its footer states them (a segment gpudash
+#: writes is a few MB; a merged one of a long run a few hundred).
+DECODED_BYTES = 2 << 30
+#: Columns a segment may have (the reader stores at most 2,000 a table).
+MAX_SEGMENT_COLUMNS = 2000
+#: The encodings gpudash's writer (pyarrow's defaults) uses; a segment with another is not gpudash's.
+_ENCODINGS = frozenset({"PLAIN", "PLAIN_DICTIONARY", "RLE_DICTIONARY", "RLE", "BIT_PACKED"})
+
+
+class SegmentRefused(ValueError):
+    """A segment whose footer or content breaks a bound (:func:`segment_bounds`): damaged, not read."""
+
+
+def segment_bounds(data: bytes, name: str) -> tuple[Any, list[str]]:
+    """The opened :class:`pyarrow.parquet.ParquetFile` of a segment whose footer passes every bound, and its
+    text/binary columns (read as dictionaries, measured per batch before decoding). Raises
+    :class:`SegmentRefused` naming the bound broken: more rows than its name's rowid range or its size
+    allow (:data:`ROWS_PER_BYTE`), more decoded bytes than :data:`DECODED_BYTES`, an encoding gpudash never
+    writes, too many columns, no integer ``_rowid``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(io.BytesIO(data))  # the footer only: no row is decoded yet
+    md = pf.metadata
+    rows, span = int(md.num_rows), parse_segment(name)
+    if span is not None and rows > span[1] - span[0]:
+        raise SegmentRefused(f"it holds {rows:,} rows, more than the {span[1] - span[0]:,} its name's rowid range "
+                             f"({span[0]}, {span[1]}] allows")
+    most = ROWS_PER_BYTE * len(data) + BATCH_ROWS
+    if rows > most:
+        raise SegmentRefused(f"it claims {rows:,} rows in {len(data):,} bytes, more than the {most:,} a file of "
+                             "that size holds (a Parquet bomb)")
+    if md.num_columns > MAX_SEGMENT_COLUMNS:
+        raise SegmentRefused(f"{md.num_columns:,} columns, over the {MAX_SEGMENT_COLUMNS:,} a table holds")
+    counted, decoded = 0, 0
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        counted += int(rg.num_rows)
+        decoded += max(int(rg.total_byte_size), 0)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            odd = set(col.encodings) - _ENCODINGS
+            if odd:
+                raise SegmentRefused(f"column {col.path_in_schema[:100]!r} is encoded {', '.join(sorted(odd))}, "
+                                     "which gpudash never writes")
+    if counted != rows:
+        raise SegmentRefused(f"its row groups hold {counted:,} rows, its footer says {rows:,}")
+    if decoded > DECODED_BYTES:
+        raise SegmentRefused(f"its rows take {decoded:,} bytes decoded, over the {DECODED_BYTES:,} read at most")
+    schema = pf.schema_arrow
+    if "_rowid" not in schema.names or not pa.types.is_integer(schema.field("_rowid").type):
+        raise SegmentRefused("no integer _rowid column; not a gpudash segment")
+    text = [f.name for f in schema if _is_text(f.type)
+            or (pa.types.is_dictionary(f.type) and _is_text(f.type.value_type))]
+    if text:  # reopened reading text as dictionaries: each distinct value once, measured before it is spread
+        pf = pq.ParquetFile(io.BytesIO(data), read_dictionary=text)
+    return pf, text
+
+
+def _is_text(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+                or pa.types.is_large_binary(t))
+
+
+def _decoded(batch: Any) -> Any:
+    """``batch`` with its dictionary-read text columns made plain, after checking the bytes that makes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    arrays = []
+    for arr in batch.columns:
+        if pa.types.is_dictionary(arr.type):  # every text column is read as one (and a file may store others so)
+            if _is_text(arr.type.value_type):
+                lengths = pc.binary_length(arr.dictionary)
+                total += int(pc.sum(pc.take(lengths, arr.indices)).as_py() or 0)
+                if total > BATCH_TEXT_BYTES:
+                    raise SegmentRefused(f"its text in {BATCH_ROWS:,} rows is over {BATCH_TEXT_BYTES:,} bytes "
+                                         "decoded")
+            arr = arr.cast(arr.type.value_type)
+        elif _is_text(arr.type):  # read plain: its bytes are what the file held uncompressed (bounded above)
+            total += arr.nbytes
+        arrays.append(arr)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)

@@ -40,6 +40,7 @@ from typing import Any
 from gpudash.store.failures import is_transient
 from gpudash.store.publish import SegmentPublisher
 from gpudash.store.rankfile import wal_path
+from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.sharedfs import shared_mode
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
@@ -70,7 +71,7 @@ def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     if path.exists():
         return
     tmp = run_dir / f".{RUN_META_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, default=str))
+    tmp.write_text(json.dumps(redact_meta(meta), indent=1, default=str))
     try:
         os.link(tmp, path)  # atomic "create if absent" across ranks
     except FileExistsError:
@@ -150,7 +151,7 @@ class Recorder:
         if self._publisher is not None:
             start.update(shared_fs=shared, publish_interval=self._publisher.interval,
                          live_db=str(self._publisher.live_path))
-        start.update(meta or {})
+        start.update(redact_meta(meta or {}))
         self._tables = TableWriter(self._conn, self._report, meta=start)
         self._dropped_stored = 0
         self._rollups_at = time.monotonic()
@@ -168,6 +169,7 @@ class Recorder:
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
+        items = redact_meta(items)  # nothing that looks like a credential is recorded (gpudash.store.redact)
         with self._meta_lock:
             self._meta_pending.update(items)
 

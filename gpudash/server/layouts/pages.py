@@ -3,6 +3,7 @@ the summary verdicts. Callbacks in :mod:`gpudash.server.app` are thin wrappers o
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,13 @@ __all__ = [
 def request_snapshot(run_dir: Path) -> Path:
     """Ask a live run for an allocator snapshot: the snapshots collector takes one at the end of the next
     step when ``RUN_DIR/snapshot.request`` appears (``run_dir`` is already resolved inside RUNS_DIR)."""
+    from gpudash.store.bounded import open_below
+
     path = run_dir / SNAPSHOT_REQUEST_FILE
-    path.write_text(f"{time.time()}\n")
+    # never through a link: a snapshot.request linked to another file (another run's rank0.db) is refused
+    fd = open_below(run_dir, SNAPSHOT_REQUEST_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{time.time()}\n")
     return path
 
 

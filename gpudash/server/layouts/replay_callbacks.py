@@ -52,7 +52,10 @@ class SnapshotRequests:
             if wait > 0:
                 return f"not requested: one was asked {self.every_s - wait:.0f} s ago; wait {math.ceil(wait)} s"
             self._last[run_id] = now
-        request_snapshot(run_dir)
+        try:
+            request_snapshot(run_dir)
+        except OSError as exc:  # a link planted in its place (never written through), a read-only folder
+            return f"not requested: {str(exc)[:200]}"
         return f"requested at {time.strftime('%H:%M:%S')}: it appears after the next step"
 
 
