@@ -62,3 +62,17 @@ def fmt_num(v: float | None, digits: int = 3) -> str:
     if abs(v) >= 1000:
         return f"{v:,.0f}"
     return f"{v:.{digits}g}"
+
+
+def fmt_gap(seconds: float | None, missing: str = "?") -> str:
+    """A wall-clock gap in whole units, as people say it: ``192`` -> ``3 min 12 s``, ``7500`` -> ``2 h 5 min``."""
+    if seconds is None or not math.isfinite(float(seconds)):
+        return missing
+    s = max(0, round(float(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min" if s % 3600 // 60 else f"{s // 3600} h"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
