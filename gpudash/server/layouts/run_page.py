@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 from dash import dcc, html
+from gpudash.analysis.attempts import resumes
 from gpudash.server.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.server.layouts.common import base_figure, note, recorded_reason, source_reason, waiting_figure
+from gpudash.server.layouts.common import base_figure, note, plot_text, recorded_reason, source_reason, waiting_figure
 from gpudash.server.layouts.data import RunView
 from gpudash.server.layouts.downsample import downsample_indices
 from gpudash.server.layouts.fig import Fig
@@ -167,7 +168,26 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig.layout["shapes"] = [cursor_shape(cursor), *(fig.layout.shapes or ())]
     if graph in STEP_GRAPHS:
         style_figure(fig, x, view.full.get("steps", view.frame("steps")))
+        _mark_resumes(fig, specs, view.frame("events"))
     return fig, specs
+
+
+def _mark_resumes(fig: Fig, specs: list[Series], events: Any) -> None:
+    """A line where each later attempt resumed (its step, or its start on a time axis), with what it says."""
+    spec = specs[0] if specs else None
+    for r in resumes(events):
+        if spec is not None and spec.x == "elapsed":
+            continue  # seconds since a start this chart does not carry: the step and clock axes show it
+        if spec is not None and spec.x in ("relative", "wall"):
+            if r.time is None:
+                continue
+            at = (r.time - spec.origin) * 1000.0
+        elif r.step is not None:
+            at = float(r.step)
+        else:
+            continue
+        text = r.message.split(" (")[0]
+        fig.add_vline(at, color="#2ca02c", dash="dash", text=plot_text(text, 80))
 
 
 #: Live charts sent with the page (the first screen, and the loss chart with its spikes); the others are drawn
