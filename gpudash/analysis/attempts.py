@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from gpudash.store.attempts import attempt_of
 from gpudash.store.run import parse_json
 
 if TYPE_CHECKING:
     from gpudash.store.run import Run
 
-__all__ = ["Resume", "attempt_bounds", "attempt_count", "resumes", "resumes_text"]
+__all__ = ["Resume", "attempt_bounds", "attempt_count", "latest_attempt", "resumes", "resumes_text"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,20 @@ def attempt_bounds(steps: pd.DataFrame) -> np.ndarray:
     att = pd.to_numeric(steps["attempt"], errors="coerce").fillna(1).to_numpy()
     change = np.flatnonzero(att[1:] != att[:-1]) + 1
     return change.astype(np.int64)
+
+
+def latest_attempt(memory: pd.DataFrame, host: pd.DataFrame, steps: pd.DataFrame,
+                   first_step: float | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, float | None]:
+    """One rank's rows of its last attempt, and the step it began at (the frames as given, and ``first_step``,
+    for a run no process resumed): what a rule that reads growth over steps judges."""
+    if "attempt" not in steps or not len(steps):
+        return memory, host, steps, first_step
+    att = attempt_of(steps)
+    last = int(att.max())
+    if last <= 1:
+        return memory, host, steps, first_step
+    steps = steps[att == last]
+    begun = pd.to_numeric(steps["step"], errors="coerce").min()
+    mem = memory[attempt_of(memory) == last] if len(memory) else memory
+    hst = host[attempt_of(host) == last] if len(host) else host
+    return mem, hst, steps, float(begun) if np.isfinite(begun) else first_step
