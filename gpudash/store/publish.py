@@ -244,7 +244,8 @@ class SegmentPublisher:
                 op, name = item
                 if op == "put":
                     data = (self.outbox / name).read_bytes()
-                    stored, data = self._after_earlier(name, data)
+                    stored, shifted = self._after_earlier(name, data)
+                    data = data if shifted is None else shifted
                     self._put(stored, data)
                     self.segment_bytes += len(data)
                     (self.outbox / name).unlink(missing_ok=True)

@@ -16,10 +16,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from helpers.s3 import bucket  # noqa: E402
-from helpers.s3 import s3  # noqa: E402,F401 - the moto S3 server fixture (requested by name below)
+from helpers.s3 import (
+    bucket,
+    s3,  # noqa: F401 - the moto S3 server fixture (requested by name below)
+)
 
-from gpudash import load_run  # noqa: E402
+from gpudash import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "unchanged" / "train_resume.py"
