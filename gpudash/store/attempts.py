@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["ATTEMPT_COLUMN", "PER_STEP_TABLES", "RACE_S", "Previous", "attempt_of", "previous", "racing",
-           "supersede", "with_attempts"]
+__all__ = ["ATTEMPT_COLUMN", "PER_STEP_TABLES", "RACE_S", "Previous", "attempt_of", "attempt_starts", "carried_meta",
+           "last_step", "previous", "racing", "supersede", "with_attempts"]
 
 #: The column each row of attempt 2 and later carries (rows without it are attempt 1's).
 ATTEMPT_COLUMN = "attempt"
@@ -120,6 +121,15 @@ def previous(meta: dict[str, Any], heartbeat: float | None) -> Previous | None:
     history = [h for h in meta.get("attempts") or [] if isinstance(h, dict)]
     return Previous(attempt=attempt, end=end, status=status, reason=reason, ended_at=ended,
                     last_step=_int(meta.get("last_step")), history=history)
+
+
+def last_step(conn: sqlite3.Connection) -> int | None:
+    """The step of the rank's newest steps row (the last one recorded, whatever attempt), or None."""
+    try:
+        row = conn.execute("SELECT step FROM steps ORDER BY rowid DESC LIMIT 1").fetchone()
+    except sqlite3.Error:
+        return None
+    return _int(row[0]) if row else None
 
 
 def carried_meta(meta: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudash.store.attempts import last_step
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import (
@@ -119,7 +120,7 @@ class SegmentPublisher:
                 self._last[table] = after = last
             if self._small.get(table, 0) >= MERGE_EVERY:
                 self._merge(conn, table, self._names[table][-self._small[table]:])
-        meta = read_meta_rows(conn)
+        meta = {**read_meta_rows(conn), "last_step": last_step(conn)}  # where a next attempt goes on
         with self._lock:
             self._meta = meta
             self._meta_seq += 1

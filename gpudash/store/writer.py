@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.errors import RunError
-from gpudash.store.attempts import VOLATILE_META, carried_meta, previous, racing
+from gpudash.store.attempts import VOLATILE_META, carried_meta, last_step, previous, racing
 from gpudash.store.failures import is_transient
 from gpudash.store.publish import SegmentPublisher
 from gpudash.store.rankfile import log_heartbeat, wal_path
@@ -175,7 +175,7 @@ class Recorder:
         pub = self._publisher
         if pub is None:
             try:
-                return read_meta_rows(self._conn)
+                return {**read_meta_rows(self._conn), "last_step": last_step(self._conn)}
             except sqlite3.Error:
                 return {}  # a new database: no meta table yet
         try:
@@ -354,7 +354,6 @@ class Recorder:
         steps = by_table.get("steps")
         if steps:
             self._last_step = steps[-1].get("step", self._last_step)
-            meta["last_step"] = self._last_step  # where the next attempt continues when nothing else tells
         tables = self._tables
         if not items and not meta and not tables.rollups.pending:
             return  # nothing to write: no transaction (the log's mtime is the heartbeat)
