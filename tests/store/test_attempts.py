@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers.s3 import bucket
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpudash import load_run
 from gpudash.analysis.facts import headline_rows, run_facts
@@ -191,3 +193,23 @@ def test_a_second_process_racing_the_first_is_refused(tmp_path: Path) -> None:
         assert "attempt" not in run.steps and not (run.events["kind"] == "resume").any()
     finally:
         run.close()
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 30)), min_size=1, max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_superseded_rows_leave_each_step_once_with_its_latest_value(attempts: list[tuple[int, int]]) -> None:
+    """Any sequence of attempts (each resumes at some step and records some steps): the default read has every
+    step once, from the last attempt that recorded it, and no step a later attempt purged (resumed before it)."""
+    rows = []
+    for a, (start, n) in enumerate(attempts, 1):
+        rows += [{"rank": 0, "step": s, "attempt": a, "v": 1000 * a + s} for s in range(start, start + n)]
+    out = supersede(pd.DataFrame(rows), attempt_starts(pd.DataFrame(rows)))
+    assert out["step"].is_unique
+    for _, row in out.iterrows():
+        a, s = int(row["attempt"]), int(row["step"])
+        later = [st_ for st_, _ in attempts[a:]]  # the attempts after this one: none resumed at or before s
+        assert all(b > s for b in later) and row["v"] == 1000 * a + s
+    kept = set(out["step"])
+    for a, (start, n) in enumerate(attempts, 1):
+        if all(b > start + n - 1 for b, _ in attempts[a:]):
+            assert set(range(start, start + n)) <= kept  # an attempt no later one purged is all there
