@@ -11,7 +11,7 @@ What the previous attempt was is read from the rank's meta as that attempt left 
 *finished*, *crashed* (an exception, or a signal it said it got), or *killed* (it stopped writing
 without a word: SIGKILL, an out-of-memory kill, a lost node); such an attempt is recorded as *ended*
 when the next one starts, never live forever. A previous attempt that is still writing (its process
-alive on this host, or its heartbeat fresh elsewhere) is a mistake (two jobs given the same folder):
+seen writing in the last half minute, and alive if on this host) is a mistake (two jobs given the same folder):
 the second is refused with one line (:func:`racing`).
 
 On the reading side a step recorded by one attempt and recorded again by a later one is *superseded*,
@@ -84,17 +84,16 @@ def _alive(pid: int) -> bool:
 
 
 def racing(meta: dict[str, Any], heartbeat: float | None, where: str, now: float | None = None) -> str | None:
-    """One line saying a previous attempt is still writing ``where`` (None when it is not): its status is
-    live and its process is alive on this host, or (another host) its heartbeat is under :data:`RACE_S` old."""
+    """One line saying a previous attempt is still writing ``where`` (None when it is not): its status is live,
+    its heartbeat is under :data:`RACE_S` old and, on this host, its process is alive (and not this one)."""
     if meta.get("status") != "live":
         return None
     now = time.time() if now is None else now
     beat = max(_num(meta.get("heartbeat")) or 0.0, heartbeat or 0.0)
     pid, host = _int(meta.get("pid")), meta.get("host")
-    if host == socket.gethostname() and pid is not None:
-        if pid == os.getpid() or not _alive(pid):
-            return None
-    elif now - beat > RACE_S:
+    if now - beat > RACE_S:  # silent for a while: gone (its pid may be someone else's by now)
+        return None
+    if host == socket.gethostname() and pid is not None and (pid == os.getpid() or not _alive(pid)):
         return None
     who = f"process {pid} on {host}" if pid is not None else f"a process on {host or 'another host'}"
     return (f"{where}: {who} is still recording this run (seen {max(0.0, now - beat):.0f} s ago); a second "
