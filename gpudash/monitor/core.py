@@ -55,6 +55,14 @@ class Monitor:
     :meth:`close`; on exceptions, Ctrl-C, SIGTERM and interpreter exit the
     Monitor flushes and records why the run ended. ``total_steps``: the steps
     the run will take, when known (progress and ETA; see :meth:`set_total_steps`).
+
+    A ``run_dir`` some earlier process recorded (a preempted job resumed from its
+    checkpoint) is recorded as its next *attempt* (:mod:`gpudash.store.attempts`):
+    with ``resume=True`` the steps continue after the last one recorded, unless
+    ``monitor.step(step=k)`` or :meth:`resume_at` says where the script resumed;
+    the steps a new attempt redoes supersede the earlier ones in every view. A
+    process that is still recording the same rank there makes this raise
+    :class:`RunError`.
     """
 
     def __init__(

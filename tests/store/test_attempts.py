@@ -136,11 +136,15 @@ def test_one_rank_of_four_restarted_and_a_requeued_two_rank_job(kind: str, tmp_p
 _CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from gpudash.monitor import Monitor
+    from gpudash.store import publish
+    publish.PUBLISH_INTERVAL_S = 0.0
     mon = Monitor(sys.argv[1], flush_interval=0.05, host_hz=0.0, handle_signals=False)
     for i in range(5):
         with mon.step():
             mon.log(loss=float(i))
     mon.flush()
+    if mon.recorder._publisher is not None:
+        assert mon.recorder._publisher.uploaded(60)
     if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     print("ready", flush=True)
@@ -149,7 +153,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _child(run_dir: Path, mode: str) -> subprocess.Popen[str]:
+def _child(run_dir: Path | str, mode: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                         os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(run_dir), mode], stdin=subprocess.PIPE,
@@ -174,8 +178,9 @@ def test_an_attempt_killed_by_sigkill_is_ended_when_the_next_starts(tmp_path: Pa
         run.close()
 
 
-def test_a_second_process_racing_the_first_is_refused(tmp_path: Path) -> None:
-    run_dir = tmp_path / "race"
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_second_process_racing_the_first_is_refused(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    run_dir = _location(kind, tmp_path, request, "race")
     proc = _child(run_dir, "wait")
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
