@@ -124,8 +124,10 @@ def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveRes
     last = dict(state.get("last") or {})
     frames = _dedupe(raw, last)
     result = LiveResult(state=state, frames=frames)
-    if _redone(raw, last):  # a new attempt redoes steps the page drew: they are drawn again from the store
-        result.rebuild.update(state.get("specs") or {})
+    ev = raw.get("events")
+    resumed = ev is not None and "kind" in ev and bool((ev["kind"] == "resume").any())
+    if resumed or _redone(raw, last):  # a new attempt (its marker), or one that redoes steps the page drew:
+        result.rebuild.update(state.get("specs") or {})  # drawn again from the store, each step once
     for table, df in frames.items():
         _advance(last, table, df)
     state["last"] = last

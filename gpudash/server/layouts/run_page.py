@@ -168,17 +168,21 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig.layout["shapes"] = [cursor_shape(cursor), *(fig.layout.shapes or ())]
     if graph in STEP_GRAPHS:
         style_figure(fig, x, view.full.get("steps", view.frame("steps")))
-        _mark_resumes(fig, specs, view.frame("events"))
+    _mark_resumes(fig, specs, view.frame("events"), view.t0)
     return fig, specs
 
 
-def _mark_resumes(fig: Fig, specs: list[Series], events: Any) -> None:
+def _mark_resumes(fig: Fig, specs: list[Series], events: Any, t0: float) -> None:
     """A line where each later attempt resumed (its step, or its start on a time axis), with what it says."""
-    spec = specs[0] if specs else None
+    if not specs:
+        return  # nothing drawn: no axis to mark
+    spec = specs[0]
     for r in resumes(events):
-        if spec is not None and spec.x == "elapsed":
-            continue  # seconds since a start this chart does not carry: the step and clock axes show it
-        if spec is not None and spec.x in ("relative", "wall"):
+        if spec.x == "elapsed":  # the device and host panels: seconds since the run began
+            if r.time is None:
+                continue
+            at = r.time - t0
+        elif spec.x in ("relative", "wall"):
             if r.time is None:
                 continue
             at = (r.time - spec.origin) * 1000.0
