@@ -171,12 +171,24 @@ class RunReader:
         (:mod:`gpudash.store.attempts`); ``{}`` for a run no process resumed."""
         out: dict[tuple[int, int], int] = {}
         for rank, r in sorted(self.ranks.items()):
-            if ATTEMPT_COLUMN not in r.columns("steps"):
+            if rank not in self._resumed_ranks():
                 continue
             rows = r.query(f"SELECT {ATTEMPT_COLUMN}, min(step) FROM steps WHERE {ATTEMPT_COLUMN} > 1 "
                            f"GROUP BY {ATTEMPT_COLUMN}", tables=("steps",)) or []
             out.update({(rank, int(a)): int(s) for a, s in rows
                         if isinstance(a, (int, float)) and isinstance(s, (int, float))})
+        return out
+
+    def _resumed_ranks(self) -> set[int]:
+        """Ranks a later attempt recorded into (their meta says so: a column named ``attempt`` alone, in a run
+        an older version recorded or anyone wrote, is a logged value, not attempts)."""
+        out = set()
+        for rank, r in self.ranks.items():
+            if ATTEMPT_COLUMN not in r.columns("steps"):
+                continue
+            a = r.meta().get(ATTEMPT_COLUMN)
+            if isinstance(a, int) and not isinstance(a, bool) and a > 1:
+                out.add(rank)
         return out
 
     def _attempts(self, table: str, df: pd.DataFrame, attempts: str) -> pd.DataFrame:
@@ -186,7 +198,7 @@ class RunReader:
             return with_attempts(df)
         if attempts != "latest":
             raise ValueError(f"attempts={attempts!r}: pass 'latest' (each step once) or 'all' (every attempt's rows)")
-        if ATTEMPT_COLUMN not in df:
+        if ATTEMPT_COLUMN not in df or not self._resumed_ranks():
             return df
         df = with_attempts(df)
         return supersede(df, self.attempt_starts()) if table in PER_STEP_TABLES else df

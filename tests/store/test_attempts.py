@@ -218,3 +218,20 @@ def test_superseded_rows_leave_each_step_once_with_its_latest_value(attempts: li
     for a, (start, n) in enumerate(attempts, 1):
         if all(b > start + n - 1 for b, _ in attempts[a:]):
             assert set(range(start, start + n)) <= kept  # an attempt no later one purged is all there
+
+
+def test_a_column_named_attempt_in_a_run_no_process_resumed_is_a_logged_value(tmp_path: Path) -> None:
+    """An older run (or anyone's file) with a steps column ``attempt``: read as it is, nothing superseded."""
+    import sqlite3
+
+    run_dir = tmp_path / "old"
+    with Monitor(run_dir, **KW) as mon:
+        _record(mon, range(6), 0.0)
+    with sqlite3.connect(run_dir / "rank0.db") as c:
+        c.execute("ALTER TABLE steps ADD COLUMN attempt INTEGER")
+        c.execute("UPDATE steps SET attempt = 7 WHERE step >= 3")
+    run = load_run(run_dir)
+    try:
+        assert run.steps["step"].tolist() == list(range(6)) and run_facts(run).attempts == 1
+    finally:
+        run.close()
