@@ -107,3 +107,17 @@ def given(value: float, unit: Literal["GB", "GiB", "MB", "GB/s"]) -> str:
     """A number the user gave in a flag's own unit, echoed as given: ``given(8, "GB")`` -> ``8 GB``
     (``--card-gb 8``), ``given(16, "GB/s")`` -> ``16 GB/s``."""
     return f"{value:g} {unit}"
+
+
+def fmt_gap(seconds: float | None, missing: str = "?") -> str:
+    """A wall-clock gap in whole units, as people say it: ``192`` -> ``3 min 12 s``, ``7500`` -> ``2 h 5 min``."""
+    if seconds is None or not math.isfinite(float(seconds)):
+        return missing
+    s = max(0, round(float(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min" if s % 3600 // 60 else f"{s // 3600} h"
+    return f"{s // 86400} d {s % 86400 // 3600} h"

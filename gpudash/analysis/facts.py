@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.attempts import Resume, attempt_count, resumes, resumes_text
 from gpudash.analysis.bottleneck import Bound, run_bound
 from gpudash.analysis.frames import numeric as _num
 from gpudash.analysis.leak import Leak, leak_text, run_leak
@@ -99,6 +100,10 @@ class Facts:
     verdict judges it (:func:`gpudash.analysis.bottleneck.run_bound`); None without recorded phases."""
     leak: Leak | None = None
     """Memory held between steps that grows step after step (:func:`gpudash.analysis.leak.run_leak`)."""
+    attempts: int = 1
+    """Processes that recorded the run (a preempted, resumed run has 2 or more: :mod:`gpudash.analysis.attempts`)."""
+    resumes: tuple[Resume, ...] = ()
+    """Where and when each later attempt resumed (its ``resume`` event)."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -265,7 +270,7 @@ def run_facts(run: Run) -> Facts:
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
         recent=throughput(steps, run.meta, last=RECENT_STEPS), bound=run_bound(run),
-        leak=run_leak(run),
+        leak=run_leak(run), attempts=attempt_count(run), resumes=tuple(resumes(run.events)),
         **_params_facts(run, peaks))
 
 
@@ -298,6 +303,9 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows = [("status", facts.status)]
     if meta.get("end_reason") and facts.status != "finished":
         rows.append(("ended", str(meta["end_reason"])))
+    if facts.attempts > 1:
+        rows.append(("attempts", f"{facts.attempts} attempts" + (f": {resumes_text(list(facts.resumes))}"
+                                                                 if facts.resumes else "")))
     rows += [("device", str(meta.get("device_name") or meta.get("device") or "?")), ("ranks", str(facts.ranks) + (f" on {facts.nodes} nodes" if facts.nodes > 1 else ""))]
     if facts.node_stragglers or facts.rank_stragglers:
         who = [f"node {n} (all its ranks)" for n in facts.node_stragglers] + [f"rank {r}" for r in

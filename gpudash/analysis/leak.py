@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.attempts import latest_attempt
 from gpudash.analysis.frames import numeric
 from gpudash.store.schema import MEMORY_PARTS
 from gpudash.units import human_bytes
@@ -402,8 +403,10 @@ def _whole_run_leak(run: Any) -> Leak | None:
     ranks = sorted(set(run.ranks) or {0})
     found = []
     for r in ranks:
-        leak = leak_of(_of_rank(mem, r), _of_rank(host, r), _of_rank(steps, r), capacity=cap,
-                       rank=r if len(ranks) > 1 else None, first_step=first_step)
+        # a resumed run: the last attempt's rows, its warm-up counted from where it resumed (a restart's memory
+        # drop and regrowth is no leak)
+        m, h, st, first_r = latest_attempt(_of_rank(mem, r), _of_rank(host, r), _of_rank(steps, r), first_step)
+        leak = leak_of(m, h, st, capacity=cap, rank=r if len(ranks) > 1 else None, first_step=first_r)
         if leak is not None:
             found.append(leak)
     if not found:

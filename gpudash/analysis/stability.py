@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from gpudash.analysis.attempts import attempt_bounds
 from gpudash.analysis.ranks import lowest_rank
 from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import Run
@@ -213,9 +214,14 @@ def loss_series(run: Run) -> tuple[np.ndarray, np.ndarray]:
 
 def loss_spikes(run: Run) -> list[int]:
     """Steps whose logged loss is a spike by :func:`spike_scores` (the loss column is the record; the
-    trainer's live ``loss_spike`` events come from the same rule on the trailing window)."""
+    trainer's live ``loss_spike`` events come from the same rule on the trailing window, which never holds
+    two attempts of a resumed run either)."""
     steps, loss = loss_series(run)
-    return sorted(int(s) for s in steps[spike_mask(loss)])
+    # each attempt of a resumed run on its own: the step it resumed at is compared with its own steps only
+    cuts = [0, *attempt_bounds(_one_rank(run.steps)).tolist(), len(loss)]
+    mask = np.concatenate([spike_mask(loss[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]) \
+        if len(loss) else np.zeros(0, dtype=bool)
+    return sorted(int(s) for s in steps[mask])
 
 
 def loss_scale_collapses(run: Run, factor: float = 16.0, floor: float = 1.0) -> list[tuple[int, int, float, float]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from gpudash.analysis.facts import Facts, headline_rows, run_facts
@@ -42,7 +41,7 @@ def as_json(r: Run, facts: Facts | None = None) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="a run directory")
+    p.add_argument("run_dir", help="a run directory, or its URL in an object store (s3://bucket/runs/exp1)")
     p.add_argument("--json", action="store_true", help='print {"facts": {...}, ...} as JSON')
 
 

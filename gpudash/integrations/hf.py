@@ -104,8 +104,10 @@ class GpudashCallback(TrainerCallback):  # type: ignore[misc]
         m = self._driver.open(*self._reopen)
         if not self._driver.owned:
             m.set_meta(hf_config=config)  # the user's Monitor: keep the Trainer's settings beside theirs
-        elif m.step_index == 0:
-            m.set_meta(first_step=int(state.global_step or 0) + 1)  # the Trainer's numbering (1, or resumed)
+        else:
+            if m.step_index == 0:
+                m.set_meta(first_step=int(state.global_step or 0) + 1)  # the Trainer's numbering (1, or resumed)
+            m.resume_at(int(state.global_step or 0) + 1, f"TrainerState.global_step ({int(state.global_step or 0)})")
         left = int(state.max_steps or 0) - int(state.global_step or 0)  # a resumed run records what is left
         if left > 0 and (self._driver.owned or m.total_steps is None):
             m.set_total_steps(left)

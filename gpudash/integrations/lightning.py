@@ -109,6 +109,8 @@ class GpudashCallback(Callback):  # type: ignore[misc]
             m.set_total_steps(total)
         if self._driver.owned and m.step_index == 0:
             m.set_meta(first_step=int(trainer.global_step) + 1)  # Lightning's numbering (1, or resumed)
+        if self._driver.owned:
+            m.resume_at(int(trainer.global_step) + 1, f"Lightning's trainer.global_step ({int(trainer.global_step)})")
         if self._watch:
             m.watch(pl_module, trainer.optimizers[0] if trainer.optimizers else None)
         self._global_step = trainer.global_step

@@ -26,6 +26,7 @@ from gpudash.errors import RunError
 from gpudash.monitor.exits import ExitHandlers, exception_status
 from gpudash.monitor.memory_rows import MemoryRow
 from gpudash.monitor.names import StoredNames
+from gpudash.monitor.resume import ResumeNote
 from gpudash.monitor.timing import Phase, Step
 from gpudash.options import MonitorOptions
 from gpudash.store.objstore import is_url, local_staging, run_name
@@ -56,6 +57,14 @@ class Monitor:
     :meth:`close`; on exceptions, Ctrl-C, SIGTERM and interpreter exit the
     Monitor flushes and records why the run ended. ``total_steps``: the steps
     the run will take, when known (progress and ETA; see :meth:`set_total_steps`).
+
+    A ``run_dir`` some earlier process recorded (a preempted job resumed from its
+    checkpoint) is recorded as its next *attempt* (:mod:`gpudash.store.attempts`):
+    with ``resume=True`` the steps continue after the last one recorded, unless
+    ``monitor.step(step=k)`` or :meth:`resume_at` says where the script resumed;
+    the steps a new attempt redoes supersede the earlier ones in every view. A
+    process that is still recording the same rank there makes this raise
+    :class:`RunError`.
     """
 
     def __init__(
@@ -67,6 +76,7 @@ class Monitor:
         world_size: int | None = None,
         config: dict[str, Any] | None = None,
         total_steps: int | None = None,
+        resume: bool = False,
         options: MonitorOptions | None = None,
         **option_overrides: Any,
     ) -> None:
@@ -119,6 +129,13 @@ class Monitor:
         except OPEN_ERRORS as exc:
             raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
                            f"to gpudash.Monitor") from exc
+        #: this process's attempt at the run (1 unless the rank's records were there before it)
+        self.attempt = self.recorder.attempt
+        self._resume: ResumeNote | None = None
+        if self.recorder.previous is not None:
+            self._resume = ResumeNote(self.recorder.previous, self.attempt, time.time(), resume)
+            self.step_index = self._resume.step
+            self.add_step_hooks(start=self._announce_resume)
         if total_steps is not None:
             self.set_total_steps(total_steps)
         for problem in where.problems:  # a launcher's bad value is a recorded state, never a traceback
@@ -239,8 +256,11 @@ class Monitor:
         self._remove_hook(where)
 
     # ---- the training loop API ----------------------------------------------------------
-    def step(self, samples: Any = None, tokens: Any = None) -> Step:
-        """Time one training step: ``with monitor.step(samples=B, tokens=B*T): ...``."""
+    def step(self, samples: Any = None, tokens: Any = None, step: int | None = None) -> Step:
+        """Time one training step: ``with monitor.step(samples=B, tokens=B*T): ...``. ``step``: this step's
+        number (a resumed script's own count); the steps after it count on from there."""
+        if step is not None:
+            self.resume_at(step, "monitor.step(step=k)")
         ctx = self._step_ctx
         ctx.samples = samples
         ctx.tokens = tokens
@@ -257,6 +277,26 @@ class Monitor:
             # the run's phase set is what was opened (analysis never guesses it from a column suffix)
             self.recorder.put_meta(phases=[p.key.removesuffix("_s") for p in self._phases.values()])
         return ph
+
+    def resume_at(self, step: int, source: str) -> None:
+        """The next step is number ``step`` (a script resumed from a checkpoint); ``source`` says what told it
+        (recorded in this attempt's ``resume`` event)."""
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"step={step!r}: pass the step's number (a whole number >= 0)")
+        self.step_index = int(step)
+        if self._resume is not None:
+            self._resume.at(int(step), source)
+
+    def _announce_resume(self, step: int) -> None:
+        """The first step of a new attempt: record where it resumed (once)."""
+        self._remove_hook(self._announce_resume)
+        note = self._resume
+        if note is None or note.done:
+            return
+        msg, data = note.event(step)
+        print(f"gpudash: {self.name}: {msg}", file=sys.stderr)
+        self.recorder.put("events", {"time": note.started_at, "step": step, "kind": "resume", "message": msg,
+                                     "data": data})
 
     def log(self, **scalars: Any) -> None:
         """Record scalars for the current step (or the next one, outside a step).
@@ -318,6 +358,8 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
+        if self._resume is not None and not self._resume.done:  # an attempt that took no step still says it began
+            self._announce_resume(self.step_index)
         for c in reversed(self.collectors):
             try:
                 c.stop()

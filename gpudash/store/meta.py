@@ -114,6 +114,8 @@ META_KEYS: dict[str, Callable[[Any], Any]] = {
     # what a step was and how the steps are numbered (gpudash run, the HF / Lightning callbacks)
     "steps_from": _text, "no_steps_reason": _text, "first_step": _int_in(0, _MAX_INT),
     "params_dtypes": _bytes_by_name,  # weight bytes by storage dtype (collectors/categories.py)
+    # a resumed run (store/attempts.py): this rank's attempt, the ones before it, its newest step
+    "attempt": _int_in(1, 1 << 24), "attempts": _list, "last_step": _int_in(-_MAX_INT, _MAX_INT),
 }
 _NULLABLE = frozenset({"cuda", "cuda_visible_devices"})
 

@@ -30,15 +30,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudash.store.attempts import last_step
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import (
     PUBLISHED_TABLES,
+    SEGMENTS_DIR,
     export_rows,
     parse_segment,
     rank_meta_name,
     read_meta_rows,
     segment_name,
+    segment_ranks,
+    shift_rowids,
 )
 
 __all__ = ["MERGE_EVERY", "PUBLISH_INTERVAL_S", "RETRY_S", "SegmentPublisher"]
@@ -86,6 +90,9 @@ class SegmentPublisher:
         self._names: dict[str, list[str]] = {}  # table -> segments on the store (or on their way), in order
         self._small: dict[str, int] = {}  # table -> segments exported since its last merge
         self._queue: deque[tuple[str, str]] = deque()  # ("put" | "rm", name), done in order
+        #: table -> the last rowid an earlier attempt of this rank published (read from the store before the
+        #: first upload): this attempt's segments and rowids continue after it, never over it
+        self._bases: dict[str, int] | None = None
         self._meta: dict[str, Any] | None = None
         self._meta_seq = self._meta_done = 0
         self._lock = threading.Lock()
@@ -113,7 +120,7 @@ class SegmentPublisher:
                 self._last[table] = after = last
             if self._small.get(table, 0) >= MERGE_EVERY:
                 self._merge(conn, table, self._names[table][-self._small[table]:])
-        meta = read_meta_rows(conn)
+        meta = {**read_meta_rows(conn), "last_step": last_step(conn)}  # where a next attempt goes on
         with self._lock:
             self._meta = meta
             self._meta_seq += 1
@@ -194,6 +201,19 @@ class SegmentPublisher:
         with self._lock:
             return len(self._queue)
 
+    def abandon(self) -> None:
+        """Stop without uploading anything (a start that was refused) and remove the local copy."""
+        with self._lock:
+            self._queue.clear()
+            self._meta = None
+        self._run_json = None
+        self._bases = {}
+        self._deadline = 0.0
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5.0)
+        self.cleanup()
+
     def cleanup(self) -> None:
         """Remove the local copy (call once :meth:`finish` said the store holds everything)."""
         shutil.rmtree(self.live_dir, ignore_errors=True)
@@ -215,6 +235,8 @@ class SegmentPublisher:
             if self._run_json is not None and not self.store.exists(RUN_META_FILE):
                 self._put(RUN_META_FILE, self._run_json.read_bytes())
             self._run_json = None
+            if self._bases is None:
+                self._bases = self._earlier_attempts()
             while True:
                 with self._lock:
                     item = self._queue[0] if self._queue else None
@@ -223,11 +245,13 @@ class SegmentPublisher:
                 op, name = item
                 if op == "put":
                     data = (self.outbox / name).read_bytes()
-                    self._put(name, data)
+                    stored, shifted = self._after_earlier(name, data)
+                    data = data if shifted is None else shifted
+                    self._put(stored, data)
                     self.segment_bytes += len(data)
                     (self.outbox / name).unlink(missing_ok=True)
                 else:
-                    self.store.remove(name)
+                    self.store.remove(self._after_earlier(name, None)[0])
                 with self._lock:
                     self._queue.popleft()
             with self._lock:
@@ -247,6 +271,21 @@ class SegmentPublisher:
             self._report(f"publish: uploads to {self.dest} resumed after {time.time() - since:.0f} s ({why}); "
                          "nothing was lost", f"publish resumed {since}")
         return True
+
+    def _earlier_attempts(self) -> dict[str, int]:
+        """The last rowid of each table this rank published before this process began (its earlier attempts)."""
+        tables = segment_ranks(self.store.find(f"{SEGMENTS_DIR}/rank={self.rank}")).get(self.rank, {})
+        return {t: max(last for _, last, _ in spans) for t, spans in tables.items() if spans}
+
+    def _after_earlier(self, name: str, data: bytes | None) -> tuple[str, bytes | None]:
+        """A segment's name (and bytes) as stored: its rows numbered after the earlier attempts' rows."""
+        parts = name.split("/")
+        base = (self._bases or {}).get(parts[-2], 0) if len(parts) >= 2 else 0
+        span = parse_segment(name)
+        if not base or span is None:
+            return name, data
+        stored = segment_name(self.rank, parts[-2], span[0] + base, span[1] + base)
+        return stored, (None if data is None else shift_rowids(data, base))
 
     def _put(self, name: str, data: bytes) -> None:
         self.store.put(name, data)

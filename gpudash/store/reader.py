@@ -18,6 +18,7 @@ import pandas as pd
 
 from gpudash.errors import RunError
 from gpudash.store import bounded
+from gpudash.store.attempts import ATTEMPT_COLUMN, PER_STEP_TABLES, supersede, with_attempts
 from gpudash.store.bounded import damage
 from gpudash.store.meta import read_run_json
 from gpudash.store.mirror import SegmentMirror, unpublished_note
@@ -53,6 +54,8 @@ class RunReader:
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.problems: list[str] = []
+        #: which rows of a resumed run :meth:`read_table` gives by default: ``"latest"`` or ``"all"``
+        self.attempts = "latest"
         self.ranks: dict[int, RankReader] = {}
         self.url = str(run_dir).rstrip("/") if is_url(run_dir) else None
         self._mirror: SegmentMirror | None = None
@@ -163,7 +166,49 @@ class RunReader:
         return "finished"
 
     # ---- whole tables -----------------------------------------------------------------
-    def read_table(self, table: str) -> pd.DataFrame:
+    def attempt_starts(self) -> dict[tuple[int, int], int]:
+        """``{(rank, attempt): the first step it recorded}`` for every attempt after the first
+        (:mod:`gpudash.store.attempts`); ``{}`` for a run no process resumed."""
+        out: dict[tuple[int, int], int] = {}
+        for rank, r in sorted(self.ranks.items()):
+            if rank not in self._resumed_ranks():
+                continue
+            rows = r.query(f"SELECT {ATTEMPT_COLUMN}, min(step) FROM steps WHERE {ATTEMPT_COLUMN} > 1 "
+                           f"GROUP BY {ATTEMPT_COLUMN}", tables=("steps",)) or []
+            out.update({(rank, int(a)): int(s) for a, s in rows
+                        if isinstance(a, (int, float)) and isinstance(s, (int, float))})
+        return out
+
+    def _resumed_ranks(self) -> set[int]:
+        """Ranks a later attempt recorded into (their meta says so: a column named ``attempt`` alone, in a run
+        an older version recorded or anyone wrote, is a logged value, not attempts)."""
+        out = set()
+        for rank, r in self.ranks.items():
+            if ATTEMPT_COLUMN not in r.columns("steps"):
+                continue
+            a = r.meta().get(ATTEMPT_COLUMN)
+            if isinstance(a, int) and not isinstance(a, bool) and a > 1:
+                out.add(rank)
+        return out
+
+    def _attempts(self, table: str, df: pd.DataFrame, attempts: str) -> pd.DataFrame:
+        """Rows of every attempt (``"all"``, with an ``attempt`` column), or each step once, from the attempt
+        that recorded it last (``"latest"``, the default view: :func:`gpudash.store.attempts.supersede`)."""
+        if attempts == "all":
+            return with_attempts(df)
+        if attempts != "latest":
+            raise ValueError(f"attempts={attempts!r}: pass 'latest' (each step once) or 'all' (every attempt's rows)")
+        if ATTEMPT_COLUMN not in df or not self._resumed_ranks():
+            return df
+        df = with_attempts(df)
+        return supersede(df, self.attempt_starts()) if table in PER_STEP_TABLES else df
+
+    def read_table(self, table: str, attempts: str | None = None) -> pd.DataFrame:
+        """One table of every rank (with a ``rank`` column); ``attempts``: see :meth:`_attempts` (default:
+        :attr:`attempts`)."""
+        return self._attempts(table, self._read_table(table), attempts or self.attempts)
+
+    def _read_table(self, table: str) -> pd.DataFrame:
         frames = []
         for rank, r in sorted(self.ranks.items()):
             if table in NUMERIC_TABLES:
@@ -242,7 +287,7 @@ class RunReader:
         total = sum(r.count(table, t0, t1) for r in self.ranks.values())
         if total <= max_rows or table not in ROLLUP_TABLES:  # a step table: its rows (callers downsample)
             where, params = _time_where(t0, t1, "time")
-            return self._concat(table, lambda r: r.read(table, where, params)), 0
+            return self._attempts(table, self._concat(table, lambda r: r.read(table, where, params)), "latest"), 0
         level = ROLLUP_LEVELS[-1]
         span = None
         if t0 is None or t1 is None:

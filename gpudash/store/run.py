@@ -53,7 +53,7 @@ class Run:
 
     def _table(self, table: str) -> pd.DataFrame:
         assert self._reader is not None
-        return self._reader.read_table(table)
+        return self._reader.read_table(table, self._reader.attempts)
 
     @cached_property
     def host(self) -> pd.DataFrame:
@@ -146,16 +146,23 @@ def settle_status(meta: dict[str, Any], rank_meta: dict[int, dict[str, Any]], st
         meta["end_reason"] = "; ".join(sorted(map(str, reasons))) or DIED
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
+def load_run(path: str | os.PathLike[str], attempts: str = "latest") -> Run:
     """Load a run directory (live, finished or crashed). Raises :class:`RunError`
     with a one-line message if the path is not a run at all; damage inside a run
-    is reported in ``Run.problems`` and the intact records are returned."""
+    is reported in ``Run.problems`` and the intact records are returned.
+
+    A run some process resumed (a new *attempt*, see :mod:`gpudash.store.attempts`) shows each step once,
+    from the attempt that recorded it last (``attempts="latest"``); ``attempts="all"`` keeps the rows later
+    attempts superseded, every frame with an ``attempt`` column."""
+    if attempts not in ("latest", "all"):
+        raise ValueError(f"attempts={attempts!r}: pass 'latest' (each step once) or 'all' (every attempt's rows)")
     reader = RunReader(path)
+    reader.attempts = attempts
     rank_meta = reader.rank_meta()
     meta = merged_meta(reader, rank_meta)
-    steps = reader.read_table("steps")
-    memory = reader.read_table("memory")
-    events = reader.read_table("events")
+    steps = reader.read_table("steps", attempts)
+    memory = reader.read_table("memory", attempts)
+    events = reader.read_table("events", attempts)
     if "data" in events:
         events["data"] = pd.Series([parse_json(v) for v in events["data"]], index=events.index, dtype=object)
     status = reader.status()

@@ -124,9 +124,10 @@ def quote_ident(name: str) -> str:
 
 
 #: Column names gpudash itself adds to what it reads (``rank``, ``_rowid``), SQLite's names for
-#: the row id, and the roll-up tables' own columns (``bucket``, ``n``, ``<column>__min/__max``).
+#: the row id, the roll-up tables' own columns (``bucket``, ``n``, ``<column>__min/__max``) and the
+#: attempt each row of a resumed run belongs to (``attempt``, see :mod:`gpudash.store.attempts`).
 #: A user's value under one of these names would make the run unreadable, so it is renamed.
-RESERVED_COLUMNS = frozenset({"rank", "_rowid", "rowid", "oid", "_rowid_", "bucket", "n"})
+RESERVED_COLUMNS = frozenset({"rank", "_rowid", "rowid", "oid", "_rowid_", "bucket", "n", "attempt"})
 _RESERVED_SUFFIXES = ("__min", "__max")
 
 

@@ -37,8 +37,9 @@ import numpy as np
 from gpudash.store.columns import add_columns, table_columns
 from gpudash.store.schema import NUMERIC_TABLES, ROLLUP_TABLES, TABLE_BASE_COLUMNS, quote_ident
 
-__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "export_rows", "parse_segment", "rank_meta_name",
-           "rank_of_folder", "read_meta_rows", "segment_bounds", "segment_name", "segment_ranks"]
+__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "export_rows", "parse_segment",
+           "rank_meta_name", "rank_of_folder", "read_meta_rows", "segment_bounds", "segment_name", "segment_ranks",
+           "shift_rowids"]
 
 SEGMENTS_DIR = "segments"
 #: The recorded tables (the roll-ups and chunks are derived from them and rebuilt by readers).
@@ -152,6 +153,21 @@ def export_rows(conn: sqlite3.Connection, table: str, after: int, upto: int | No
     if writer is None:
         return None, after
     return (None if out is not None else sink.getvalue()), last
+
+
+def shift_rowids(data: bytes, by: int) -> bytes:
+    """A segment's Parquet bytes with every ``_rowid`` raised by ``by`` (a later attempt of a rank numbers
+    its rows after the earlier attempts' rows: :mod:`gpudash.store.attempts`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tab = pq.read_table(io.BytesIO(data))
+    i = tab.column_names.index("_rowid")
+    tab = tab.set_column(i, "_rowid", pc.add(tab.column(i), pa.scalar(by, pa.int64())))
+    sink = io.BytesIO()
+    pq.write_table(tab, sink, compression="zstd", row_group_size=BATCH_ROWS)
+    return sink.getvalue()
 
 
 def read_meta_rows(conn: sqlite3.Connection) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from gpudash.store.attempts import ATTEMPT_COLUMN
 from gpudash.store.chunks import ChunkWriter
 from gpudash.store.columns import add_columns, column_room, table_columns
 from gpudash.store.rollup import Rollups
@@ -118,8 +119,11 @@ def connect(path: Path) -> sqlite3.Connection:
 class TableWriter:
     """Writes batches of records into one rank's database (inside the caller's transaction)."""
 
-    def __init__(self, conn: sqlite3.Connection, report: Report, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, conn: sqlite3.Connection, report: Report, meta: dict[str, Any] | None = None,
+                 attempt: int = 1) -> None:
         self._conn = conn
+        #: the attempt every row written here belongs to; from 2 on each row carries it (:mod:`~gpudash.store.attempts`)
+        self.attempt = int(attempt)
         self._report = report
         #: values left empty in the open transaction (the caller adds them up once it commits)
         self.txn_dropped_values = 0
@@ -129,6 +133,8 @@ class TableWriter:
         conn.execute("BEGIN")  # the whole schema in one transaction: one write of each page, not one per table
         try:
             self._create_tables()
+            if self.attempt > 1:
+                self._add_attempt_column()
             self.chunks = ChunkWriter(conn)
             self.write_meta(meta or {})
             conn.execute("COMMIT")
@@ -168,6 +174,13 @@ class TableWriter:
         c.execute('CREATE INDEX IF NOT EXISTS "steps_step" ON steps(step)')
         for table in DYNAMIC_TABLES:
             self._columns[table].update(table_columns(c, table))
+
+    def _add_attempt_column(self) -> None:
+        """Every table gets the ``attempt`` column (a run first recorded before any restart has none)."""
+        for table in TABLE_BASE_COLUMNS:
+            if ATTEMPT_COLUMN not in table_columns(self._conn, table):
+                add_columns(self._conn, table, [(ATTEMPT_COLUMN, "INTEGER")])
+            self._columns[table][ATTEMPT_COLUMN] = "INTEGER"
 
     def _ensure_columns(self, table: str, keys: dict[Any, str], rows: list[dict[Any, Any]]) -> None:
         """Add the columns first seen in ``rows``, all in one schema change."""
@@ -227,7 +240,7 @@ class TableWriter:
             self._ensure_columns(table, keys, rows)
         known = self._columns[table]
         by_col = {c: k for k, c in keys.items() if c in known}
-        cols = [c for c in known if c in by_col]
+        cols = [c for c in known if c in by_col and c != ATTEMPT_COLUMN]
         if not cols:
             return
         src = [by_col[c] for c in cols]
@@ -260,10 +273,16 @@ class TableWriter:
         first = (self._conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
         quoted = ", ".join(map(quote_ident, cols))
         marks = ", ".join("?" * len(cols))
+        if self.attempt > 1:  # the attempt as a constant of the statement: nothing added per row in Python
+            quoted += f", {ATTEMPT_COLUMN}"
+            marks += f", {self.attempt}"
         self._conn.executemany(f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ({marks})", data)
         if numeric:
             names = [cols[j] for j in idx]
             arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            if self.attempt > 1:
+                names.append(ATTEMPT_COLUMN)
+                arr = np.column_stack([arr, np.full(len(arr), float(self.attempt))])
             self.chunks.append(table, first, names, arr)
             if table in ROLLUP_TABLES:
                 self.rollups.update(table, names, arr)

@@ -37,11 +37,14 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from gpudash.errors import RunError
+from gpudash.store.attempts import VOLATILE_META, carried_meta, last_step, previous, racing
 from gpudash.store.failures import is_transient
 from gpudash.store.publish import SegmentPublisher
-from gpudash.store.rankfile import wal_path
+from gpudash.store.rankfile import log_heartbeat, wal_path
 from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
+from gpudash.store.segments import rank_meta_name, read_meta_rows
 from gpudash.store.sharedfs import shared_mode
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
@@ -136,8 +139,17 @@ class Recorder:
         live = self._publisher.live_path if self._publisher else self.path
         #: the database this process writes (local even when the run is published elsewhere): its own readers'
         self.live_path = live
+        beat = log_heartbeat(self.path) if self._publisher is None else None  # before we open it
         self._conn = connect(live)
         self._wal = wal_path(live)
+        before = self._previous_meta()
+        clash = racing(before, beat, f"{publish_to or self.run_dir} rank {rank}")
+        if clash is not None:
+            self._abandon()
+            raise RunError(clash)
+        #: the attempt before this one in this rank's records (None: this is the first); see gpudash.store.attempts
+        self.previous = previous(before, beat)
+        self.attempt = self.previous.attempt + 1 if self.previous else 1
         start = {
             "rank": rank,
             "pid": os.getpid(),
@@ -152,11 +164,46 @@ class Recorder:
             start.update(shared_fs=shared, publish_interval=self._publisher.interval,
                          live_db=str(self._publisher.live_path))
         start.update(redact_meta(meta or {}))
-        self._tables = TableWriter(self._conn, self._report, meta=start)
+        if self.previous is not None:  # the run's facts carry over; the process's are this attempt's own
+            start = {**carried_meta(before), **start, "attempt": self.attempt,
+                     "attempts": [*self.previous.history, self.previous.record()]}
+            if self._publisher is None:
+                gone = [k for k in VOLATILE_META if k in before and k not in start]
+                self._conn.executemany("DELETE FROM meta WHERE key = ?", [(k,) for k in gone])
+        self._tables = TableWriter(self._conn, self._report, meta=start, attempt=self.attempt)
         self._dropped_stored = 0
         self._rollups_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
         self._thread.start()
+
+    def _previous_meta(self) -> dict[str, Any]:
+        """The rank's meta as the previous attempt left it: in the rank's database, or (published) its
+        ``meta.json`` on the store ({} when there is none; a store that cannot say is said once)."""
+        pub = self._publisher
+        if pub is None:
+            try:
+                return {**read_meta_rows(self._conn), "last_step": last_step(self._conn)}
+            except sqlite3.Error:
+                return {}  # a new database: no meta table yet
+        try:
+            doc = json.loads(pub.store.get(rank_meta_name(self.rank), limit=1 << 22))
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:  # noqa: BLE001 - the uploader still numbers its rows after what is there
+            print(f"gpudash: {pub.dest}: cannot read rank {self.rank}'s earlier attempt ({type(exc).__name__}: "
+                  f"{str(exc)[:200]}); recording as its first attempt, nothing published is overwritten",
+                  file=sys.stderr)
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _abandon(self) -> None:
+        """Undo the start (a refused attempt): close the database, stop the uploader, write nothing."""
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
+        if self._publisher is not None:
+            self._publisher.abandon()
 
     # ---- training-thread API (no I/O) -------------------------------------------------
     def put(self, table: str, row: dict[str, Any]) -> None:

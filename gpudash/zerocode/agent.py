@@ -288,9 +288,11 @@ class Agent:
         self._creating = True
         try:
             from gpudash.monitor import Monitor
+            from gpudash.zerocode.resume import resume_from_optimizers
             from gpudash.zerocode.steps import Session
 
             kwargs = dict(self.monitor_kwargs)
+            kwargs.setdefault("resume", True)  # a run folder recorded before: steps continue after it
             dist = getattr(self._torch, "distributed", None)
             if dist is not None and dist.is_available() and dist.is_initialized():
                 # the process group knows the rank even when no launcher set RANK (mp.spawn)
@@ -306,6 +308,7 @@ class Agent:
         finally:
             self._creating = False
         self.monitor = monitor
+        resume_from_optimizers(monitor, self._optimizers)  # a script resumed from its checkpoint
         # Python processes this one starts from now on (data workers, a script it runs) would
         # record as the same rank into the same files: they run unrecorded
         os.environ.pop(ENV_RUN_DIR, None)

@@ -129,3 +129,28 @@ def test_killed_run_reads_crashed(tmp_path: Path) -> None:
     reader.close()
     assert view.status == "crashed" and view.last_step == 4
     assert view.meta["end_reason"] == "process died (no heartbeat)"
+
+
+def test_a_new_attempt_redoing_drawn_steps_rebuilds_the_step_charts(tmp_path: Path) -> None:
+    """A page drawn during attempt 1 (steps 0..9): attempt 2 resumes at step 5, so its rows supersede drawn ones:
+    the step charts are drawn again from the store (each step once, the new values), not extended."""
+    from gpudash.monitor import Monitor
+
+    run_dir = tmp_path / "resumed"
+    kw = {"flush_interval": 0.05, "host_hz": 0.0, "handle_signals": False}
+    with Monitor(run_dir, **kw) as mon:
+        for i in range(10):
+            with mon.step():
+                mon.log(loss=float(i))
+    reader = RunReader(run_dir)
+    view = load_view(reader)
+    state = initial_state("live", view, _specs(view), 0)
+    with Monitor(run_dir, resume=True, **kw) as mon:
+        for i in range(5, 8):
+            with mon.step(step=5 if i == 5 else None):
+                mon.log(loss=100.0 + i)
+    res = live_tick(reader, state, _spec_fn)
+    assert "step-time-graph" in res.rebuild and "loss-graph" in res.rebuild
+    again = load_view(reader)
+    assert again.frame("steps")["loss"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 105.0, 106.0, 107.0]
+    reader.close()

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.s3 import s3  # noqa: F401 - the moto S3 server fixture, for every test here
 
 
 @pytest.fixture

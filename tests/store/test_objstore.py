@@ -4,10 +4,8 @@ s3fs as the client, configured only through the environment (AWS_ENDPOINT_URL, A
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,45 +14,13 @@ import pytest
 pytest.importorskip("s3fs", reason="object-store tests need s3fs (pip install 'gpudash[s3]')")
 moto_server = pytest.importorskip("moto.server", reason="object-store tests need moto[server] (dev extra)")
 
+from helpers.s3 import bucket as _bucket  # noqa: E402
+from helpers.s3 import free_port as _free_port  # noqa: E402
+
 from gpudash import load_run  # noqa: E402
 from gpudash.errors import RunError  # noqa: E402
 from gpudash.monitor import Monitor  # noqa: E402
-from gpudash.store import mirror, publish, sharedfs  # noqa: E402
 from gpudash.store.objstore import open_store  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
-    """An S3 endpoint on a free port; yields its URL, with the environment pointing at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    import urllib.request
-
-    # moto keeps its buckets in the process, across servers: every test starts from an empty store
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
-    monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
-    monkeypatch.setattr(publish, "RETRY_S", 0.1)
-    monkeypatch.setattr(mirror, "SYNC_S", 0.0)
-    try:
-        yield endpoint
-    finally:
-        server.stop()
-
-
-def _bucket(name: str) -> None:
-    open_store(f"s3://{name}").fs.mkdir(name)
 
 
 def _record(mon: Monitor, steps: range) -> None:

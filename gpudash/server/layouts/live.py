@@ -102,6 +102,16 @@ def _advance(last: dict[str, float], table: str, df: pd.DataFrame) -> None:
             last[k] = max(float(np.nanmax(v)), last.get(k, float("-inf")))
 
 
+def _redone(frames: dict[str, pd.DataFrame], last: dict[str, float]) -> bool:
+    """Whether a later attempt of a resumed run recorded steps the page drew already (they supersede those)."""
+    df = frames.get("steps")
+    if df is None or not len(df) or "attempt" not in df or "rank" not in df or "step" not in df:
+        return False
+    later = pd.to_numeric(df["attempt"], errors="coerce").to_numpy(dtype=float) > 1
+    marks = np.array([last.get(f"{r}/steps", -np.inf) for r in df["rank"].to_numpy()], dtype=float)
+    return bool((later & (pd.to_numeric(df["step"], errors="coerce").to_numpy(dtype=float) <= marks)).any())
+
+
 def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveResult:
     """Read what arrived since ``state['cursor']`` and turn it into extends.
 
@@ -114,6 +124,10 @@ def live_tick(reader: RunReader, state: dict[str, Any], spec_fn: Any) -> LiveRes
     last = dict(state.get("last") or {})
     frames = _dedupe(raw, last)
     result = LiveResult(state=state, frames=frames)
+    ev = raw.get("events")
+    resumed = ev is not None and "kind" in ev and bool((ev["kind"] == "resume").any())
+    if resumed or _redone(raw, last):  # a new attempt (its marker), or one that redoes steps the page drew:
+        result.rebuild.update(state.get("specs") or {})  # drawn again from the store, each step once
     for table, df in frames.items():
         _advance(last, table, df)
     state["last"] = last

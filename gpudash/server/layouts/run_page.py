@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 from dash import dcc, html
+from gpudash.analysis.attempts import resumes
 from gpudash.server.layouts import device, events, hotspots, memory, stability, throughput
-from gpudash.server.layouts.common import base_figure, note, recorded_reason, source_reason, waiting_figure
+from gpudash.server.layouts.common import base_figure, note, plot_text, recorded_reason, source_reason, waiting_figure
 from gpudash.server.layouts.data import RunView
 from gpudash.server.layouts.downsample import downsample_indices
 from gpudash.server.layouts.fig import Fig
@@ -167,7 +168,30 @@ def build_graph(graph: str, view: RunView, rank: int = 0, cursor: int | None = N
         fig.layout["shapes"] = [cursor_shape(cursor), *(fig.layout.shapes or ())]
     if graph in STEP_GRAPHS:
         style_figure(fig, x, view.full.get("steps", view.frame("steps")))
+    _mark_resumes(fig, specs, view.frame("events"), view.t0)
     return fig, specs
+
+
+def _mark_resumes(fig: Fig, specs: list[Series], events: Any, t0: float) -> None:
+    """A line where each later attempt resumed (its step, or its start on a time axis), with what it says."""
+    if not specs:
+        return  # nothing drawn: no axis to mark
+    spec = specs[0]
+    for r in resumes(events):
+        if spec.x == "elapsed":  # the device and host panels: seconds since the run began
+            if r.time is None:
+                continue
+            at = r.time - t0
+        elif spec.x in ("relative", "wall"):
+            if r.time is None:
+                continue
+            at = (r.time - spec.origin) * 1000.0
+        elif r.step is not None:
+            at = float(r.step)
+        else:
+            continue
+        text = r.message.split(" (")[0]
+        fig.add_vline(at, color="#2ca02c", dash="dash", text=plot_text(text, 80))
 
 
 #: Live charts sent with the page (the first screen, and the loss chart with its spikes); the others are drawn
