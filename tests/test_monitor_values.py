@@ -135,7 +135,8 @@ def _reach_oldest_generation_per_step(tmp: Path, value: Any, steps: int = 2000) 
     buffer until the writer's next flush, long enough to be promoted in a fast loop."""
     import gc
 
-    mon = Monitor(tmp, handle_signals=False, flush_interval=600.0, host_hz=0, device_hz=0)  # writer waits
+    # writer waits; no leak watch: its thread's reads (every 16 steps) would be counted as the hot path's
+    mon = Monitor(tmp, handle_signals=False, flush_interval=600.0, host_hz=0, device_hz=0, leak_poll_s=0)
     model = torch.nn.Linear(4, 4)
     mon.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
 

@@ -107,7 +107,7 @@ def test_a_run_json_too_large_is_named_not_hidden(tmp_path: Path) -> None:
     assert [e for e in mirror.errors if "good/segments/rank=0/meta.json" in e and "not copied" in e], mirror.errors
     r = load_run(tmp_path / "local" / "good")
     try:
-        assert [p for p in r.problems if "meta.json is 5.2 MB, over the" in p], r.problems
+        assert [p for p in r.problems if "meta.json is 5.0 MiB, over the" in p], r.problems
     finally:
         r.close()
     r = load_run(tmp_path / "local" / "fat5")
@@ -117,7 +117,7 @@ def test_a_run_json_too_large_is_named_not_hidden(tmp_path: Path) -> None:
         r.close()
     r = load_run(tmp_path / "local" / "fat9")
     try:
-        assert [p for p in r.problems if p.startswith("run.json: run.json is 9.4 MB, over the")], r.problems
+        assert [p for p in r.problems if p.startswith("run.json: run.json is 9.0 MiB, over the")], r.problems
     finally:
         r.close()
 
