@@ -62,6 +62,8 @@ class HostCollector:
         put = monitor.put
         in_use = malloc_used()
         period = 1.0 / self.hz
+        from gpudash.collectors.procmem import ProcMem
+        by_process = ProcMem(proc)
 
         def sample() -> None:
             while True:
@@ -82,6 +84,9 @@ class HostCollector:
                     row["system_cpu_pct"] = psutil.cpu_percent(None)
                     row["available_bytes"] = vm.available
                     row["total_bytes"] = vm.total
+                    row.update(by_process.sample())
+                    if by_process.unavailable is not None:  # recorded once; the other columns go on
+                        monitor.unavailable("host_by_process", by_process.unavailable)
                     put("host", row)
                 except Exception as exc:  # noqa: BLE001 - never kill the sampler silently
                     monitor.unavailable("host", f"psutil failed: {exc}")

@@ -1,0 +1,121 @@
+"""Host memory by process: the training process and every process it started, and ``/dev/shm``.
+
+DataLoader workers, compile workers and anything else the script spawned hold host memory that the
+training process's RSS does not count. Each is measured by its unique and proportional set (USS, PSS:
+``psutil``'s ``memory_full_info``, one read of ``/proc/PID/smaps_rollup``), so pages N forked workers share
+copy-on-write are counted once over the processes, not N times as RSS would. Columns of the ``host`` row:
+
+* ``main_uss_bytes``, ``main_pss_bytes``: the training process;
+* ``children``, ``children_uss_bytes``, ``children_pss_bytes``: how many descendants, and their sums;
+* ``child<i>_pid``, ``child<i>_pss_bytes``, ``child<i>_uss_bytes``: one slot per live descendant (at most
+  :data:`MAX_SLOTS`), kept by a process while it lives and given to the next one when it exits, so a
+  DataLoader's workers, respawned each epoch, keep their slots 0..N-1;
+* ``shm_used_bytes``: what ``/dev/shm`` holds (the workers hand tensors to the main process there; the
+  mount is the machine's, so other jobs' files count too).
+
+Bounded cost: the descendants are listed (a walk of ``/proc``) at most every :data:`RESCAN_S` seconds and
+between scans only the known ones are read; a process that exited is dropped when its read fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+__all__ = ["MAX_SLOTS", "RESCAN_S", "SHM_ROOT", "ProcMem", "shm_used"]
+
+#: the descendants are listed again at most this often (a walk of /proc costs ~0.1 ms per process on the machine)
+RESCAN_S = 5.0
+#: per-process columns for at most this many descendants; the rest count in the sums only
+MAX_SLOTS = 16
+#: where POSIX shared memory lives (torch's ``file_descriptor`` sharing strategy allocates there)
+SHM_ROOT = "/dev/shm"
+
+
+def shm_used(root: str = SHM_ROOT) -> int | None:
+    """Bytes in use on the ``root`` mount, or None where it is not one (macOS, a container without it)."""
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    return int((st.f_blocks - st.f_bfree) * st.f_frsize)
+
+
+class ProcMem:
+    """USS/PSS of a process and its descendants; :meth:`sample` returns the ``host`` row's columns.
+
+    ``proc`` is a ``psutil.Process``. Raises nothing: a process that cannot be read is left out, and
+    :attr:`unavailable` says once why the main process could not be (then only ``shm_used_bytes`` is sampled).
+    """
+
+    def __init__(self, proc: Any, *, rescan_s: float = RESCAN_S, max_slots: int = MAX_SLOTS,
+                 shm_root: str = SHM_ROOT) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.proc = proc
+        self.rescan_s = rescan_s
+        self.max_slots = max_slots
+        self.shm_root = shm_root
+        self.unavailable: str | None = None
+        self._children: list[Any] = []
+        self._scanned = float("-inf")
+        self._slots: dict[int, int] = {}  # pid -> slot
+
+    def _rescan(self, now: float) -> None:
+        self._scanned = now
+        try:
+            found = self.proc.children(recursive=True)
+        except self._psutil.Error:
+            return
+        known = {p.pid for p in self._children}
+        self._children += [p for p in found if p.pid not in known]
+
+    def _slot(self, pid: int) -> int | None:
+        slot = self._slots.get(pid)
+        if slot is None:
+            used = set(self._slots.values())
+            slot = next((i for i in range(self.max_slots) if i not in used), None)
+            if slot is not None:
+                self._slots[pid] = slot
+        return slot
+
+    def sample(self, now: float | None = None) -> dict[str, float]:
+        now = time.monotonic() if now is None else now
+        row: dict[str, float] = {}
+        shm = shm_used(self.shm_root)
+        if shm is not None:
+            row["shm_used_bytes"] = shm
+        if self.unavailable is not None:
+            return row
+        error = self._psutil.Error
+        try:
+            full = self.proc.memory_full_info()
+        except error as exc:  # AccessDenied where /proc/self/smaps is not readable (a hardened kernel)
+            self.unavailable = f"per-process memory unreadable: {exc}"
+            return row
+        row["main_uss_bytes"] = full.uss
+        row["main_pss_bytes"] = full.pss
+        if now - self._scanned >= self.rescan_s:
+            self._rescan(now)
+        alive, uss, pss = [], 0, 0
+        for p in self._children:
+            try:
+                info = p.memory_full_info()
+            except error:  # exited (or not ours to read): dropped, its slot freed
+                self._slots.pop(p.pid, None)
+                continue
+            alive.append(p)
+            uss += info.uss
+            pss += info.pss
+            slot = self._slot(p.pid)
+            if slot is not None:
+                row[f"child{slot}_pid"] = p.pid
+                row[f"child{slot}_pss_bytes"] = info.pss
+                row[f"child{slot}_uss_bytes"] = info.uss
+        self._children = alive
+        row["children"] = len(alive)
+        row["children_uss_bytes"] = uss
+        row["children_pss_bytes"] = pss
+        return row

@@ -1,0 +1,92 @@
+"""Host memory by process: a child holding N MB shows apart from the main process, slots, the rescan bound."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from gpudash.collectors.procmem import ProcMem, shm_used
+
+HOLD = 48 * 2**20
+_CHILD = ("import sys; b = b'\\x01' * int(sys.argv[1]); print('ready', flush=True); sys.stdin.read()")
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="USS/PSS from /proc are Linux's")
+
+
+def _hold(nbytes: int) -> subprocess.Popen[str]:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(nbytes)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _end(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None
+    child.stdin.close()
+    child.wait(30)
+
+
+def _slot_of(row: dict[str, float], pid: int) -> int:
+    return next(int(k[5:-4]) for k, v in row.items() if k.startswith("child") and k.endswith("_pid") and v == pid)
+
+
+def test_a_child_holding_memory_shows_apart_from_the_main_process() -> None:
+    pm = ProcMem(psutil.Process())
+    child = _hold(HOLD)
+    try:
+        row = pm.sample(now=0.0)
+        slot = _slot_of(row, child.pid)
+        assert row[f"child{slot}_uss_bytes"] >= 0.9 * HOLD
+        assert row[f"child{slot}_pss_bytes"] >= row[f"child{slot}_uss_bytes"]
+        assert row["children"] >= 1 and row["children_uss_bytes"] >= row[f"child{slot}_uss_bytes"]
+        assert 0 < row["main_uss_bytes"] <= row["main_pss_bytes"]
+        # PSS adds up: over the processes it lies between the unique bytes and the resident ones
+        procs = [psutil.Process()] + [psutil.Process(int(v)) for k, v in row.items() if k.endswith("_pid")]
+        rss = sum(p.memory_info().rss for p in procs)
+        pss = row["main_pss_bytes"] + row["children_pss_bytes"]
+        assert row["main_uss_bytes"] + row["children_uss_bytes"] <= pss <= 1.05 * rss
+    finally:
+        _end(child)
+    after = pm.sample(now=1.0)  # the exited child is dropped at its next read, its slot freed
+    assert f"child{slot}_pid" not in after or after[f"child{slot}_pid"] != child.pid
+
+
+def test_children_are_listed_at_most_every_rescan_and_slots_are_reused() -> None:
+    pm = ProcMem(psutil.Process(), rescan_s=5.0)
+    pm.sample(now=0.0)
+    child = _hold(2**20)
+    try:
+        assert child.pid not in {int(v) for k, v in pm.sample(now=1.0).items() if k.endswith("_pid")}
+        row = pm.sample(now=6.0)  # past the rescan interval: found
+        first = _slot_of(row, child.pid)
+    finally:
+        _end(child)
+    pm.sample(now=7.0)
+    again = _hold(2**20)
+    try:
+        row = pm.sample(now=12.0)
+        assert _slot_of(row, again.pid) == first  # the next process takes the freed slot
+    finally:
+        _end(again)
+
+
+def test_slots_are_bounded_and_the_sums_count_every_child() -> None:
+    pm = ProcMem(psutil.Process(), max_slots=1)
+    kids = [_hold(2**20) for _ in range(2)]
+    try:
+        row = pm.sample(now=0.0)
+        assert sum(k.endswith("_pid") for k in row) == 1
+        assert row["children"] >= 2
+        assert row["children_pss_bytes"] > row["child0_pss_bytes"]
+    finally:
+        for k in kids:
+            _end(k)
+
+
+def test_shm_reads_a_mount_and_says_none_for_a_missing_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert isinstance(shm_used(str(tmp_path)), int)
+    assert shm_used(str(tmp_path / "missing")) is None
+    assert "shm_used_bytes" not in ProcMem(psutil.Process(), shm_root=str(tmp_path / "missing")).sample(now=0.0)
