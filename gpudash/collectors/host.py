@@ -63,7 +63,11 @@ class HostCollector:
         in_use = malloc_used()
         period = 1.0 / self.hz
         from gpudash.collectors.procmem import ProcMem
+        from gpudash.collectors.rapl import open_rapl
         by_process = ProcMem(proc)
+        rapl, no_rapl = open_rapl()
+        if rapl is None:
+            monitor.unavailable("cpu_energy", no_rapl or "no RAPL counters")
 
         def sample() -> None:
             while True:
@@ -85,6 +89,8 @@ class HostCollector:
                     row["available_bytes"] = vm.available
                     row["total_bytes"] = vm.total
                     row.update(by_process.sample())
+                    if rapl is not None:
+                        row["cpu_energy_j"] = rapl.read()
                     if by_process.unavailable is not None:  # recorded once; the other columns go on
                         monitor.unavailable("host_by_process", by_process.unavailable)
                     put("host", row)
