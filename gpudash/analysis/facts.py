@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.bottleneck import Bound, run_bound
+from gpudash.analysis.energy import Energy, energy_text, run_energy
 from gpudash.analysis.frames import numeric as _num
+from gpudash.analysis.hostmem import HostMemory, host_memory_text, oom_kill_text, run_host_memory
 from gpudash.analysis.leak import Leak, leak_text, run_leak
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
@@ -99,6 +101,12 @@ class Facts:
     verdict judges it (:func:`gpudash.analysis.bottleneck.run_bound`); None without recorded phases."""
     leak: Leak | None = None
     """Memory held between steps that grows step after step (:func:`gpudash.analysis.leak.run_leak`)."""
+    host_memory: HostMemory | None = None
+    """Host memory by process: the training process and its workers (:mod:`gpudash.analysis.hostmem`)."""
+    energy: Energy | None = None
+    """Joules per step, Wh per million tokens, kWh per run (:mod:`gpudash.analysis.energy`)."""
+    end_reason: str | None = None
+    """Why a run that is not finished ended: what it recorded, or the OOM killer where the rows say so."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -252,6 +260,7 @@ def run_facts(run: Run) -> Facts:
     nodes = rank_nodes(run.rank_meta)
     strag = run_stragglers(run) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
     dropped = {k: sum(_count(m.get(k)) for m in run.rank_meta.values()) for k in ("dropped_records", "dropped_values")}
+    hostmem = run_host_memory(run)
     return Facts(
         dropped_records=dropped["dropped_records"], dropped_values=dropped["dropped_values"],
         status=run.status, steps=n, ranks=max(len(run.ranks), 1 if n else 0),
@@ -265,8 +274,15 @@ def run_facts(run: Run) -> Facts:
         nodes=max(len(set(nodes.values())), 1), node_stragglers=tuple(strag["node_stragglers"]),
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
         recent=throughput(steps, run.meta, last=RECENT_STEPS), bound=run_bound(run),
-        leak=run_leak(run),
+        leak=run_leak(run), host_memory=hostmem, energy=run_energy(run, n), end_reason=_end_reason(run, hostmem),
         **_params_facts(run, peaks))
+
+
+def _end_reason(run: Run, hostmem: HostMemory | None) -> str | None:
+    if hostmem is not None and hostmem.oom_killed:
+        return oom_kill_text(hostmem)
+    reason = run.meta.get("end_reason")
+    return str(reason) if reason and run.status != "finished" else None
 
 
 def _params_facts(run: Run, peaks: dict[str, float | None]) -> dict[str, Any]:
@@ -296,7 +312,9 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     meta = meta or {}
     h = facts.headline
     rows = [("status", facts.status)]
-    if meta.get("end_reason") and facts.status != "finished":
+    if facts.end_reason:
+        rows.append(("ended", facts.end_reason))
+    elif meta.get("end_reason") and facts.status != "finished":
         rows.append(("ended", str(meta["end_reason"])))
     rows += [("device", str(meta.get("device_name") or meta.get("device") or "?")), ("ranks", str(facts.ranks) + (f" on {facts.nodes} nodes" if facts.nodes > 1 else ""))]
     if facts.node_stragglers or facts.rank_stragglers:
@@ -345,6 +363,10 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows.append(("OOMs", str(facts.oom_count)))
     if facts.leak is not None:
         rows.append(("leak", leak_text(facts.leak)))
+    if facts.host_memory is not None and (text := host_memory_text(facts.host_memory)):
+        rows.append(("host memory", text))
+    if facts.energy is not None:
+        rows.append(("energy", energy_text(facts.energy)))
     if facts.dropped_records or facts.dropped_values:
         rows.append(("not recorded", f"{facts.dropped_records:,} record(s) dropped (the writer's buffer was full), "
                                      f"{facts.dropped_values:,} value(s) that could not be stored"))

@@ -1,0 +1,126 @@
+"""Host memory by process, derived once from the ``host`` rows (:mod:`gpudash.collectors.procmem`).
+
+The headline is the peak of each process's proportional set (PSS: pages shared by N processes count 1/N in
+each, so the sum over the processes is what they hold together): the training process (``main``) and each
+descendant slot (``worker 0``..., a DataLoader's workers keep their slots across epochs), per rank when
+there are several. Beside it the peak of their sum, the peak of ``/dev/shm``, and the machine's lowest
+available memory; :data:`LOW_AVAILABLE` of it is the finding's threshold. A run that died without a word
+(SIGKILL can be neither caught nor recorded) while the machine's available memory was under
+:data:`OOM_KILL_AVAILABLE` of its total at the last sample is said to have been killed by the OOM killer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpudash.analysis.frames import numeric, sampled
+from gpudash.store.run import DIED
+
+__all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "host_memory_text", "oom_kill_text",
+           "run_host_memory"]
+
+#: the finding and alert: the machine's available memory under this share of its total
+LOW_AVAILABLE = 0.10
+#: a silent death with available memory under this share of the total at the last sample: the OOM killer
+OOM_KILL_AVAILABLE = 0.05
+_SLOT = re.compile(r"^child(\d+)_pss_bytes$")
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    peak_pss_bytes: dict[str, float] = field(default_factory=dict)
+    """Peak PSS per process: ``main``, ``worker 0``, ... (``rank R main`` ... with several ranks)."""
+    peak_total_pss_bytes: float | None = None
+    """The largest sum over the processes of one rank at one sample (the largest rank's, with several)."""
+    workers: int = 0
+    """The most descendants alive at once (one rank)."""
+    shm_peak_bytes: float | None = None
+    min_available_bytes: float | None = None
+    total_bytes: float | None = None
+    low_available_at: float | None = None
+    """When (unix time) available memory first fell under :data:`LOW_AVAILABLE` of the total; None if never."""
+    last_available_bytes: float | None = None
+    oom_killed: bool = False
+    """The run died silently with the machine's memory nearly full: killed by the kernel's OOM killer."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _peak(v: pd.Series | None) -> float | None:
+    return None if v is None else float(v.max())
+
+
+def run_host_memory(run: Any) -> HostMemory | None:
+    """The run's :class:`HostMemory`; None when it recorded no host row."""
+    host = sampled(run, "host")
+    if not len(host) or "time" not in host:
+        return None
+    host = host.sort_values("time")
+    groups = list(host.groupby("rank")) if "rank" in host and host["rank"].nunique() > 1 else [(None, host)]
+    peaks: dict[str, float] = {}
+    totals: list[float] = []
+    workers = 0
+    for rank, g in groups:
+        who = "" if rank is None else f"rank {rank} "
+        parts = [c for c in ("main_pss_bytes", "children_pss_bytes") if numeric(g, c) is not None]
+        main = _peak(numeric(g, "main_pss_bytes"))
+        if main is not None:
+            peaks[f"{who}main"] = main
+        slots = sorted((int(m.group(1)), c) for c in g.columns if (m := _SLOT.match(c)))
+        for i, col in slots:
+            p = _peak(numeric(g, col))
+            if p is not None:
+                peaks[f"{who}worker {i}"] = p
+        if parts:
+            totals.append(float(g[parts].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1).max()))
+        kids = numeric(g, "children")
+        workers = max(workers, int(kids.max()) if kids is not None else 0)
+    avail, total = numeric(host, "available_bytes"), numeric(host, "total_bytes")
+    low_at = None
+    if avail is not None and total is not None:
+        low = (avail < LOW_AVAILABLE * total).to_numpy()
+        if low.any():
+            low_at = float(pd.to_numeric(host["time"], errors="coerce").to_numpy()[np.argmax(low)])
+    last_avail = float(avail.dropna().iloc[-1]) if avail is not None else None
+    last_total = float(total.dropna().iloc[-1]) if total is not None else None
+    reason = str(run.meta.get("end_reason") or DIED)
+    killed = (run.status == "crashed" and reason == DIED and last_avail is not None and last_total is not None
+              and last_avail < OOM_KILL_AVAILABLE * last_total)
+    return HostMemory(peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
+                      shm_peak_bytes=_peak(numeric(host, "shm_used_bytes")),
+                      min_available_bytes=None if avail is None else float(avail.min()),
+                      total_bytes=last_total, low_available_at=low_at, last_available_bytes=last_avail,
+                      oom_killed=bool(killed))
+
+
+def host_memory_text(h: HostMemory, limit: int = 6) -> str:
+    """``peak 3.1 GiB over 5 processes: main 1.0 GiB, worker 0 520 MiB, ...; /dev/shm up to 64 MiB;
+    available down to 2.0 GiB of 31 GiB``."""
+    from gpudash.units import human_bytes
+
+    bits = []
+    if h.peak_pss_bytes:
+        top = sorted(h.peak_pss_bytes.items(), key=lambda kv: -kv[1])
+        listed = ", ".join(f"{k} {human_bytes(v)}" for k, v in top[:limit])
+        more = f" and {len(top) - limit} more" if len(top) > limit else ""
+        bits.append(f"peak {human_bytes(h.peak_total_pss_bytes)} (PSS) over {len(top)} process(es): {listed}{more}")
+    if h.shm_peak_bytes is not None:
+        bits.append(f"/dev/shm up to {human_bytes(h.shm_peak_bytes)}")
+    if h.min_available_bytes is not None:
+        bits.append(f"available down to {human_bytes(h.min_available_bytes)}"
+                    + (f" of {human_bytes(h.total_bytes)}" if h.total_bytes else ""))
+    return "; ".join(bits)
+
+
+def oom_kill_text(h: HostMemory) -> str:
+    """The end reason of a run the OOM killer took."""
+    from gpudash.units import human_bytes
+
+    return (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the machine had "
+            f"{human_bytes(h.last_available_bytes)} of {human_bytes(h.total_bytes)} available at the last sample")
