@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.frames import numeric, sampled
+from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import DIED
 
-__all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "host_memory_text", "oom_kill_text",
-           "run_host_memory"]
+__all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "host_memory_text", "host_memory_verdicts",
+           "oom_kill_text", "run_host_memory"]
 
 #: the finding and alert: the machine's available memory under this share of its total
 LOW_AVAILABLE = 0.10
@@ -124,3 +125,36 @@ def oom_kill_text(h: HostMemory) -> str:
 
     return (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the machine had "
             f"{human_bytes(h.last_available_bytes)} of {human_bytes(h.total_bytes)} available at the last sample")
+
+
+def host_memory_verdicts(run: Any) -> list[Verdict]:
+    """The summary's host-memory findings: the peak by process (when the workers were measured), and the
+    machine's available memory under :data:`LOW_AVAILABLE` (bad when the OOM killer then took the run)."""
+    from gpudash.units import human_bytes
+
+    h = run_host_memory(run)
+    if h is None:
+        return []
+    out = []
+    if h.peak_pss_bytes:
+        top = sorted(h.peak_pss_bytes.items(), key=lambda kv: -kv[1])
+        out.append(Verdict(kind="host-memory", title=f"Host memory peak {human_bytes(h.peak_total_pss_bytes)} over "
+                                                     f"{len(top)} process(es)", severity="ok",
+                           evidence=[host_memory_text(h)],
+                           numbers={"peak_total_pss_bytes": float(h.peak_total_pss_bytes or 0.0),
+                                    "workers": float(h.workers)}))
+    if h.low_available_at is not None or h.oom_killed:
+        ev = [f"the machine's available memory fell to {human_bytes(h.min_available_bytes)} of "
+              f"{human_bytes(h.total_bytes)} (under {LOW_AVAILABLE:.0%})"]
+        if h.oom_killed:
+            ev.insert(0, oom_kill_text(h))
+        if h.workers:
+            ev.append(f"{h.workers} worker process(es): each holds its own copy of what it loads "
+                      "(the peak by process says which)")
+        out.append(Verdict(kind="host-memory-low", title="Killed by the OOM killer" if h.oom_killed else
+                           "Host memory nearly full", severity="bad" if h.oom_killed else "warn", evidence=ev,
+                           recommendation="fewer DataLoader workers (num_workers), a memory-mapped dataset the "
+                                          "workers share instead of a copy each, or less CPU offload",
+                           numbers={"min_available_bytes": float(h.min_available_bytes or 0.0),
+                                    "total_bytes": float(h.total_bytes or 0.0)}))
+    return out

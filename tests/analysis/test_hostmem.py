@@ -1,0 +1,67 @@
+"""Host memory by process from recorded host rows: the peak by process, low available memory, the OOM killer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gpudash.analysis.facts import headline_rows, run_facts
+from gpudash.analysis.hostmem import host_memory_verdicts, run_host_memory
+from gpudash.analysis.summary import status_verdict
+from gpudash.store.run import DIED, Run
+from gpudash.units import human_bytes
+
+GB = 10**9
+
+
+def _run(host: pd.DataFrame, status: str = "finished", reason: str | None = None) -> Run:
+    steps = pd.DataFrame({"step": range(3), "time": [1.0, 2.0, 3.0], "duration_s": 1.0})
+    r = Run(path=Path("x"), meta={"end_reason": reason} if reason else {}, status=status, steps=steps,
+            memory=pd.DataFrame(), events=pd.DataFrame())
+    r.__dict__["host"] = host
+    r.__dict__["device"] = pd.DataFrame()
+    return r
+
+
+def _host(avail: list[float]) -> pd.DataFrame:
+    n = len(avail)
+    return pd.DataFrame({"time": np.arange(float(n)), "main_pss_bytes": 1.0 * GB,
+                         "child0_pid": 11, "child0_pss_bytes": np.linspace(0.2, 0.5, n) * GB,
+                         "child1_pid": 12, "child1_pss_bytes": 0.3 * GB,
+                         "children": 2, "children_pss_bytes": (np.linspace(0.2, 0.5, n) + 0.3) * GB,
+                         "shm_used_bytes": 64e6, "available_bytes": avail, "total_bytes": 16.0 * GB})
+
+
+def test_peak_by_process_and_the_headline() -> None:
+    h = run_host_memory(_run(_host([8 * GB] * 4)))
+    assert h is not None and h.workers == 2 and not h.oom_killed and h.low_available_at is None
+    assert h.peak_pss_bytes == {"main": 1.0 * GB, "worker 0": 0.5 * GB, "worker 1": 0.3 * GB}
+    assert h.peak_total_pss_bytes == 1.8 * GB
+    row = dict(headline_rows(run_facts(_run(_host([8 * GB] * 4)))))["host memory"]
+    assert f"worker 0 {human_bytes(0.5 * GB)}" in row and "/dev/shm" in row
+    [v] = host_memory_verdicts(_run(_host([8 * GB] * 4)))
+    assert v.severity == "ok" and human_bytes(1.8 * GB) in v.title
+
+
+def test_low_available_is_a_finding() -> None:
+    h = run_host_memory(_run(_host([8 * GB, 1 * GB, 3 * GB])))
+    assert h is not None and h.low_available_at == 1.0 and h.min_available_bytes == 1 * GB
+    kinds = {v.kind: v.severity for v in host_memory_verdicts(_run(_host([8 * GB, 1 * GB, 3 * GB])))}
+    assert kinds["host-memory-low"] == "warn"
+
+
+def test_a_silent_death_with_memory_full_is_the_oom_killer() -> None:
+    killed = _run(_host([8 * GB, 0.3 * GB]), status="crashed")  # no end reason: SIGKILL records none
+    facts = run_facts(killed)
+    assert facts.host_memory is not None and facts.host_memory.oom_killed
+    assert facts.end_reason and "OOM killer" in facts.end_reason
+    assert "OOM killer" in dict(headline_rows(facts))["ended"]
+    assert "OOM killer" in status_verdict(killed).evidence[0]
+    assert {v.kind: v.severity for v in host_memory_verdicts(killed)}["host-memory-low"] == "bad"
+    # memory was fine at the end, or the run said why it ended: not the OOM killer
+    for run in (_run(_host([0.3 * GB, 8 * GB]), status="crashed", reason=DIED),
+                _run(_host([8 * GB, 0.3 * GB]), status="crashed", reason="exception: ValueError: x")):
+        h = run_host_memory(run)
+        assert h is not None and not h.oom_killed
