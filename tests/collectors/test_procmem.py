@@ -90,3 +90,29 @@ def test_shm_reads_a_mount_and_says_none_for_a_missing_one(tmp_path) -> None:  #
     assert isinstance(shm_used(str(tmp_path)), int)
     assert shm_used(str(tmp_path / "missing")) is None
     assert "shm_used_bytes" not in ProcMem(psutil.Process(), shm_root=str(tmp_path / "missing")).sample(now=0.0)
+
+
+def test_the_host_thread_records_the_children_and_the_facts_name_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    import gpudash
+    from gpudash.analysis.facts import run_facts
+    from gpudash.monitor import Monitor
+
+    child = _hold(HOLD)
+    try:
+        with Monitor(tmp_path / "w", host_hz=20, handle_signals=False, flush_interval=0.05) as mon:
+            for _ in range(30):  # ~1.5 s: samples at 20 Hz
+                with mon.step():
+                    time.sleep(0.05)
+    finally:
+        _end(child)
+    run = gpudash.load_run(tmp_path / "w")
+    try:
+        h = run_facts(run).host_memory
+        assert h is not None and h.workers >= 1
+        assert max(v for k, v in h.peak_pss_bytes.items() if k.startswith("worker")) >= 0.9 * HOLD
+        assert h.peak_pss_bytes["main"] > 0 and h.min_available_bytes
+    finally:
+        run.close()
+
