@@ -85,3 +85,11 @@ def test_every_surface_shows_the_recorded_energy(tmp_path: Path, capsys: pytest.
     assert main(["check", str(tmp_path / "e"), "--max-wh-per-mtok", str(wh * 2)]) == 0
     assert main(["check", str(tmp_path / "e"), "--max-wh-per-mtok", str(wh / 2)]) == 1
     assert "Wh per million tokens" in capsys.readouterr().out
+    from prometheus_client import generate_latest
+
+    from gpudash.server.metrics import metrics_registry
+
+    text = generate_latest(metrics_registry(tmp_path)).decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("gpudash_run_energy_per_mtok_wh{"))
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(wh)
+    assert "gpudash_run_energy_joules_total{" in text
