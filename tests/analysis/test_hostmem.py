@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from gpudash.analysis.facts import headline_rows, run_facts
 from gpudash.analysis.hostmem import host_memory_verdicts, run_host_memory
@@ -65,3 +66,29 @@ def test_a_silent_death_with_memory_full_is_the_oom_killer() -> None:
                 _run(_host([8 * GB, 0.3 * GB]), status="crashed", reason="exception: ValueError: x")):
         h = run_host_memory(run)
         assert h is not None and not h.oom_killed
+
+
+def test_low_available_memory_alerts_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import gpudash.alerts.watch as watch_mod
+    from gpudash.alerts.watch import RunWatch
+    from gpudash.monitor import Monitor
+    from gpudash.options import AlertOptions
+
+    monkeypatch.setattr(watch_mod, "FULL_EVERY_S", 0.0)  # every look evaluates (live: at least every 10 s)
+    with Monitor(tmp_path / "r", host_hz=0, handle_signals=False, flush_interval=0.05) as mon:
+        w = RunWatch(tmp_path / "r", AlertOptions(terminal=False, desktop=False))
+        for avail in (8 * GB, 6 * GB):
+            with mon.step():
+                mon.recorder.put("host", {"time": time.time(), "step": mon.step_index, "available_bytes": avail,
+                                          "total_bytes": 16 * GB})
+        mon.flush()
+        assert [a.kind for a in w.look(now=time.time() + 11)] == []
+        with mon.step():
+            mon.recorder.put("host", {"time": time.time(), "step": mon.step_index, "available_bytes": 0.5 * GB,
+                                      "total_bytes": 16 * GB})
+        mon.flush()
+        found = [a for a in w.look(now=time.time() + 22) if a.kind == "host_memory"]
+        assert len(found) == 1 and "OOM killer" in found[0].text
+        w.close()
