@@ -16,8 +16,9 @@ copy-on-write are counted once over the processes, not N times as RSS would. Col
 
 Bounded cost: the descendants are listed (a walk of ``/proc``) at most every :data:`RESCAN_S` seconds and
 between scans only the known ones are read; a process that exited is dropped when its read fails. RSS is
-read every sample; USS/PSS, whose read walks the process's pages, at most :data:`BUDGET` of one core (a
-process whose read took c seconds keeps its last USS/PSS for c / BUDGET seconds).
+read every sample; USS/PSS, whose read walks the process's pages, within :data:`BUDGET` of one core for all
+the processes together (of n processes, one whose read took c seconds keeps its last USS/PSS for n c / BUDGET
+seconds).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["BUDGET", "MAX_SLOTS", "RESCAN_S", "SHM_ROOT", "ProcMem", "shm_used"]
 RESCAN_S = 5.0
 #: per-process columns for at most this many descendants; the rest count in the sums only
 MAX_SLOTS = 16
-#: the share of one core the USS/PSS reads may take (see :meth:`ProcMem._read`)
+#: the share of one core the USS/PSS reads of all the processes together may take (see :meth:`ProcMem._read`)
 BUDGET = 0.02
 #: where POSIX shared memory lives (torch's ``file_descriptor`` sharing strategy allocates there)
 SHM_ROOT = "/dev/shm"
@@ -90,14 +91,15 @@ class ProcMem:
     def _read(self, p: Any, now: float) -> tuple[int, int, int]:
         """``(rss, uss, pss)`` of ``p``: RSS every time (``statm``, ~20 µs); USS/PSS when due, else the
         last ones. The kernel walks every resident page of the process for them (~15 ms for 200 MB on a loaded
-        machine), so a process whose read took c seconds is read again only after c / :data:`BUDGET`."""
+        machine), so of n processes one whose read took c seconds is read again only after n c / :data:`BUDGET`:
+        all of them together take at most BUDGET of one core."""
         rss = int(p.memory_info().rss)
         last = self._full.get(p.pid)
         if last is None or now >= last[2]:
             t0 = time.perf_counter()
             full = p.memory_full_info()
             cost = time.perf_counter() - t0
-            last = (int(full.uss), int(full.pss), now + cost / BUDGET)
+            last = (int(full.uss), int(full.pss), now + cost * (1 + len(self._children)) / BUDGET)
             self._full[p.pid] = last
         return rss, last[0], last[1]
 
