@@ -48,6 +48,8 @@ class HostMemory:
     last_available_bytes: float | None = None
     oom_killed: bool = False
     """The run died silently with the machine's memory nearly full: killed by the kernel's OOM killer."""
+    oom_kills: int = 0
+    """Processes the OOM killer killed on the machine while the run was sampled (a worker of it, or another's)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +95,8 @@ def run_host_memory(run: Any) -> HostMemory | None:
     reason = str(run.meta.get("end_reason") or DIED)
     killed = (run.status == "crashed" and reason == DIED and last_avail is not None and last_total is not None
               and last_avail < OOM_KILL_AVAILABLE * last_total)
-    return HostMemory(peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
+    kills = numeric(host, "oom_kills")
+    return HostMemory(oom_kills=int(kills.max()) if kills is not None else 0, peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
                       shm_peak_bytes=_peak(numeric(host, "shm_used_bytes")),
                       min_available_bytes=None if avail is None else float(avail.min()),
                       total_bytes=last_total, low_available_at=low_at, last_available_bytes=last_avail,
@@ -116,6 +119,8 @@ def host_memory_text(h: HostMemory, limit: int = 6) -> str:
     if h.min_available_bytes is not None:
         bits.append(f"available down to {human_bytes(h.min_available_bytes)}"
                     + (f" of {human_bytes(h.total_bytes)}" if h.total_bytes else ""))
+    if h.oom_kills:
+        bits.append(f"the OOM killer killed {h.oom_kills} process(es) on the machine during the run")
     return "; ".join(bits)
 
 
@@ -143,16 +148,20 @@ def host_memory_verdicts(run: Any) -> list[Verdict]:
                            evidence=[host_memory_text(h)],
                            numbers={"peak_total_pss_bytes": float(h.peak_total_pss_bytes or 0.0),
                                     "workers": float(h.workers)}))
-    if h.low_available_at is not None or h.oom_killed:
+    if h.low_available_at is not None or h.oom_killed or h.oom_kills:
         ev = [f"the machine's available memory fell to {human_bytes(h.min_available_bytes)} of "
-              f"{human_bytes(h.total_bytes)} (under {LOW_AVAILABLE:.0%})"]
+              f"{human_bytes(h.total_bytes)} (under {LOW_AVAILABLE:.0%})"] if h.low_available_at is not None else []
         if h.oom_killed:
             ev.insert(0, oom_kill_text(h))
+        if h.oom_kills:
+            ev.append(f"the kernel's OOM killer killed {h.oom_kills} process(es) on the machine during the run "
+                      "(a DataLoader worker it kills ends the run with \"DataLoader worker ... is killed by signal\")")
         if h.workers:
             ev.append(f"{h.workers} worker process(es): each holds its own copy of what it loads "
                       "(the peak by process says which)")
-        out.append(Verdict(kind="host-memory-low", title="Killed by the OOM killer" if h.oom_killed else
-                           "Host memory nearly full", severity="bad" if h.oom_killed else "warn", evidence=ev,
+        title = "Killed by the OOM killer" if h.oom_killed else "Host memory nearly full" \
+            if h.low_available_at is not None else f"The OOM killer killed {h.oom_kills} process(es) during the run"
+        out.append(Verdict(kind="host-memory-low", title=title, severity="bad" if h.oom_killed else "warn", evidence=ev,
                            recommendation="fewer DataLoader workers (num_workers), a memory-mapped dataset the "
                                           "workers share instead of a copy each, or less CPU offload",
                            numbers={"min_available_bytes": float(h.min_available_bytes or 0.0),

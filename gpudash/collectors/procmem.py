@@ -12,7 +12,9 @@ copy-on-write are counted once over the processes, not N times as RSS would. Col
   :data:`MAX_SLOTS`), kept by a process while it lives and given to the next one when it exits, so a
   DataLoader's workers, respawned each epoch, keep their slots 0..N-1;
 * ``shm_used_bytes``: what ``/dev/shm`` holds (the workers hand tensors to the main process there; the
-  mount is the machine's, so other jobs' files count too).
+  mount is the machine's, so other jobs' files count too);
+* ``oom_kills``: processes the kernel's OOM killer killed on the machine since the sampler started
+  (``oom_kill`` of ``/proc/vmstat``, Linux 4.13+): a DataLoader worker it took shows here.
 
 Bounded cost: the descendants are listed (a walk of ``/proc``) at most every :data:`RESCAN_S` seconds and
 between scans only the known ones are read; a process that exited is dropped when its read fails. RSS is
@@ -27,7 +29,7 @@ import os
 import time
 from typing import Any
 
-__all__ = ["BUDGET", "MAX_SLOTS", "RESCAN_S", "SHM_ROOT", "ProcMem", "shm_used"]
+__all__ = ["BUDGET", "MAX_SLOTS", "RESCAN_S", "SHM_ROOT", "VMSTAT", "ProcMem", "oom_kill_count", "shm_used"]
 
 #: the descendants are listed again at most this often (a walk of /proc costs ~0.1 ms per process on the machine)
 RESCAN_S = 5.0
@@ -37,6 +39,8 @@ MAX_SLOTS = 16
 BUDGET = 0.02
 #: where POSIX shared memory lives (torch's ``file_descriptor`` sharing strategy allocates there)
 SHM_ROOT = "/dev/shm"
+#: the kernel's event counters (``oom_kill N``)
+VMSTAT = "/proc/vmstat"
 
 
 def shm_used(root: str = SHM_ROOT) -> int | None:
@@ -48,6 +52,18 @@ def shm_used(root: str = SHM_ROOT) -> int | None:
     return int((st.f_blocks - st.f_bfree) * st.f_frsize)
 
 
+def oom_kill_count(path: str = VMSTAT) -> int | None:
+    """The machine's OOM-killer kills since boot, or None where the kernel does not count them."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class ProcMem:
     """USS/PSS of a process and its descendants; :meth:`sample` returns the ``host`` row's columns.
 
@@ -56,7 +72,7 @@ class ProcMem:
     """
 
     def __init__(self, proc: Any, *, rescan_s: float = RESCAN_S, max_slots: int = MAX_SLOTS,
-                 shm_root: str = SHM_ROOT) -> None:
+                 shm_root: str = SHM_ROOT, vmstat: str = VMSTAT) -> None:
         import psutil
 
         self._psutil = psutil
@@ -64,6 +80,8 @@ class ProcMem:
         self.rescan_s = rescan_s
         self.max_slots = max_slots
         self.shm_root = shm_root
+        self.vmstat = vmstat
+        self._kills0 = oom_kill_count(vmstat)
         self.unavailable: str | None = None
         self._children: list[Any] = []
         self._scanned = float("-inf")
@@ -109,6 +127,9 @@ class ProcMem:
         shm = shm_used(self.shm_root)
         if shm is not None:
             row["shm_used_bytes"] = shm
+        kills = oom_kill_count(self.vmstat) if self._kills0 is not None else None
+        if kills is not None and self._kills0 is not None:
+            row["oom_kills"] = kills - self._kills0
         if self.unavailable is not None:
             return row
         error = self._psutil.Error

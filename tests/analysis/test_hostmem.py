@@ -92,3 +92,13 @@ def test_low_available_memory_alerts_live(tmp_path: Path, monkeypatch: pytest.Mo
         found = [a for a in w.look(now=time.time() + 22) if a.kind == "host_memory"]
         assert len(found) == 1 and "OOM killer" in found[0].text
         w.close()
+
+
+def test_a_worker_the_oom_killer_took_is_said() -> None:
+    host = _host([8 * GB] * 3).assign(oom_kills=[0, 0, 1])
+    run = _run(host, status="crashed", reason="exception: RuntimeError: DataLoader worker (pid 12) is killed by "
+                                                "signal: Killed.")
+    h = run_host_memory(run)
+    assert h is not None and h.oom_kills == 1 and not h.oom_killed
+    [low] = [v for v in host_memory_verdicts(run) if v.kind == "host-memory-low"]
+    assert "killed 1 process" in low.title and not any("fell to" in e for e in low.evidence)

@@ -116,3 +116,16 @@ def test_the_host_thread_records_the_children_and_the_facts_name_them(tmp_path) 
     finally:
         run.close()
 
+
+
+def test_oom_kills_counted_from_the_sampler_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpudash.collectors.procmem import oom_kill_count
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 10\noom_kill 3\n")
+    pm = ProcMem(psutil.Process(), vmstat=str(vmstat))
+    assert pm.sample(now=0.0)["oom_kills"] == 0
+    vmstat.write_text("pgfault 12\noom_kill 5\n")
+    assert pm.sample(now=1.0)["oom_kills"] == 2
+    assert oom_kill_count(str(tmp_path / "none")) is None
+    assert "oom_kills" not in ProcMem(psutil.Process(), vmstat=str(tmp_path / "none")).sample(now=0.0)
