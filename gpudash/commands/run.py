@@ -157,6 +157,9 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
+    if rc == -signal.SIGKILL:  # no traceback, nothing recorded by the job itself: say what usually sends it
+        say(f"{command[0]} was killed by SIGKILL: the kernel's OOM killer, when the machine's memory ran out "
+            "(`dmesg | grep -i oom` says); the run's summary names it when its last host sample saw memory full")
     if rc < 0:  # killed by a signal: die the same way
         signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)

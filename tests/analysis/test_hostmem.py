@@ -102,3 +102,35 @@ def test_a_worker_the_oom_killer_took_is_said() -> None:
     assert h is not None and h.oom_kills == 1 and not h.oom_killed
     [low] = [v for v in host_memory_verdicts(run) if v.kind == "host-memory-low"]
     assert "killed 1 process" in low.title and not any("fell to" in e for e in low.evidence)
+
+
+_KILLED = """
+import os, signal, sys, time
+from gpudash.monitor import Monitor
+mon = Monitor(sys.argv[1], host_hz=0, flush_interval=0.05)
+for _ in range(3):
+    with mon.step():
+        pass
+mon.recorder.put("host", {"time": time.time(), "step": 2, "available_bytes": 0.2e9, "total_bytes": 16e9})
+mon.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does: no handler runs, nothing more is written
+"""
+
+
+def test_a_process_killed_with_memory_full_says_oom_killer(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    import gpudash
+    from gpudash.commands.info import summarize
+
+    rc = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path / "k")], timeout=120).returncode
+    assert rc == -signal.SIGKILL
+    run = gpudash.load_run(tmp_path / "k")
+    try:
+        assert run.status == "crashed"
+        ended = next(line for line in summarize(run) if line.startswith("ended"))
+        assert "OOM killer" in ended
+    finally:
+        run.close()
