@@ -247,7 +247,20 @@ def evaluate(run: Run, now: float | None = None, *, complete: bool = True, stall
         out += _crashed(run)
     if "host_memory" in want:
         out += _host_memory(run)
+    if "worker_leak" in want:
+        out += _worker_leaks(run)
     return out
+
+
+def _worker_leaks(run: Run) -> list[Alert]:
+    """A worker process whose memory grows step after step in the trailing host rows (the one leak rule on
+    each process's samples: :func:`gpudash.analysis.hostmem.worker_leaks`)."""
+    from gpudash.analysis.frames import sampled
+    from gpudash.analysis.hostmem import worker_leak_text, worker_leaks
+
+    return [Alert("worker_leak", worker_leak_text(w), step=w.growth.last_step, rank=w.rank,
+                  data={"process": w.process, "pid": w.pid, "per_step_bytes": w.growth.per_step_bytes})
+            for w in worker_leaks(sampled(run, "host"))]
 
 
 def _host_memory(run: Run) -> list[Alert]:

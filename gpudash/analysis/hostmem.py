@@ -19,17 +19,65 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.frames import numeric, sampled
+from gpudash.analysis.leak import Growth, floor_growth
 from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import DIED
 
-__all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "host_memory_text", "host_memory_verdicts",
-           "oom_kill_text", "run_host_memory"]
+__all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "WorkerLeak", "host_memory_text",
+           "host_memory_verdicts", "oom_kill_text", "run_host_memory", "worker_leak_text", "worker_leaks"]
 
 #: the finding and alert: the machine's available memory under this share of its total
 LOW_AVAILABLE = 0.10
 #: a silent death with available memory under this share of the total at the last sample: the OOM killer
 OOM_KILL_AVAILABLE = 0.05
 _SLOT = re.compile(r"^child(\d+)_pss_bytes$")
+
+
+@dataclass(frozen=True)
+class WorkerLeak:
+    """A worker process whose memory grows step after step, by the one leak rule
+    (:func:`gpudash.analysis.leak.floor_growth`) on that process's samples: its RSS, read every sample (its
+    USS/PSS are read within a CPU budget, so they may lag a step or several), else its PSS."""
+
+    process: str
+    """``worker 2`` (``rank 1 worker 2`` with several ranks)."""
+    pid: int
+    growth: Growth
+    rank: int | None = None
+
+
+def worker_leak_text(w: WorkerLeak) -> str:
+    from gpudash.units import human_bytes
+
+    g = w.growth
+    return (f"{w.process} (pid {w.pid}) grows {human_bytes(g.per_step_bytes)} per step since step {g.since_step} "
+            f"({human_bytes(g.grown_bytes)} by step {g.last_step})")
+
+
+def worker_leaks(host: pd.DataFrame, first_step: float | None = None) -> list[WorkerLeak]:
+    """The workers whose memory grows step after step: each process (slot and pid) judged on its own samples at
+    the steps they were taken in (``step`` of the host rows)."""
+    if not len(host) or numeric(host, "step") is None:
+        return []
+    out = []
+    groups = list(host.groupby("rank")) if "rank" in host and host["rank"].nunique() > 1 else [(None, host)]
+    for key, g in groups:
+        rank = None if key is None else int(str(key))
+        who = "" if rank is None else f"rank {rank} "
+        step = pd.to_numeric(g["step"], errors="coerce")
+        for m in filter(None, (_SLOT.match(c) for c in g.columns)):
+            slot = m.group(1)
+            pss = numeric(g, f"child{slot}_rss_bytes")
+            pss = pss if pss is not None else numeric(g, m.group(0))
+            pid = numeric(g, f"child{slot}_pid")
+            if pss is None or pid is None:
+                continue
+            for p, rows in pss.groupby(pid):  # a slot holds one process after another: each judged alone
+                found = floor_growth(step.loc[rows.index], rows, first_step=first_step)
+                if found is not None:
+                    out.append(WorkerLeak(process=f"{who}worker {m.group(1)}", pid=int(p), growth=found,
+                                          rank=rank))
+    return sorted(out, key=lambda w: -w.growth.per_step_bytes)
 
 
 @dataclass(frozen=True)
@@ -48,6 +96,8 @@ class HostMemory:
     last_available_bytes: float | None = None
     oom_killed: bool = False
     """The run died silently with the machine's memory nearly full: killed by the kernel's OOM killer."""
+    leaks: tuple[WorkerLeak, ...] = ()
+    """Workers whose memory grows step after step (:func:`worker_leaks`), fastest first."""
     oom_kills: int = 0
     """Processes the OOM killer killed on the machine while the run was sampled (a worker of it, or another's)."""
 
@@ -96,7 +146,8 @@ def run_host_memory(run: Any) -> HostMemory | None:
     killed = (run.status == "crashed" and reason == DIED and last_avail is not None and last_total is not None
               and last_avail < OOM_KILL_AVAILABLE * last_total)
     kills = numeric(host, "oom_kills")
-    return HostMemory(oom_kills=int(kills.max()) if kills is not None else 0, peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
+    first = numeric(run.steps, "step")
+    return HostMemory(leaks=tuple(worker_leaks(host, None if first is None else float(first.min()))),oom_kills=int(kills.max()) if kills is not None else 0, peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
                       shm_peak_bytes=_peak(numeric(host, "shm_used_bytes")),
                       min_available_bytes=None if avail is None else float(avail.min()),
                       total_bytes=last_total, low_available_at=low_at, last_available_bytes=last_avail,
@@ -119,6 +170,7 @@ def host_memory_text(h: HostMemory, limit: int = 6) -> str:
     if h.min_available_bytes is not None:
         bits.append(f"available down to {human_bytes(h.min_available_bytes)}"
                     + (f" of {human_bytes(h.total_bytes)}" if h.total_bytes else ""))
+    bits += [worker_leak_text(w) for w in h.leaks[:3]]
     if h.oom_kills:
         bits.append(f"the OOM killer killed {h.oom_kills} process(es) on the machine during the run")
     return "; ".join(bits)
@@ -148,6 +200,14 @@ def host_memory_verdicts(run: Any) -> list[Verdict]:
                            evidence=[host_memory_text(h)],
                            numbers={"peak_total_pss_bytes": float(h.peak_total_pss_bytes or 0.0),
                                     "workers": float(h.workers)}))
+    for w in h.leaks:
+        out.append(Verdict(kind="worker-leak", title=f"{w.process[0].upper()}{w.process[1:]}'s memory grows step "
+                                                     "after step", severity="warn", evidence=[worker_leak_text(w)],
+                           recommendation="a worker keeps what it loads (a cache in the Dataset, a list that only "
+                                          "grows): find it in the Dataset's __getitem__, or recycle the workers "
+                                          "(persistent_workers=False)",
+                           steps=(w.growth.since_step, w.growth.last_step), rank=w.rank,
+                           numbers={"per_step_bytes": w.growth.per_step_bytes, "pid": float(w.pid)}))
     if h.low_available_at is not None or h.oom_killed or h.oom_kills:
         ev = [f"the machine's available memory fell to {human_bytes(h.min_available_bytes)} of "
               f"{human_bytes(h.total_bytes)} (under {LOW_AVAILABLE:.0%})"] if h.low_available_at is not None else []

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from gpudash.analysis.facts import headline_rows, run_facts
-from gpudash.analysis.hostmem import host_memory_verdicts, run_host_memory
+from gpudash.analysis.hostmem import host_memory_verdicts, run_host_memory, worker_leaks
 from gpudash.analysis.summary import status_verdict
 from gpudash.store.run import DIED, Run
 from gpudash.units import human_bytes
@@ -134,3 +134,62 @@ def test_a_process_killed_with_memory_full_says_oom_killer(tmp_path: Path) -> No
         assert "OOM killer" in ended
     finally:
         run.close()
+
+
+def _workers(n: int, grow: float) -> pd.DataFrame:
+    steps = np.arange(float(n))
+    return pd.DataFrame({"time": steps, "step": steps, "main_pss_bytes": 1e9,
+                         "child0_pid": 11, "child0_pss_bytes": 1e8 + grow * steps,
+                         "child1_pid": 12, "child1_pss_bytes": 1e8 + 1e6 * np.sin(steps),
+                         "children": 2, "available_bytes": 8 * GB, "total_bytes": 16 * GB})
+
+
+def test_a_worker_growing_1_mb_per_step_is_named() -> None:
+    [w] = worker_leaks(_workers(120, 1e6))
+    assert w.process == "worker 0" and w.pid == 11 and w.growth.per_step_bytes == pytest.approx(1e6, rel=0.05)
+    assert worker_leaks(_workers(120, 0.0)) == []
+    # a slot whose process is replaced by a fresh one (a new epoch's worker, lower): judged per process
+    respawn = _workers(120, 1e6)
+    respawn.loc[60:, "child0_pid"] = 13
+    respawn.loc[60:, "child0_pss_bytes"] = 1e8
+    assert [w.pid for w in worker_leaks(respawn)] == [11]  # the replaced process grew; its successor did not
+    run = _run(_workers(120, 1e6))
+    kinds = {v.kind for v in host_memory_verdicts(run)}
+    assert "worker-leak" in kinds and "worker 0 (pid 11) grows" in dict(headline_rows(run_facts(run)))["host memory"]
+
+
+_GROWER = ("import sys\nkept = []\nfor line in sys.stdin:\n    kept.append(b'\\x01' * (2 << 20))\n"
+           "    print('ok', flush=True)\n")
+
+
+def test_a_real_worker_growing_each_step_alerts_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import gpudash.alerts.watch as watch_mod
+    from gpudash.alerts.watch import RunWatch
+    from gpudash.monitor import Monitor
+    from gpudash.options import AlertOptions
+
+    monkeypatch.setattr(watch_mod, "FULL_EVERY_S", 0.0)
+    child = subprocess.Popen([sys.executable, "-c", _GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        with Monitor(tmp_path / "g", host_hz=20, handle_signals=False, flush_interval=0.05) as mon:
+            w = RunWatch(tmp_path / "g", AlertOptions(terminal=False, desktop=False, kinds=("worker_leak",)))
+            for _ in range(80):
+                with mon.step():
+                    child.stdin.write("x\n")
+                    child.stdin.flush()
+                    child.stdout.readline()  # the worker has grown 2 MB
+                    time.sleep(0.05)
+            mon.flush()
+            time.sleep(0.2)
+            found = w.look()
+            w.close()
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert [a.kind for a in found] == ["worker_leak"] and f"pid {child.pid}" in found[0].text
