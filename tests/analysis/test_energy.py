@@ -68,6 +68,8 @@ def test_every_surface_shows_the_recorded_energy(tmp_path: Path, capsys: pytest.
 
     with Monitor(tmp_path / "e", host_hz=0, handle_signals=False, flush_interval=0.05) as mon:
         t0 = time.time()
+        mon.recorder.put("device", {"time": t0, "gpu": 0, "energy_j": 0.0})
+        time.sleep(0.1)  # start-up: idle
         for _ in range(6):  # a sample inside each step, at 100 W
             with mon.step(tokens=2000):
                 time.sleep(0.01)
@@ -93,3 +95,13 @@ def test_every_surface_shows_the_recorded_energy(tmp_path: Path, capsys: pytest.
     line = next(ln for ln in text.splitlines() if ln.startswith("gpudash_run_energy_per_mtok_wh{"))
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(wh)
     assert "gpudash_run_energy_joules_total{" in text
+
+
+def test_the_run_page_throughput_lines_state_the_energy() -> None:
+    from gpudash.analysis.facts import run_facts
+    from gpudash.server.layouts.throughput import stats_lines
+
+    dev = pd.DataFrame({"time": T, "gpu": 0, "rank": 0, "energy_j": 100.0 * T})
+    facts = run_facts(_run(STEPS, dev))
+    assert facts.energy is not None
+    assert f"energy: {energy_text(facts.energy)}" in stats_lines(facts)
