@@ -92,7 +92,7 @@ def test_shm_reads_a_mount_and_says_none_for_a_missing_one(tmp_path) -> None:  #
     assert "shm_used_bytes" not in ProcMem(psutil.Process(), shm_root=str(tmp_path / "missing")).sample(now=0.0)
 
 
-def test_the_host_thread_records_the_children_and_the_facts_name_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_host_thread_records_the_children_and_the_facts_name_them(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import time
 
     import gpudash
@@ -115,6 +115,21 @@ def test_the_host_thread_records_the_children_and_the_facts_name_them(tmp_path) 
         assert h.peak_pss_bytes["main"] > 0 and h.min_available_bytes
     finally:
         run.close()
+    # every surface states the one fact: info, the report, /metrics
+    from prometheus_client import generate_latest
+
+    from gpudash.analysis.hostmem import host_memory_text
+    from gpudash.cli import main
+    from gpudash.server.metrics import metrics_registry
+
+    line = host_memory_text(h)
+    assert main(["info", str(tmp_path / "w")]) == 0
+    assert line in capsys.readouterr().out
+    main(["report", str(tmp_path / "w"), "--format", "md", "-o", str(tmp_path / "r.md")])
+    assert line in (tmp_path / "r.md").read_text()
+    text = generate_latest(metrics_registry(tmp_path)).decode()
+    gauge = next(ln for ln in text.splitlines() if ln.startswith("gpudash_host_memory_peak_pss_bytes{"))
+    assert float(gauge.rsplit(" ", 1)[1]) == h.peak_total_pss_bytes
 
 
 
