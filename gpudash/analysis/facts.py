@@ -367,6 +367,8 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
         rows.append(("host memory", text))
     if facts.energy is not None:
         rows.append(("energy", energy_text(facts.energy)))
+    elif meta.get("unavailable_cpu_energy") and facts.steps:  # a CPU run without RAPL: said, not left out
+        rows.append(("energy", f"not measured ({str(meta['unavailable_cpu_energy'])[:200]})"))
     if facts.dropped_records or facts.dropped_values:
         rows.append(("not recorded", f"{facts.dropped_records:,} record(s) dropped (the writer's buffer was full), "
                                      f"{facts.dropped_values:,} value(s) that could not be stored"))

@@ -105,3 +105,12 @@ def test_the_run_page_throughput_lines_state_the_energy() -> None:
     facts = run_facts(_run(STEPS, dev))
     assert facts.energy is not None
     assert f"energy: {energy_text(facts.energy)}" in stats_lines(facts)
+
+
+def test_a_cpu_run_without_rapl_says_so_once() -> None:
+    from gpudash.analysis.facts import headline_rows, run_facts
+
+    run = _run(STEPS)
+    run.meta["unavailable_cpu_energy"] = "no RAPL counters (/sys/class/powercap not readable)"
+    assert dict(headline_rows(run_facts(run), run.meta))["energy"] == \
+        "not measured (no RAPL counters (/sys/class/powercap not readable))"
