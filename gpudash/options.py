@@ -37,7 +37,7 @@ DEFAULT_PORT = 8050
 
 #: Every kind of alert gpudash raises (the rules live in gpudash.analysis.alerts).
 ALERT_KINDS = ("nonfinite", "loss_spike", "oom", "stall", "headroom", "alloc_retries", "straggler",
-               "precision_fallback", "crashed", "leak")
+               "precision_fallback", "crashed", "leak", "host_memory", "worker_leak")
 
 
 def cli(*, flag: str | None = None, aliases: tuple[str, ...] = (), metavar: str | None = None,

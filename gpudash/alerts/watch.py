@@ -39,7 +39,8 @@ __all__ = ["KEEP_ROWS", "AlertWatcher", "RunWatch", "ServeAlerts", "start_alerts
 
 KEEP_ROWS = 512
 """Rows per rank of steps and memory (and events in all) the trailing window keeps."""
-_TABLES = ("steps", "memory", "events")
+_TABLES = ("steps", "memory", "events", "host")
+_SAMPLED = ("events", "host")  # not every step: a backlog of them leaves the step history whole
 _META_EVERY_S = 5.0
 _LIVE_FILES_S = 120.0
 
@@ -85,7 +86,7 @@ class RunWatch:
             for t in _TABLES:
                 top = r.max_rowid(t)
                 self.cursor[f"{rank}/{t}"] = max(0, top - backlog)
-                if top > backlog and t != "events":
+                if top > backlog and t not in _SAMPLED:
                     self.complete = False
         self._quiet = backlog > 0
         self._meta: dict[str, Any] = {}
@@ -124,7 +125,7 @@ class RunWatch:
                     kind = cols.index("kind") + 1 if "kind" in cols else None
                     rows = [row for row in rows if kind is None or row[kind] != ALERT_EVENT]
                     events = events or bool(rows)
-                else:
+                elif t in fresh:
                     fresh[t].append((rank, cols, rows))
                     if t == "steps" and "time" in cols:
                         i = cols.index("time") + 1
@@ -151,7 +152,7 @@ class RunWatch:
                 df = df.tail(KEEP_ROWS)
             elif "rank" in df and len(df) > KEEP_ROWS:
                 kept = df.groupby("rank", sort=False).tail(KEEP_ROWS)
-                if len(kept) < len(df):
+                if len(kept) < len(df) and t not in _SAMPLED:
                     self.complete = False
                 df = kept
             self.frames[t] = df.reset_index(drop=True)
@@ -171,8 +172,10 @@ class RunWatch:
             meta["end_reason"] = reason
         settle_status(meta, self._rank_meta, st)  # a crashed run's reason, said as everywhere else
         f = self.frames
-        return Run(path=self.path, meta=meta, status=st, steps=f["steps"], memory=f["memory"], events=f["events"],
-                   rank_meta=self._rank_meta)
+        run = Run(path=self.path, meta=meta, status=st, steps=f["steps"], memory=f["memory"], events=f["events"],
+                  rank_meta=self._rank_meta)
+        run.__dict__["host"] = f["host"]  # the host rules read the trailing host rows
+        return run
 
     def look(self, now: float | None = None, status: str | None = None, reason: str | None = None) -> list[Alert]:
         """One look: the alerts to send now."""

@@ -44,7 +44,7 @@ ALERT_EVENT = "alert"
 """The event kind an alert is recorded under in the run."""
 EPISODE_GAP_STEPS = 10
 """Occurrences of one kind on one rank at most this many steps apart are one episode (one alert)."""
-STATE_KINDS = frozenset({"stall", "headroom", "straggler"})
+STATE_KINDS = frozenset({"stall", "headroom", "straggler", "host_memory"})
 """Kinds that hold for a while (an episode lasts while they hold); the others happen at a step."""
 FULL_EVERY_S = 10.0
 """A live watcher evaluates every rule at least this often; between, only when :class:`Triggers` fire."""
@@ -245,6 +245,47 @@ def evaluate(run: Run, now: float | None = None, *, complete: bool = True, stall
         out += _leaks(run)
     if "crashed" in want:
         out += _crashed(run)
+    if "host_memory" in want:
+        out += _host_memory(run)
+    if "worker_leak" in want:
+        out += _worker_leaks(run)
+    return out
+
+
+def _worker_leaks(run: Run) -> list[Alert]:
+    """A worker process whose memory grows step after step in the trailing host rows (the one leak rule on
+    each process's samples: :func:`gpudash.analysis.hostmem.worker_leaks`)."""
+    from gpudash.analysis.frames import sampled
+    from gpudash.analysis.hostmem import worker_leak_text, worker_leaks
+
+    return [Alert("worker_leak", worker_leak_text(w), step=w.growth.last_step, rank=w.rank,
+                  data={"process": w.process, "pid": w.pid, "per_step_bytes": w.growth.per_step_bytes})
+            for w in worker_leaks(sampled(run, "host"))]
+
+
+def _host_memory(run: Run) -> list[Alert]:
+    """The machine's available memory under :data:`gpudash.analysis.hostmem.LOW_AVAILABLE` of its total at
+    the newest host sample of a rank: the kernel's OOM killer is near, and it leaves no traceback."""
+    from gpudash.analysis.frames import numeric, sampled
+    from gpudash.analysis.hostmem import LOW_AVAILABLE
+
+    host = sampled(run, "host")
+    if not len(host) or numeric(host, "available_bytes") is None or numeric(host, "total_bytes") is None:
+        return []
+    out = []
+    for rank, g in host.groupby("rank") if "rank" in host else [(None, host)]:
+        g = g.sort_values("time")
+        avail, total = numeric(g, "available_bytes"), numeric(g, "total_bytes")
+        if avail is None or total is None or not avail.notna().any():
+            continue
+        i = avail.last_valid_index()
+        a, t = float(avail.loc[i]), float(total.loc[i])
+        if t > 0 and a < LOW_AVAILABLE * t:
+            shown, of = distinct_bytes(a, t, min_digits=2)
+            out.append(Alert("host_memory", f"host memory nearly full: {shown} of {of} available (under "
+                                            f"{LOW_AVAILABLE:.0%}); the OOM killer takes the run without a "
+                                            "traceback", step=_int(g.loc[i].get("step")), rank=_int(rank),
+                             data={"available_bytes": a, "total_bytes": t}))
     return out
 
 

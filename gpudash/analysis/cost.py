@@ -93,6 +93,18 @@ def _cpu_verdict(run: Run, c: Cost) -> Verdict:
 
 
 def cost_verdict(run: Run, verdicts: list[Verdict], price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> Verdict:
+    v = _cost_verdict(run, verdicts, price_per_hour)
+    from gpudash.analysis.energy import energy_text, run_energy
+    from gpudash.analysis.facts import step_count
+
+    e = run_energy(run, step_count(run.steps, run.meta))
+    if e is not None:  # the energy beside the money
+        v.evidence.append(f"energy: {energy_text(e)}")
+        v.numbers["energy_j"] = e.total_j
+    return v
+
+
+def _cost_verdict(run: Run, verdicts: list[Verdict], price_per_hour: float) -> Verdict:
     c = run_cost(run, verdicts, price_per_hour)
     if not c.gpu:
         return _cpu_verdict(run, c)

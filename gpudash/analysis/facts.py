@@ -18,7 +18,9 @@ import pandas as pd
 
 from gpudash.analysis.attempts import Resume, attempt_count, resumes, resumes_text
 from gpudash.analysis.bottleneck import Bound, run_bound
+from gpudash.analysis.energy import Energy, energy_text, run_energy
 from gpudash.analysis.frames import numeric as _num
+from gpudash.analysis.hostmem import HostMemory, host_memory_text, oom_kill_text, run_host_memory
 from gpudash.analysis.leak import Leak, leak_text, run_leak
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
@@ -104,6 +106,12 @@ class Facts:
     """Processes that recorded the run (a preempted, resumed run has 2 or more: :mod:`gpudash.analysis.attempts`)."""
     resumes: tuple[Resume, ...] = ()
     """Where and when each later attempt resumed (its ``resume`` event)."""
+    host_memory: HostMemory | None = None
+    """Host memory by process: the training process and its workers (:mod:`gpudash.analysis.hostmem`)."""
+    energy: Energy | None = None
+    """Joules per step, Wh per million tokens, kWh per run (:mod:`gpudash.analysis.energy`)."""
+    end_reason: str | None = None
+    """Why a run that is not finished ended: what it recorded, or the OOM killer where the rows say so."""
 
     def light(self, signal: str) -> Light | None:
         return next((li for li in self.lights if li.signal == signal), None)
@@ -257,6 +265,7 @@ def run_facts(run: Run) -> Facts:
     nodes = rank_nodes(run.rank_meta)
     strag = run_stragglers(run) if len(run.ranks) > 1 else {"node_stragglers": [], "rank_stragglers": []}
     dropped = {k: sum(_count(m.get(k)) for m in run.rank_meta.values()) for k in ("dropped_records", "dropped_values")}
+    hostmem = run_host_memory(run)
     return Facts(
         dropped_records=dropped["dropped_records"], dropped_values=dropped["dropped_values"],
         status=run.status, steps=n, ranks=max(len(run.ranks), 1 if n else 0),
@@ -271,7 +280,15 @@ def run_facts(run: Run) -> Facts:
         rank_stragglers=tuple(strag["rank_stragglers"]), progress=run_progress(run, n),
         recent=throughput(steps, run.meta, last=RECENT_STEPS), bound=run_bound(run),
         leak=run_leak(run), attempts=attempt_count(run), resumes=tuple(resumes(run.events)),
+        host_memory=hostmem, energy=run_energy(run, n), end_reason=_end_reason(run, hostmem),
         **_params_facts(run, peaks))
+
+
+def _end_reason(run: Run, hostmem: HostMemory | None) -> str | None:
+    if hostmem is not None and hostmem.oom_killed:
+        return oom_kill_text(hostmem)
+    reason = run.meta.get("end_reason")
+    return str(reason) if reason and run.status != "finished" else None
 
 
 def _params_facts(run: Run, peaks: dict[str, float | None]) -> dict[str, Any]:
@@ -301,7 +318,9 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     meta = meta or {}
     h = facts.headline
     rows = [("status", facts.status)]
-    if meta.get("end_reason") and facts.status != "finished":
+    if facts.end_reason:
+        rows.append(("ended", facts.end_reason))
+    elif meta.get("end_reason") and facts.status != "finished":
         rows.append(("ended", str(meta["end_reason"])))
     if facts.attempts > 1:
         rows.append(("attempts", f"{facts.attempts} attempts" + (f": {resumes_text(list(facts.resumes))}"
@@ -353,6 +372,12 @@ def headline_rows(facts: Facts, meta: dict[str, Any] | None = None) -> list[tupl
     rows.append(("OOMs", str(facts.oom_count)))
     if facts.leak is not None:
         rows.append(("leak", leak_text(facts.leak)))
+    if facts.host_memory is not None and (text := host_memory_text(facts.host_memory)):
+        rows.append(("host memory", text))
+    if facts.energy is not None:
+        rows.append(("energy", energy_text(facts.energy)))
+    elif meta.get("unavailable_cpu_energy") and facts.steps:  # a CPU run without RAPL: said, not left out
+        rows.append(("energy", f"not measured ({str(meta['unavailable_cpu_energy'])[:200]})"))
     if facts.dropped_records or facts.dropped_values:
         rows.append(("not recorded", f"{facts.dropped_records:,} record(s) dropped (the writer's buffer was full), "
                                      f"{facts.dropped_values:,} value(s) that could not be stored"))

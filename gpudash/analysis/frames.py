@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
-__all__ = ["numeric"]
+__all__ = ["numeric", "sampled"]
+
+
+def sampled(run: Any, table: str) -> pd.DataFrame:
+    """The run's ``host`` or ``device`` rows; empty for a run built in memory without a reader or those rows."""
+    if table in getattr(run, "__dict__", {}) or getattr(run, "_reader", None) is not None:
+        return getattr(run, table)  # type: ignore[no-any-return]
+    return pd.DataFrame()
 
 
 def numeric(df: pd.DataFrame, col: str) -> pd.Series | None:

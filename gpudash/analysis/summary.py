@@ -9,6 +9,7 @@ from __future__ import annotations
 from gpudash.analysis.bottleneck import bottleneck_verdicts
 from gpudash.analysis.cost import DEFAULT_PRICE_PER_HOUR, cost_verdict
 from gpudash.analysis.facts import step_count
+from gpudash.analysis.hostmem import host_memory_verdicts, oom_kill_text, run_host_memory
 from gpudash.analysis.memory import memory_verdicts
 from gpudash.analysis.oom import oom_verdicts
 from gpudash.analysis.recommend import recommend
@@ -23,8 +24,9 @@ def status_verdict(run: Run) -> Verdict:
     n = step_count(run.steps, run.meta)
     reason = str(run.meta.get("end_reason") or "")
     if run.status == "crashed":
+        host = run_host_memory(run) if not reason or reason == DIED else None
         return Verdict(kind="status", title=f"Crashed after {n} steps", severity="bad",
-                       evidence=[f"end reason: {reason or DIED}"],
+                       evidence=[f"end reason: {oom_kill_text(host) if host and host.oom_killed else reason or DIED}"],
                        steps=(0, max(n - 1, 0)))
     if run.status == "live":
         return Verdict(kind="status", title=f"Still running ({n} steps so far)", severity="ok",
@@ -84,7 +86,8 @@ def straggler_verdicts(run: Run) -> list[Verdict]:
 def summarize(run: Run, price_per_hour: float = DEFAULT_PRICE_PER_HOUR) -> list[Verdict]:
     """All verdicts about ``run`` with recommendations and savings, worst first, cost last."""
     verdicts = [status_verdict(run)]
-    for analyse in (oom_verdicts, memory_verdicts, bottleneck_verdicts, stability_verdicts, straggler_verdicts):
+    for analyse in (oom_verdicts, memory_verdicts, host_memory_verdicts, bottleneck_verdicts, stability_verdicts,
+                    straggler_verdicts):
         try:
             verdicts += analyse(run)
         except Exception as exc:  # noqa: BLE001 - one analysis failing on a damaged run must not hide the others

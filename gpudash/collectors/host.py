@@ -110,6 +110,12 @@ class HostCollector:
         if in_use is not None:
             self.held = HeldSampler(in_use, monitor)
             monitor.add_step_hooks(end=self.held.on_step_end)
+        from gpudash.collectors.procmem import ProcMem
+        from gpudash.collectors.rapl import open_rapl
+        by_process = ProcMem(proc)
+        rapl, no_rapl = open_rapl()
+        if rapl is None:
+            monitor.unavailable("cpu_energy", no_rapl or "no RAPL counters")
 
         def sample() -> None:
             while True:
@@ -130,6 +136,11 @@ class HostCollector:
                     row["system_cpu_pct"] = psutil.cpu_percent(None)
                     row["available_bytes"] = vm.available
                     row["total_bytes"] = vm.total
+                    row.update(by_process.sample())
+                    if rapl is not None:
+                        row["cpu_energy_j"] = rapl.read()
+                    if by_process.unavailable is not None:  # recorded once; the other columns go on
+                        monitor.unavailable("host_by_process", by_process.unavailable)
                     put("host", row)
                 except Exception as exc:  # noqa: BLE001 - never kill the sampler silently
                     monitor.unavailable("host", f"psutil failed: {exc}")

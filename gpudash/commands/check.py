@@ -79,6 +79,8 @@ class GateRules:
     """At most this many loss spikes."""
     no_leak: bool = False
     """No leak: memory held between steps that grows step after step (the run's leak fact)."""
+    max_wh_per_mtok: float | None = None
+    """Energy at most this many watt-hours per million tokens (the run's energy fact)."""
     baseline: str | None = None
     """The baseline run (a rules file's is relative to the file)."""
 
@@ -91,6 +93,11 @@ class GateRules:
                                               or isinstance(self.max_peak_gib, bool)
                                               or not math.isfinite(self.max_peak_gib) or self.max_peak_gib <= 0):
             raise ValueError(f"max_peak_gib {_shown(self.max_peak_gib)}: expected a finite number of GiB > 0")
+        if self.max_wh_per_mtok is not None and (not isinstance(self.max_wh_per_mtok, int | float)
+                                                 or isinstance(self.max_wh_per_mtok, bool)
+                                                 or not math.isfinite(self.max_wh_per_mtok)
+                                                 or self.max_wh_per_mtok <= 0):
+            raise ValueError(f"max_wh_per_mtok {_shown(self.max_wh_per_mtok)}: expected a finite number of Wh > 0")
         if self.max_spikes is not None and (not isinstance(self.max_spikes, int) or isinstance(self.max_spikes, bool)
                                             or self.max_spikes < 0):
             raise ValueError(f"max_spikes {_shown(self.max_spikes)}: expected a whole number >= 0")
@@ -218,6 +225,13 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
         lk = facts.leak
         out.append(Outcome("no_leak", lk is None, "no leak" if lk is None else leak_text(lk),
                            value=None if lk is None else float(lk.per_step_bytes), limit=0.0))
+    if rules.max_wh_per_mtok is not None:
+        e = facts.energy
+        wh = _need(None if e is None else e.wh_per_mtok, "energy per token (an energy source and tokens per step)",
+                   run)
+        out.append(Outcome("max_wh_per_mtok", wh <= rules.max_wh_per_mtok,
+                           f"{wh:.3g} Wh per million tokens (limit {rules.max_wh_per_mtok:g})", value=wh,
+                           limit=float(rules.max_wh_per_mtok)))
     return out
 
 
@@ -234,6 +248,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-oom", action="store_true", default=None, help="fail on any OOM")
     p.add_argument("--no-leak", action="store_true", default=None,
                    help="fail when memory held between steps grows step after step (a leak)")
+    p.add_argument("--max-wh-per-mtok", type=float, default=None, metavar="WH",
+                   help="fail if the run drew more than WH watt-hours per million tokens")
     p.add_argument("--max-spikes", type=int, default=None, metavar="N", help="fail on more than N loss spikes")
     p.add_argument("--rules", type=Path, default=None, metavar="FILE",
                    help="rules from a TOML file (same names: max_peak_increase = \"5%%\", no_oom = true, "

@@ -147,7 +147,7 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
         server.terminate()
         raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
     try:
-        rc = _wait(child, run_dir, env)
+        rc = _wait(child, run_dir, env, command[0])
     finally:
         server.terminate()
         try:
@@ -157,7 +157,7 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
     return _exit_as(rc)
 
 
-def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, str]) -> int:
+def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, str], name: str) -> int:
     """Wait for the job (signals passed on) and give its last word (outcome.job_done); its exit status."""
     def forward(signum: int, frame: FrameType | None) -> None:
         child.send_signal(signum)
@@ -171,6 +171,9 @@ def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, st
         for s, handler in previous.items():
             signal.signal(s, handler)
     outcome.job_done(str(run_dir), env.get(outcome.ENV_STATE), exit_code=rc)
+    if rc == -signal.SIGKILL:  # no traceback, nothing recorded by the job itself: say what usually sends it
+        say(f"{name} was killed by SIGKILL: the kernel's OOM killer, when the machine's memory ran out "
+            "(`dmesg | grep -i oom` says); the run's summary names it when its last host sample saw memory full")
     return rc
 
 
@@ -222,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
             child = subprocess.Popen([program, *command[1:]], env=env)
         except OSError as exc:
             raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
-        return _exit_as(_wait(child, run_dir, env))
+        return _exit_as(_wait(child, run_dir, env, command[0]))
     env[outcome.ENV_ROOT] = str(os.getpid())  # the process this one becomes gives the last word at its exit
     sys.stdout.flush()
     sys.stderr.flush()

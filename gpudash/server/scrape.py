@@ -188,6 +188,19 @@ class RunsCollector:
         if facts.fragmentation_pct is not None:
             fams.add("gpudash_fragmentation_ratio", "Worst share of reserved memory in inactive split blocks.",
                      lab, facts.fragmentation_pct / 100.0)
+        energy = facts.energy
+        if energy is not None:
+            fams.add("gpudash_run_energy_joules", "Energy the run's GPUs and CPU packages drew (as gpudash info "
+                     "states it).", lab, energy.total_j, counter=True)
+            for value, name, what in ((energy.j_per_step, "gpudash_run_energy_per_step_joules", "Joules per step"),
+                                      (energy.wh_per_mtok, "gpudash_run_energy_per_mtok_wh",
+                                       "Watt-hours per million tokens")):
+                if value is not None:
+                    fams.add(name, f"{what} while the steps ran, all ranks.", lab, value)
+        host = facts.host_memory
+        if host is not None and host.peak_total_pss_bytes is not None:
+            fams.add("gpudash_host_memory_peak_pss_bytes", "Peak host memory (PSS) of the training process and its "
+                     "workers together.", lab, host.peak_total_pss_bytes)
 
     def _carried(self, key: tuple[str, int, str, int | None], rr: RankReader, table: str) -> dict[str, Any]:
         """Newest non-null value of every column of ``table`` (of one GPU when ``key[3]`` is set),

@@ -3,6 +3,8 @@ host's CPU and memory (psutil), one panel per unit, a line per rank and GPU."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 from gpudash.server.layouts.common import _AXIS, base_figure, byte_unit, unit_axis, waiting_figure
@@ -34,12 +36,16 @@ LABELS: dict[str, str] = {
 }
 #: Byte columns that get a panel of their own (a 500 MiB RSS is a flat line on a 64 GiB "RAM available" axis).
 OWN_PANEL = {"rss_bytes": "process RSS", "malloc_used_bytes": "process RSS", "available_bytes": "RAM available"}
+_BY_PROCESS = {"main_pss_bytes": "main PSS", "children_pss_bytes": "all workers PSS", "shm_used_bytes": "/dev/shm"}
+_WORKER_PSS = re.compile(r"^child(\d+)_pss_bytes$")
 
 
 def label_of(col: str) -> str:
     """``cpu_pct`` -> ``process CPU``; unknown columns lose their unit suffix and underscores."""
     if col in LABELS:
         return LABELS[col]
+    if (by := _by_process(col)) is not None:
+        return by
     for suffix, _ in UNITS:
         if col.endswith(suffix):
             col = col[: -len(suffix)]
@@ -60,7 +66,7 @@ def _numeric_cols(df: pd.DataFrame) -> list[str]:
 
 
 def _panel(col: str) -> str:
-    return OWN_PANEL.get(col, unit_of(col))
+    return "host memory by process" if _by_process(col) else OWN_PANEL.get(col, unit_of(col))
 
 
 def _panel_axes(cols: list[str]) -> dict[str, str]:
@@ -96,8 +102,19 @@ def device_series(device: pd.DataFrame) -> list[Series]:
     return out
 
 
+def _by_process(col: str) -> str | None:
+    """The label of a host-memory-by-process column (``main_pss_bytes`` -> ``main PSS``), else None."""
+    m = _WORKER_PSS.match(col)
+    if m:
+        return f"worker {m.group(1)} PSS"
+    return _BY_PROCESS.get(col)
+
+
 def host_series(host: pd.DataFrame) -> list[Series]:
     cols = [c for c in ("cpu_pct", "system_cpu_pct", "rss_bytes", "available_bytes") if c in host] or _numeric_cols(host)
+    # host memory by process (gpudash.collectors.procmem): the training process and each worker, in a panel
+    cols += sorted((c for c in host.columns if _by_process(c) and c not in cols),
+                   key=lambda c: (not c.startswith(("main", "shm")), len(c), c))
     cols = [c for c in cols if host[c].notna().any()]
     axes = _panel_axes(cols)
     ranks = sorted(int(r) for r in host["rank"].unique()) if len(host) else []
@@ -117,8 +134,8 @@ def panels_figure(title: str, frames: dict[str, pd.DataFrame], specs: list[Serie
     fig = base_figure(title, height=170 + 130 * n, xaxis_title=xaxis_title)
     gap = 0.06
     h = (1 - gap * (n - 1)) / n
-    title_by_axis = {s.yaxis: OWN_PANEL.get(s.col, "memory" if unit_of(s.col) == "bytes" else unit_of(s.col))
-                     for s in specs}
+    title_by_axis = {s.yaxis: _panel(s.col) if _by_process(s.col) else
+                     OWN_PANEL.get(s.col, "memory" if unit_of(s.col) == "bytes" else unit_of(s.col)) for s in specs}
     title_by_axis.update(axis_titles or {})
     unit_by_axis = {s.yaxis: s.unit for s in specs if s.unit}
     for i, ax in enumerate(axes):

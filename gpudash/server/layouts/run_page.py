@@ -344,8 +344,10 @@ def _header(p: RunPageData, last: int | None) -> html.Div:
             *[dcc.Link(str(r), href=href(f"/run/{p.run_id}?rank={r}"),
                        className="rank-link" + (" current" if r == p.rank else "")) for r in view.ranks],
             html.Span(" · step ", className="muted"), html.Span("-" if last is None else str(last), id="last-step"),
-            html.Span(" · end: " + str(meta.get("end_reason")), className="muted") if meta.get("end_reason")
-            and view.status != "live" else None,
+            html.Span(" · end: " + str(p.facts.end_reason if p.facts is not None and p.facts.end_reason else
+                                       meta.get("end_reason")), className="muted")
+            if (meta.get("end_reason") or (p.facts is not None and p.facts.end_reason)) and view.status != "live"
+            else None,
         ]),
         html.Div(progress_bar(p.facts.progress if p.facts is not None else None), id="run-progress",
                  className="run-progress"),

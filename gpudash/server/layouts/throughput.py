@@ -173,6 +173,11 @@ def stats_lines(facts: Any) -> list[str]:
     bound = getattr(facts, "bound", None)
     if bound is not None:
         items.append(bound_text(bound))
+    energy = getattr(facts, "energy", None)
+    if energy is not None:  # as gpudash info and the report state it
+        from gpudash.analysis.energy import energy_text
+
+        items.append("energy: " + energy_text(energy))
     return items
 
 

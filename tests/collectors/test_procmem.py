@@ -1,0 +1,146 @@
+"""Host memory by process: a child holding N MB shows apart from the main process, slots, the rescan bound."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from gpudash.collectors.procmem import ProcMem, shm_used
+
+HOLD = 48 * 2**20
+_CHILD = ("import sys; b = b'\\x01' * int(sys.argv[1]); print('ready', flush=True); sys.stdin.read()")
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="USS/PSS from /proc are Linux's")
+
+
+def _hold(nbytes: int) -> subprocess.Popen[str]:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(nbytes)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _end(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None
+    child.stdin.close()
+    child.wait(30)
+
+
+def _slot_of(row: dict[str, float], pid: int) -> int:
+    return next(int(k[5:-4]) for k, v in row.items() if k.startswith("child") and k.endswith("_pid") and v == pid)
+
+
+def test_a_child_holding_memory_shows_apart_from_the_main_process() -> None:
+    pm = ProcMem(psutil.Process())
+    child = _hold(HOLD)
+    try:
+        row = pm.sample(now=0.0)
+        slot = _slot_of(row, child.pid)
+        assert row[f"child{slot}_uss_bytes"] >= 0.9 * HOLD
+        assert row[f"child{slot}_pss_bytes"] >= row[f"child{slot}_uss_bytes"]
+        assert row["children"] >= 1 and row["children_uss_bytes"] >= row[f"child{slot}_uss_bytes"]
+        assert 0 < row["main_uss_bytes"] <= row["main_pss_bytes"]
+        # PSS adds up: over the processes it lies between the unique bytes and the resident ones
+        procs = [psutil.Process()] + [psutil.Process(int(v)) for k, v in row.items() if k.endswith("_pid")]
+        rss = sum(p.memory_info().rss for p in procs)
+        pss = row["main_pss_bytes"] + row["children_pss_bytes"]
+        assert row["main_uss_bytes"] + row["children_uss_bytes"] <= pss <= 1.05 * rss
+    finally:
+        _end(child)
+    after = pm.sample(now=1.0)  # the exited child is dropped at its next read, its slot freed
+    assert f"child{slot}_pid" not in after or after[f"child{slot}_pid"] != child.pid
+
+
+def test_children_are_listed_at_most_every_rescan_and_slots_are_reused() -> None:
+    pm = ProcMem(psutil.Process(), rescan_s=5.0)
+    pm.sample(now=0.0)
+    child = _hold(2**20)
+    try:
+        assert child.pid not in {int(v) for k, v in pm.sample(now=1.0).items() if k.endswith("_pid")}
+        row = pm.sample(now=6.0)  # past the rescan interval: found
+        first = _slot_of(row, child.pid)
+    finally:
+        _end(child)
+    pm.sample(now=7.0)
+    again = _hold(2**20)
+    try:
+        row = pm.sample(now=12.0)
+        assert _slot_of(row, again.pid) == first  # the next process takes the freed slot
+    finally:
+        _end(again)
+
+
+def test_slots_are_bounded_and_the_sums_count_every_child() -> None:
+    pm = ProcMem(psutil.Process(), max_slots=1)
+    kids = [_hold(2**20) for _ in range(2)]
+    try:
+        row = pm.sample(now=0.0)
+        assert sum(k.endswith("_pid") for k in row) == 1
+        assert row["children"] >= 2
+        assert row["children_pss_bytes"] > row["child0_pss_bytes"]
+    finally:
+        for k in kids:
+            _end(k)
+
+
+def test_shm_reads_a_mount_and_says_none_for_a_missing_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert isinstance(shm_used(str(tmp_path)), int)
+    assert shm_used(str(tmp_path / "missing")) is None
+    assert "shm_used_bytes" not in ProcMem(psutil.Process(), shm_root=str(tmp_path / "missing")).sample(now=0.0)
+
+
+def test_the_host_thread_records_the_children_and_the_facts_name_them(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    import gpudash
+    from gpudash.analysis.facts import run_facts
+    from gpudash.monitor import Monitor
+
+    child = _hold(HOLD)
+    try:
+        with Monitor(tmp_path / "w", host_hz=20, handle_signals=False, flush_interval=0.05) as mon:
+            for _ in range(30):  # ~1.5 s: samples at 20 Hz
+                with mon.step():
+                    time.sleep(0.05)
+    finally:
+        _end(child)
+    run = gpudash.load_run(tmp_path / "w")
+    try:
+        h = run_facts(run).host_memory
+        assert h is not None and h.workers >= 1
+        assert max(v for k, v in h.peak_pss_bytes.items() if k.startswith("worker")) >= 0.9 * HOLD
+        assert h.peak_pss_bytes["main"] > 0 and h.min_available_bytes
+    finally:
+        run.close()
+    # every surface states the one fact: info, the report, /metrics
+    from prometheus_client import generate_latest
+
+    from gpudash.analysis.hostmem import host_memory_text
+    from gpudash.cli import main
+    from gpudash.server.metrics import metrics_registry
+
+    line = host_memory_text(h)
+    assert main(["info", str(tmp_path / "w")]) == 0
+    assert line in capsys.readouterr().out
+    main(["report", str(tmp_path / "w"), "--format", "md", "-o", str(tmp_path / "r.md")])
+    assert line in (tmp_path / "r.md").read_text()
+    text = generate_latest(metrics_registry(tmp_path)).decode()
+    gauge = next(ln for ln in text.splitlines() if ln.startswith("gpudash_host_memory_peak_pss_bytes{"))
+    assert float(gauge.rsplit(" ", 1)[1]) == h.peak_total_pss_bytes
+
+
+
+def test_oom_kills_counted_from_the_sampler_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpudash.collectors.procmem import oom_kill_count
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 10\noom_kill 3\n")
+    pm = ProcMem(psutil.Process(), vmstat=str(vmstat))
+    assert pm.sample(now=0.0)["oom_kills"] == 0
+    vmstat.write_text("pgfault 12\noom_kill 5\n")
+    assert pm.sample(now=1.0)["oom_kills"] == 2
+    assert oom_kill_count(str(tmp_path / "none")) is None
+    assert "oom_kills" not in ProcMem(psutil.Process(), vmstat=str(tmp_path / "none")).sample(now=0.0)
