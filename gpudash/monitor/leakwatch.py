@@ -88,12 +88,12 @@ class Window:
         rows = rows[-KEEP_ROWS:]
         if not rows:
             return
-        at = [self.cols.index(c) for _, c in take]
+        at = np.array([self.cols.index(c) for _, c in take], dtype=np.intp)
         values = np.array([[_number(row[i]) for i, _ in take] for row in rows], dtype=float).reshape(len(rows),
                                                                                                   len(take))
         where = (self.pos + np.arange(len(rows))) % KEEP_ROWS
         self.buf[where] = np.nan
-        if at:
+        if len(at):
             self.buf[np.ix_(where, at)] = values
         self.pos = int((self.pos + len(rows)) % KEEP_ROWS)
         self.n = min(KEEP_ROWS, self.n + len(rows))
