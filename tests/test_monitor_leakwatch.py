@@ -121,25 +121,3 @@ def test_one_judge_the_recorded_episode_is_the_runs_leak(tmp_path: Path) -> None
         assert len(live) == 1 and run_facts(run).leak == live[0] != whole
     finally:
         run.close()
-
-
-def test_the_watch_keeps_the_rule_s_columns_of_the_newest_rows_in_one_array() -> None:
-    import numpy as np
-
-    from gpudash.monitor.leakwatch import KEEP_ROWS, Window
-
-    w = Window(("step", "malloc_used_bytes"))
-    w.add(["step", "loss"], [(i + 1, i, 0.5) for i in range(10)])  # loss: not the rule's, not kept
-    assert list(w.frame().columns) == ["step"] and list(w.frame()["step"]) == list(range(10))
-    buf = w.buf
-    w.add(["step", "malloc_used_bytes", "loss"], [(11 + i, 10 + i, str(i) if i % 2 else "x", 0.1)
-                                                   for i in range(KEEP_ROWS)])
-    f = w.frame()
-    assert len(f) == KEEP_ROWS and list(f.columns) == ["step", "malloc_used_bytes"]
-    assert f["step"].iloc[0] == 10 and f["step"].iloc[-1] == 10 + KEEP_ROWS - 1  # the newest, oldest first
-    assert np.isnan(f["malloc_used_bytes"].iloc[0]) and f["malloc_used_bytes"].iloc[1] == 1.0  # text "x" is NaN
-    assert w.buf is not buf  # grown once, for the new column
-    buf = w.buf
-    for k in range(3):
-        w.add(["step", "malloc_used_bytes"], [(0, 5000 + k * 100 + i, 1) for i in range(100)])
-    assert w.buf is buf and w.frame()["step"].iloc[-1] == 5299 and len(w.frame()) == KEEP_ROWS

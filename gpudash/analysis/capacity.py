@@ -20,10 +20,7 @@ import pandas as pd
 from gpudash.store.run import Run
 from gpudash.units import GiB
 
-__all__ = ["CAPACITY_MEMORY_COLUMNS", "Capacity", "capacity", "capacity_bytes", "device_bytes"]
-
-CAPACITY_MEMORY_COLUMNS = ("device_total_bytes",)
-"""The memory rows' columns :func:`capacity_bytes` reads (a trailing window of rows keeps them)."""
+__all__ = ["Capacity", "capacity", "capacity_bytes", "device_bytes"]
 
 
 class Capacity(NamedTuple):
@@ -62,8 +59,8 @@ def capacity(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> Cap
 
 def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:
     """The device's total memory: as the allocator reported it in ``memory``, else as the environment did."""
-    if memory is not None and CAPACITY_MEMORY_COLUMNS[0] in memory:
-        if (b := _num(pd.to_numeric(memory[CAPACITY_MEMORY_COLUMNS[0]], errors="coerce").max())) is not None:
+    if memory is not None and "device_total_bytes" in memory:
+        if (b := _num(pd.to_numeric(memory["device_total_bytes"], errors="coerce").max())) is not None:
             return b
     return _num(meta.get("device_capacity_bytes")) or _num(meta.get("device_total_bytes"))
 

@@ -30,12 +30,11 @@ import numpy as np
 import pandas as pd
 
 from gpudash.analysis.attempts import latest_attempt
-from gpudash.analysis.capacity import CAPACITY_MEMORY_COLUMNS
 from gpudash.analysis.frames import numeric
 from gpudash.store.schema import MEMORY_PARTS
 from gpudash.units import human_bytes
 
-__all__ = ["BLOCKS", "LEAK_COLUMNS", "LEAK_EVENT", "MIN_GROWTH_BYTES", "MIN_GROWTH_SHARE", "MIN_RISING", "Growth", "Leak",
+__all__ = ["BLOCKS", "LEAK_EVENT", "MIN_GROWTH_BYTES", "MIN_GROWTH_SHARE", "MIN_RISING", "Growth", "Leak",
            "floor_growth", "leak_of", "leak_text", "recorded_leaks", "run_leak"]
 
 LEAK_EVENT = "leak"
@@ -62,14 +61,6 @@ _CATEGORY_SHARE = 0.5
 """A category owns the growth when its floor grows at least this share of the rate."""
 #: On CPU, what the process holds: malloc's in-use bytes where recorded (glibc), else its resident memory.
 _HOST_HELD = ("malloc_used_bytes", "rss_bytes")
-LEAK_COLUMNS: dict[str, tuple[str, ...]] = {
-    "memory": ("step", "allocated_bytes", "malloc_used_bytes", *MEMORY_PARTS, "peak_bytes", "allocated_peak_bytes",
-               *CAPACITY_MEMORY_COLUMNS),
-    "host": ("step", "time", *_HOST_HELD, "available_bytes", "total_bytes"),
-    "steps": ("step", "time", "tokens"),
-}
-"""The columns of each table :func:`leak_of` (and the capacity it is handed) reads: all a trailing window of
-rows needs to keep (the live watch keeps these as numbers, so its window's memory does not grow with the run)."""
 _SOURCE_NAMES = {"allocated_bytes": "held on the GPU", "malloc_used_bytes": "held by the process (malloc in use)",
                  "rss_bytes": "held by the process (RSS)"}
 _CATEGORY_NAMES = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state",

@@ -2,8 +2,7 @@
 trailing rows, and a ``leak`` event recorded once per episode.
 
 A daemon thread reads the rows this rank recorded since its last look (memory, host, steps: the same rows
-every surface reads, from the run directory), keeps the newest :data:`KEEP_ROWS` of each (the columns the rule
-reads, as numbers in arrays allocated once: :class:`Window`), and judges them
+every surface reads, from the run directory), keeps the newest :data:`KEEP_ROWS` of each, and judges them
 every ``poll_s`` (the writer flushed first), and sooner by steps: once :data:`LOOK_STEPS` steps have passed since the last look (but not
 more often than every :data:`MIN_LOOK_S`, nor than :data:`LOOK_SHARE` of its own time allows), so a fast leak is
 named within a hundred steps of its start however long ``poll_s`` is. Nothing touches the training thread but the GIL share of a few small SQLite reads and
@@ -20,14 +19,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from gpudash.analysis.capacity import capacity_bytes
-from gpudash.analysis.leak import LEAK_COLUMNS, LEAK_EVENT, WARMUP_STEPS, Leak, leak_of, leak_text
+from gpudash.analysis.leak import LEAK_EVENT, WARMUP_STEPS, Leak, leak_of, leak_text
 from gpudash.store.rankreader import RankReader
 
 __all__ = ["KEEP_ROWS", "LOOK_STEPS", "MAX_EPISODES", "MAX_SNAPSHOTS", "MIN_LOOK_S", "LeakWatch"]
@@ -54,66 +53,14 @@ _TICK_S = 0.1
 _TABLES = ("memory", "host", "steps")
 
 
-def _number(v: Any) -> float:
-    """A cell as the leak rule reads it (:func:`gpudash.analysis.frames.numeric`): text and damage are NaN."""
-    if v is None or isinstance(v, (bytes, bytearray, memoryview)):
-        return np.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return np.nan
-
-
-class Window:
-    """The newest :data:`KEEP_ROWS` rows of one table, only the columns the leak rule reads
-    (:data:`gpudash.analysis.leak.LEAK_COLUMNS`), as floats in one array allocated once (grown only when such a
-    column is recorded for the first time): what the watch keeps does not grow with the run's steps."""
-
-    __slots__ = ("wanted", "cols", "buf", "n", "pos")
-
-    def __init__(self, wanted: tuple[str, ...]) -> None:
-        self.wanted = frozenset(wanted)
-        self.cols: list[str] = []
-        self.buf = np.full((KEEP_ROWS, 0), np.nan)
-        self.n = 0  # rows held
-        self.pos = 0  # where the next row goes
-
-    def add(self, cols: list[str], rows: list[tuple[Any, ...]]) -> None:
-        """Rows as read (``_rowid`` first, then ``cols``); the oldest are overwritten past KEEP_ROWS."""
-        take = [(i + 1, c) for i, c in enumerate(cols) if c in self.wanted]
-        new = [c for _, c in take if c not in self.cols]
-        if new:  # a column recorded for the first time: the rows held get NaN there
-            self.buf = np.hstack([self.buf, np.full((KEEP_ROWS, len(new)), np.nan)])
-            self.cols.extend(new)
-        rows = rows[-KEEP_ROWS:]
-        if not rows:
-            return
-        at = np.array([self.cols.index(c) for _, c in take], dtype=np.intp)
-        values = np.array([[_number(row[i]) for i, _ in take] for row in rows], dtype=float).reshape(len(rows),
-                                                                                                  len(take))
-        where = (self.pos + np.arange(len(rows))) % KEEP_ROWS
-        self.buf[where] = np.nan
-        if len(at):
-            self.buf[np.ix_(where, at)] = values
-        self.pos = int((self.pos + len(rows)) % KEEP_ROWS)
-        self.n = min(KEEP_ROWS, self.n + len(rows))
-
-    def frame(self) -> pd.DataFrame:
-        """The rows held, oldest first."""
-        if self.n < KEEP_ROWS:
-            held = self.buf[:self.n]
-        else:
-            held = np.concatenate([self.buf[self.pos:], self.buf[:self.pos]])
-        return pd.DataFrame(held, columns=list(self.cols))
-
-
 class LeakWatch:
     """This rank's leak watch (a daemon thread); ``monitor`` records the events and owns the snapshots."""
 
     def __init__(self, monitor: Any, poll_s: float) -> None:
         self.monitor = monitor
         self.poll_s = poll_s
-        self.rows = {t: Window(LEAK_COLUMNS[t]) for t in _TABLES}
+        self.rows: dict[str, deque[tuple[Any, ...]]] = {t: deque(maxlen=KEEP_ROWS) for t in _TABLES}
+        self.columns: dict[str, list[str]] = {t: [] for t in _TABLES}
         self.cursor = {t: 0 for t in _TABLES}
         self.first_step: float | None = None
         self.found: list[Leak] = []
@@ -151,12 +98,17 @@ class LeakWatch:
             if not rows:
                 continue
             self.cursor[t] = int(rows[-1][0])
-            self.rows[t].add(list(cols), rows)
+            if cols != self.columns[t]:  # a column recorded for the first time: older rows get None there
+                old = self.columns[t]
+                self.rows[t] = deque((tuple(dict(zip(["_rowid", *old], row, strict=True)).get(c)
+                                            for c in ["_rowid", *cols]) for row in self.rows[t]), maxlen=KEEP_ROWS)
+                self.columns[t] = cols
+            self.rows[t].extend(rows)
             new = True
         return new
 
     def frame(self, table: str) -> pd.DataFrame:
-        return self.rows[table].frame()
+        return pd.DataFrame.from_records(list(self.rows[table]), columns=["_rowid", *self.columns[table]])
 
     # ---- judging ------------------------------------------------------------------------------------
     def _capacity(self, mem: pd.DataFrame) -> float | None:
