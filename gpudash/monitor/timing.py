@@ -82,15 +82,19 @@ class Phase:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         dt = _perf() - self._t0
         m = self._m
-        for hook in m._phase_end_hooks:
-            try:
-                hook(self.name)
-            except Exception as exc:  # noqa: BLE001
-                m.collector_failed(hook, exc)
+        if m._phase_end_hooks:  # (most runs have none: no loop set up for nothing)
+            for hook in m._phase_end_hooks:
+                try:
+                    hook(self.name)
+                except Exception as exc:  # noqa: BLE001
+                    m.collector_failed(hook, exc)
         row = m._row
         if row is not None:
             key = self.key
-            row[key] = row.get(key, 0.0) + dt
+            if key in row:  # a phase opened again in the step adds up
+                row[key] += dt
+            else:
+                row[key] = dt
         m.current_phase = self._prev
 
 
@@ -114,12 +118,13 @@ class Step:
             row.update(m._pending)
             m._pending.clear()
         m._row = row
-        step = m.step_index
-        for hook in m._start_hooks:
-            try:
-                hook(step)
-            except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
-                m.collector_failed(hook, exc)
+        if m._start_hooks:
+            step = m.step_index
+            for hook in m._start_hooks:
+                try:
+                    hook(step)
+                except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                    m.collector_failed(hook, exc)
         self._t0 = _perf()
         return self
 

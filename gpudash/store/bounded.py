@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpudash.store.schema import quote_ident
+from gpudash.store.schema import CACHE_KIB, quote_ident
 from gpudash.units import human_bytes
 
 __all__ = [
@@ -108,6 +108,7 @@ def connect(target: str | os.PathLike[str], *, uri: bool = False, timeout: float
             # schema unreadable; the reader selects at most MAX_COLUMNS of a table instead
         conn.execute("PRAGMA trusted_schema=OFF")  # no function a view, trigger or index names runs for us
         conn.execute("PRAGMA query_only=ON")
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")  # bounded, and full early in a watched run
     except BaseException:
         conn.close()
         raise

@@ -39,6 +39,7 @@ from gpudash.store.chunks import ChunkWriter
 from gpudash.store.columns import add_columns, column_room, table_columns
 from gpudash.store.rollup import Rollups
 from gpudash.store.schema import (
+    CACHE_KIB,
     DYNAMIC_TABLES,
     NUMERIC_TABLES,
     ROLLUP_TABLES,
@@ -113,6 +114,7 @@ def connect(path: Path) -> sqlite3.Connection:
     page = int(conn.execute("PRAGMA page_size").fetchone()[0] or PAGE_SIZE)
     conn.execute(f"PRAGMA wal_autocheckpoint={max(16, CHECKPOINT_BYTES // page)}")
     conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+    conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")  # bounded, and full early in the run (schema.CACHE_KIB)
     return conn
 
 

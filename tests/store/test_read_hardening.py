@@ -324,3 +324,22 @@ def test_orphan_log_that_holds_nothing_is_named(tmp_path: Path) -> None:
     rows = {r["id"]: r for r in list_runs(runs)}
     assert rows["good"]["steps"] == 5
     assert any("rank0.db is missing" in p for p in rows["bad"]["problems"])
+
+
+def test_page_caches_are_bounded(tmp_path: Path) -> None:
+    """SQLite's default page cache (2 MB) filled over a watched run's first ~10,000 steps; both the writer's and
+    a reader's connection are capped at CACHE_KIB."""
+    from gpudash.store.bounded import connect as read_connect
+    from gpudash.store.schema import CACHE_KIB
+    from gpudash.store.tables import connect as write_connect
+
+    db = tmp_path / "x.db"
+    w = write_connect(db)
+    w.execute("CREATE TABLE t (a)")
+    r = read_connect(db)
+    try:
+        assert w.execute("PRAGMA cache_size").fetchone()[0] == -CACHE_KIB
+        assert r.execute("PRAGMA cache_size").fetchone()[0] == -CACHE_KIB
+    finally:
+        r.close()
+        w.close()
