@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +36,9 @@ class SegmentMirror:
 
     def __init__(self, store: Store, note: Callable[[str], None], folder: Path | None = None) -> None:
         self.store = store
-        self._note = note
+        #: where problems are said: the readers of this run (a shared cache: :func:`gpudash.store.runsync.segment_mirror`)
+        self.notes: list[Callable[[str], None]] = [note]
+        self._sync_lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if folder is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-")
@@ -45,16 +48,38 @@ class SegmentMirror:
         self._synced_at = -1e18
         self._failed = False
 
+    def _note(self, msg: str) -> None:
+        del self.notes[:-4]  # the newest readers of a shared cache
+        for note in list(self.notes):
+            note(msg)
+
+    def disk_bytes(self) -> int:
+        """Bytes of the private caches on disk."""
+        total = 0
+        for p in self.folder.glob("*"):
+            try:
+                total += p.stat().st_size
+            except OSError:
+                continue
+        return total
+
     def close(self) -> None:
-        for cache in self.caches.values():
-            cache.close()
-        self.caches.clear()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        with self._sync_lock:
+            for cache in self.caches.values():
+                cache.close()
+            self.caches.clear()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
 
     def sync(self, force: bool = False) -> dict[int, Path]:
         """Fetch what is new; the caches' paths by rank."""
+        with self._sync_lock:  # one fetch at a time, however many readers share the cache
+            return self._sync_locked(force)
+
+    def _sync_locked(self, force: bool) -> dict[int, Path]:
+        if not self.folder.is_dir():  # closed (a shared cache dropped): nothing fetched into a removed folder
+            return {rank: c.path for rank, c in self.caches.items()}
         if force or time.monotonic() - self._synced_at >= SYNC_S:
             self._synced_at = time.monotonic()
             try:

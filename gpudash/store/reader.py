@@ -59,6 +59,7 @@ class RunReader:
         self.ranks: dict[int, RankReader] = {}
         self.url = str(run_dir).rstrip("/") if is_url(run_dir) else None
         self._mirror: SegmentMirror | None = None
+        self._shared_mirror = False  # a run's segment cache shared by its readers (gpudash.store.runsync)
         if self.url is not None:
             self._open_url(self.url)
         else:
@@ -112,8 +113,15 @@ class RunReader:
             if rank is None or rank in self.ranks:
                 continue
             self._open_rank(rank, db)
-        if self._mirror is None and self.url is None and (self.path / SEGMENTS_DIR).is_dir():
-            self._mirror = SegmentMirror(open_store(self.path), self._problem)
+        if self._mirror is None and self.url is None:
+            from gpudash.store.runsync import origin_of, segment_mirror
+
+            origin = origin_of(self.path)
+            if origin is not None:  # listed from an object store: its segments are fetched now, on opening
+                self._mirror = segment_mirror(origin, self._problem)
+                self._shared_mirror = True
+            elif (self.path / SEGMENTS_DIR).is_dir():
+                self._mirror = SegmentMirror(open_store(self.path), self._problem)
         if self._mirror is not None:
             if self.url is not None:
                 self._fetch_run_json(self._mirror.store)
@@ -132,7 +140,7 @@ class RunReader:
     def close(self) -> None:
         for r in self.ranks.values():
             r.close()
-        if self._mirror is not None:
+        if self._mirror is not None and not self._shared_mirror:
             self._mirror.close()
 
     def all_problems(self) -> list[str]:
