@@ -28,7 +28,7 @@ from gpudash.store.objstore import Store, open_store, run_name
 from gpudash.store.schema import RUN_META_FILE
 from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
 
-__all__ = ["OPEN_RUNS", "RunsMirror", "mirrored_name", "origin_of", "segment_mirror"]
+__all__ = ["OPEN_RUNS", "RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "origin_of", "segment_mirror"]
 
 #: Metadata objects fetched at once while listing.
 FETCHERS = 32
@@ -55,18 +55,27 @@ def segment_mirror(url: str, note: Callable[[str], None]) -> SegmentMirror:
     reopened or live run fetches only segments it does not hold yet); at most :data:`OPEN_RUNS` are kept,
     the least recently used closed and its files removed."""
     with _MIRRORS_LOCK:
-        found = _MIRRORS.get(url)
-        if found is not None:
+        made = _MIRRORS.get(url)
+        if made is not None:
             _MIRRORS.move_to_end(url)
-            found.notes.append(note)
-            return found
-        made = _MIRRORS[url] = SegmentMirror(open_store(url), note)
+            made.notes.append(note)
+        else:
+            made = _MIRRORS[url] = SegmentMirror(open_store(url), note)
         evicted = []
         while len(_MIRRORS) > max(1, OPEN_RUNS):
             evicted.append(_MIRRORS.popitem(last=False)[1])
     for old in evicted:  # readers still holding its files read them (unlinked, still open); new ones fetch again
         old.close()
     return made
+
+
+def close_mirrors() -> None:
+    """Drop every opened run's segment cache (its files removed)."""
+    with _MIRRORS_LOCK:
+        held = list(_MIRRORS.values())
+        _MIRRORS.clear()
+    for m in held:
+        m.close()
 
 
 def open_mirrors() -> list[SegmentMirror]:
