@@ -20,8 +20,8 @@ from gpudash.analysis.attempts import Resume, attempt_count, resumes, resumes_te
 from gpudash.analysis.bottleneck import Bound, run_bound
 from gpudash.analysis.frames import numeric as _num
 from gpudash.analysis.leak import Leak, leak_text, run_leak
-from gpudash.analysis.listing import steps_through
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
+from gpudash.analysis.listing import steps_through
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.memory_parts import frozen_params
 from gpudash.analysis.phases import run_phases

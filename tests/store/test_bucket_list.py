@@ -12,15 +12,15 @@ import pytest
 pytest.importorskip("s3fs", reason="object-store tests need s3fs (pip install 'gpudash[s3]')")
 pytest.importorskip("moto.server", reason="object-store tests need moto[server] (dev extra)")
 
-from helpers.s3 import bucket as _bucket  # noqa: E402
+from helpers.s3 import bucket as _bucket
 
-from gpudash import load_run  # noqa: E402
-from gpudash.monitor import Monitor  # noqa: E402
-from gpudash.server.layouts import runs as page  # noqa: E402
-from gpudash.server.runcache import shared_cache  # noqa: E402
-from gpudash.store import runsync  # noqa: E402
-from gpudash.store.objstore import open_store  # noqa: E402
-from gpudash.store.runsync import RunsMirror, origin_of  # noqa: E402
+from gpudash import load_run
+from gpudash.monitor import Monitor
+from gpudash.server.layouts import runs as page
+from gpudash.server.runcache import shared_cache
+from gpudash.store import runsync
+from gpudash.store.objstore import open_store
+from gpudash.store.runsync import RunsMirror, origin_of
 
 
 def _recorded(url: str, steps: int) -> None:
