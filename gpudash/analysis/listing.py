@@ -64,8 +64,8 @@ def listed_row(run_id: str, run_json: dict[str, Any], rank_meta: dict[int, dict[
     if rank_meta:
         meta["world_size"] = max(int(_num(meta.get("world_size")) or 1), len(rank_meta))
     settle_status(meta, rank_meta, status)
-    listings = [m.get(LISTING_KEY) for m in rank_meta.values()]
-    listings = [x for x in listings if isinstance(x, dict)]
+    listings: list[dict[str, Any]] = [x for x in (m.get(LISTING_KEY) for m in rank_meta.values())
+                                      if isinstance(x, dict)]
     lasts = [_num(x.get("last_step")) for x in listings] or [_num(m.get("last_step")) for m in rank_meta.values()]
     known = [v for v in lasts if v is not None]
     steps = steps_through(max(known), meta) if known else 0

@@ -107,9 +107,9 @@ def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None
     A live run whose files did not change is summarised again only when its status moved (its writer
     stopped: the heartbeat went stale)."""
     if origin_of(path) is not None and shared_cache().current(path) is None:
-        out = listed_summary(run_id, path)  # in an object store and not opened: its metadata, no segment
-        out.pop("meta", None)
-        return out
+        listed = listed_summary(run_id, path)  # in an object store and not opened: its metadata, no segment
+        listed.pop("meta", None)
+        return listed
     stamp = run_stamp(path) if stamp is None else stamp
     hit = _CACHE.get(path)
     if hit is not None and hit[0] == stamp:
