@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.mirror import SegmentMirror
-from gpudash.store.objstore import Store, open_store, run_name
+from gpudash.store.objstore import MAX_OBJECT_BYTES, Store, open_store, run_name
 from gpudash.store.schema import RUN_META_FILE
 from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
 
@@ -202,9 +202,9 @@ class RunsMirror:
         from concurrent.futures import ThreadPoolExecutor
 
         def one(item: tuple[str, str, int, int | None, Any]) -> bytes | BaseException:
-            _local, key, _size, limit, _ident = item
-            try:
-                return self.store.get(key) if limit is None else self.store.get(key, limit=limit)
+            _local, key, size, limit, _ident = item
+            try:  # the size the listing gave: one request an object
+                return self.store.get(key, limit=MAX_OBJECT_BYTES if limit is None else limit, size=size)
             except Exception as exc:  # noqa: BLE001 - returned: said per object by the caller
                 return exc
 

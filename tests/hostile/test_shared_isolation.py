@@ -62,10 +62,10 @@ def test_an_object_the_mirror_cannot_read_is_named_and_the_rest_copied(tmp_path:
     mirror = RunsMirror(prefix, tmp_path / "local")
     real_get = mirror.store.get
 
-    def get(name: str, limit: int = 1 << 40) -> bytes:
+    def get(name: str, limit: int = 1 << 40, size: int | None = None) -> bytes:
         if name == "a/run.json":  # sorted first: an archived object (InvalidObjectState) today stops all
             raise PermissionError("InvalidObjectState: the object is archived")
-        return real_get(name, limit)
+        return real_get(name, limit, size)
 
     monkeypatch.setattr(mirror.store, "get", get)
     assert mirror.sync_once() == 5
