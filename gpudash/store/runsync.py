@@ -123,6 +123,7 @@ class RunsMirror:
         self.every_s = every_s
         self.errors: list[str] = []
         self._seen: dict[str, Any] = {}  # local name -> the remote object's identity when copied
+        self._runs: set[str] = set()  # the runs the last listing found
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: the id the prefix itself has when it is a run (``s3://b/runs/exp1`` holding ``run.json``)
@@ -192,6 +193,12 @@ class RunsMirror:
         for local in [n for n in self._seen if n not in wanted]:
             (self.local / local).unlink(missing_ok=True)  # removed upstream
             del self._seen[local]
+        for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list
+            import shutil
+
+            _ORIGINS.pop((self.local / run_id).resolve(), None)
+            shutil.rmtree(self.local / run_id, ignore_errors=True)
+        self._runs = set(runs)
         return copied
 
     def _fetch(self, todo: list[tuple[str, str, int, int | None, Any]]) -> list[bytes | BaseException]:

@@ -95,6 +95,11 @@ def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tm
         assert run.steps["step"].tolist() == list(range(7)) and run.status == "finished"
     finally:
         run.close()
+    store = open_store("s3://runs/team/b")
+    for name in store.find(""):  # deleted from the bucket: gone from the list at the next listing
+        store.remove(name)
+    mirror.sync_once()
+    assert [r["id"] for r in page.list_page(mirror.local).rows] == ["a"] and not (mirror.local / "b").exists()
 
 
 def test_a_run_published_before_the_listing_existed_is_listed(s3: str, tmp_path: Path) -> None:
