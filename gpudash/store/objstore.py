@@ -108,12 +108,12 @@ class Store:
 
             return read_below(self.root, name, limit)
         if size is not None and size <= limit:
-            data = self.fs.cat_file(full, start=0, end=limit + 1)
-            if len(data) > limit:  # replaced by a larger object since the listing
+            head = self.fs.cat_file(full, start=0, end=limit + 1)
+            if len(head) > limit:  # replaced by a larger object since the listing
                 from gpudash.store.bounded import UnsafeFile
 
                 raise UnsafeFile(f"{name} is over the {limit:,} bytes read at most; not read")
-            return bytes(data)
+            return bytes(head)
         size = self.fs.size(full)
         if size is not None and size > limit:
             from gpudash.store.bounded import UnsafeFile
