@@ -54,3 +54,19 @@ def test_a_listed_row_counts_like_the_loaded_run() -> None:
     died = listed_row("d", {}, stale, [])
     assert died["status"] == "crashed" and died["end_reason"] and [p for p in died["problems"] if "rank 0" in p]
     assert listed_row("x", {}, {0: {"status": "live", "heartbeat": "soon"}}, [])["status"] == "crashed"
+
+
+def test_an_object_read_at_its_listed_size_is_still_bounded() -> None:
+    import uuid
+
+    import pytest
+
+    from gpudash.store.bounded import UnsafeFile
+    from gpudash.store.objstore import open_store
+
+    store = open_store(f"memory://b{uuid.uuid4().hex[:8]}/runs")
+    store.put("r/run.json", b'{"name": "r"}')
+    assert store.get("r/run.json", limit=100, size=13) == b'{"name": "r"}'
+    store.put("r/run.json", b"x" * 50)  # replaced by a larger object after the listing said 13 bytes
+    with pytest.raises(UnsafeFile, match="over the 20 bytes read at most"):
+        store.get("r/run.json", limit=20, size=13)
