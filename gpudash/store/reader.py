@@ -21,7 +21,7 @@ from gpudash.store import bounded
 from gpudash.store.attempts import ATTEMPT_COLUMN, PER_STEP_TABLES, supersede, with_attempts
 from gpudash.store.bounded import damage
 from gpudash.store.meta import read_run_json
-from gpudash.store.mirror import SegmentMirror, unpublished_note
+from gpudash.store.mirror import SegmentMirror, origin_of, segment_mirror, unpublished_note
 from gpudash.store.objstore import RUN_META_BYTES, Store, is_url, open_store, run_name
 from gpudash.store.rankreader import RankReader, _time_where, merged_span
 from gpudash.store.schema import (
@@ -114,8 +114,6 @@ class RunReader:
                 continue
             self._open_rank(rank, db)
         if self._mirror is None and self.url is None:
-            from gpudash.store.runsync import origin_of, segment_mirror
-
             origin = origin_of(self.path)
             if origin is not None:  # listed from an object store: its segments are fetched now, on opening
                 self._mirror = segment_mirror(origin, self._problem)

@@ -7,7 +7,7 @@ runs list (status, steps, peak memory, duration, ranks: :mod:`gpudash.analysis.l
 that metadata alone, and a run's segments are fetched from the store only when the run is opened (its
 page, ``/api``, ``/metrics``, ``load_run``): :func:`origin_of` tells the reader where the run really is,
 and :func:`segment_mirror` keeps one private segment cache per opened run (a live run fetches only its
-new segments), the least recently used of at most :data:`OPEN_RUNS` dropped with its files.
+new segments), the least recently used of at most :data:`gpudash.store.mirror.OPEN_RUNS` dropped with its files.
 
 Only names of the published layout count (a run id of safe characters, then ``run.json`` or
 ``segments/rank=N/meta.json`` or ``segments/rank=N/TABLE/AFTER-LAST.parquet``), each object bounded in
@@ -18,72 +18,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpudash.store.mirror import SegmentMirror
+from gpudash.store.mirror import close_mirrors, forget_origin, open_mirrors, origin_of, segment_mirror, set_origin
 from gpudash.store.objstore import MAX_OBJECT_BYTES, Store, open_store, run_name
 from gpudash.store.schema import RUN_META_FILE
 from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
 
-__all__ = ["OPEN_RUNS", "RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "origin_of", "segment_mirror"]
+__all__ = ["RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "origin_of", "segment_mirror"]
 
 #: Metadata objects fetched at once while listing.
 FETCHERS = 32
-#: Opened runs of an object store whose fetched segments are kept on local disk (least recently used dropped).
-OPEN_RUNS = 16
-#: local run folder (resolved) -> the run's URL in the store; filled only by :class:`RunsMirror` in this
-#: process (never from a file: a runs folder cannot point a reader at another store)
-_ORIGINS: dict[Path, str] = {}
-_MIRRORS: OrderedDict[str, SegmentMirror] = OrderedDict()
-_MIRRORS_LOCK = threading.Lock()
-
-
-def origin_of(path: Path) -> str | None:
-    """The object-store URL of a run whose metadata :class:`RunsMirror` listed into ``path``; None for any
-    other folder."""
-    try:
-        return _ORIGINS.get(Path(path).resolve())
-    except OSError:
-        return None
-
-
-def segment_mirror(url: str, note: Callable[[str], None]) -> SegmentMirror:
-    """The one segment cache of the run at ``url`` in this process (shared by every reader of it, so a
-    reopened or live run fetches only segments it does not hold yet); at most :data:`OPEN_RUNS` are kept,
-    the least recently used closed and its files removed."""
-    with _MIRRORS_LOCK:
-        made = _MIRRORS.get(url)
-        if made is not None:
-            _MIRRORS.move_to_end(url)
-            made.notes.append(note)
-        else:
-            made = _MIRRORS[url] = SegmentMirror(open_store(url), note)
-        evicted = []
-        while len(_MIRRORS) > max(1, OPEN_RUNS):
-            evicted.append(_MIRRORS.popitem(last=False)[1])
-    for old in evicted:  # readers still holding its files read them (unlinked, still open); new ones fetch again
-        old.close()
-    return made
-
-
-def close_mirrors() -> None:
-    """Drop every opened run's segment cache (its files removed)."""
-    with _MIRRORS_LOCK:
-        held = list(_MIRRORS.values())
-        _MIRRORS.clear()
-    for m in held:
-        m.close()
-
-
-def open_mirrors() -> list[SegmentMirror]:
-    """The segment caches held now, least recently used first."""
-    with _MIRRORS_LOCK:
-        return list(_MIRRORS.values())
-
-
 def _json_limit(local: str) -> int | None:
     """The most bytes copied of a run's JSON file: what its reader accepts (segments: no limit here)."""
     from gpudash.store.meta import RUN_JSON_BYTES
@@ -164,7 +110,7 @@ class RunsMirror:
         for run_id, url in runs.items():
             folder = self.local / run_id / SEGMENTS_DIR  # a run that published only segments yet is a run
             folder.mkdir(parents=True, exist_ok=True)
-            _ORIGINS[(self.local / run_id).resolve()] = url
+            set_origin(self.local / run_id, url)
         todo: list[tuple[str, str, int, int | None, Any]] = []
         for local, (key, ident, size) in sorted(wanted.items()):
             if self._seen.get(local) == ident:
@@ -196,7 +142,7 @@ class RunsMirror:
         for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list
             import shutil
 
-            _ORIGINS.pop((self.local / run_id).resolve(), None)
+            forget_origin(self.local / run_id)
             shutil.rmtree(self.local / run_id, ignore_errors=True)
         self._runs = set(runs)
         return copied

@@ -18,6 +18,7 @@ from gpudash import load_run
 from gpudash.monitor import Monitor
 from gpudash.server.layouts import runs as page
 from gpudash.server.runcache import shared_cache
+from gpudash.store import mirror as mirror_mod
 from gpudash.store import runsync
 from gpudash.store.objstore import open_store
 from gpudash.store.runsync import RunsMirror, origin_of
@@ -120,7 +121,7 @@ def test_opened_runs_share_one_bounded_segment_cache(s3: str, tmp_path: Path, mo
     _bucket("runs")
     _recorded("s3://runs/team/a", 3)
     _copy_run("s3://runs/team/a", "s3://runs/team/b")
-    monkeypatch.setattr(runsync, "OPEN_RUNS", 1)
+    monkeypatch.setattr(mirror_mod, "OPEN_RUNS", 1)
     mirror = RunsMirror("s3://runs/team", tmp_path / "local")
     mirror.sync_once()
     first = load_run(mirror.local / "a")

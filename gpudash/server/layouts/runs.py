@@ -27,10 +27,10 @@ from gpudash.server.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.server.runcache import run_stamp as _run_stamp
 from gpudash.store.bounded import damage
 from gpudash.store.listing import published_metas
+from gpudash.store.mirror import origin_of
 from gpudash.store.reader import read_run_json
 from gpudash.store.run import merged_meta, run_start
 from gpudash.store.runid import list_run_dirs
-from gpudash.store.runsync import origin_of
 from gpudash.store.schema import rank_from_db_name
 from gpudash.store.summarystore import summary_store
 from gpudash.units import human_bytes
