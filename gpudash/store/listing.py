@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.schema import quote_ident
-from gpudash.store.segments import SEGMENTS_DIR, rank_of_folder
+from gpudash.store.segments import LISTING_KEY, SEGMENTS_DIR, rank_of_folder
 
 __all__ = ["LISTING_KEY", "ListingTally", "published_metas"]
 
-#: The key of the listing object in a rank's ``meta.json``.
-LISTING_KEY = "listing"
 #: The largest ``meta.json`` read to list a run (gpudash writes a few kB).
 LIST_META_BYTES = 4 << 20
 
