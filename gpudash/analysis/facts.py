@@ -23,6 +23,7 @@ from gpudash.analysis.frames import numeric as _num
 from gpudash.analysis.hostmem import HostMemory, host_memory_text, oom_kill_text, run_host_memory
 from gpudash.analysis.leak import Leak, leak_text, run_leak
 from gpudash.analysis.lights import FRAG_BAD_PCT, FRAG_WARN_PCT, Light, fragmentation_pct, stability_lights
+from gpudash.analysis.listing import steps_through
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS, capacity_bytes, estimator_errors
 from gpudash.analysis.memory_parts import frozen_params
 from gpudash.analysis.phases import run_phases
@@ -234,12 +235,7 @@ def step_count(steps: pd.DataFrame, meta: dict[str, Any] | None = None) -> int:
     numbered the steps by ``global_step``; else 0). Rows dropped on the way do not lower it."""
     if not len(steps) or "step" not in steps:
         return 0
-    last = pd.to_numeric(steps["step"], errors="coerce").max()
-    if not np.isfinite(last):
-        return 0
-    first = (meta or {}).get("first_step")
-    first = int(first) if isinstance(first, int | float) and not isinstance(first, bool) and first <= last else 0
-    return int(last) + 1 - first
+    return steps_through(float(pd.to_numeric(steps["step"], errors="coerce").max()), meta)
 
 
 def run_facts(run: Run) -> Facts:

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     if token_from_env(args.token):  # a secret kept in the environment is never printed to a terminal or a log
         url = url.split("?token=")[0] + f"?token=${TOKEN_ENV}"
-    shown = f"{args.runs_dir} (mirrored every {mirror.every_s:g} s into {runs_dir})" if mirror else runs_dir
+    shown = (f"{args.runs_dir} (listed every {mirror.every_s:g} s; a run's segments are fetched when it is "
+             f"opened)" if mirror else runs_dir)
     print(f"gpudash: serving {shown} at {url}  (Ctrl-C to stop)", flush=True)
     alerts = None
     if alert_opts is not None:
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mirror(url: str) -> RunsMirror:
-    """The runs under an object-store prefix, copied as they are published into a private local folder
-    that the dashboard serves (:mod:`gpudash.store.runsync`); a prefix that is itself a run is served as that one
+    """The runs under an object-store prefix, their metadata listed into a private local folder that the
+    dashboard serves, each run's segments fetched when it is opened (:mod:`gpudash.store.runsync`); a prefix that is itself a run is served as that one
     run (never its parent: only what is under the prefix asked for is read)."""
     import tempfile
 

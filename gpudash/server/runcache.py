@@ -20,6 +20,7 @@ from gpudash.analysis.verdict import Verdict
 from gpudash.errors import RunError
 from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, load_run
+from gpudash.store.segments import SEGMENTS_DIR
 
 __all__ = ["Loaded", "RunBusy", "RunCache", "WAIT_S", "run_stamp", "shared_cache"]
 
@@ -36,7 +37,9 @@ def run_stamp(path: Path) -> tuple[Any, ...]:
     except OSError:
         return ()
     # a run published as segments (gpudash.store.segments): each rank's meta.json is rewritten at every publish
-    entries += sorted(Path(path).glob("segments/rank=*/meta.json"))
+    # (looked for only where a segments folder is: a folder of a thousand local runs is stat'ed, not globbed)
+    if any(p.name == SEGMENTS_DIR for p in entries):
+        entries += sorted(Path(path).glob(f"{SEGMENTS_DIR}/rank=*/meta.json"))
     for p in entries:
         try:
             st = p.stat()

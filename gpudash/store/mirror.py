@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpudash.store.bounded import UnsafeFile
-from gpudash.store.objstore import Store
+from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import rank_db_name
 from gpudash.store.segments import SEGMENTS_DIR, SegmentCache, rank_meta_name, segment_ranks
 
-__all__ = ["SYNC_S", "SegmentMirror", "unpublished_note"]
+__all__ = ["OPEN_RUNS", "SYNC_S", "SegmentMirror", "close_mirrors", "forget_origin", "open_mirrors", "origin_of", "segment_mirror",
+           "set_origin", "unpublished_note"]
 
 #: Seconds between two listings of the store (a dashboard tick asks more often).
 SYNC_S = 1.0
@@ -30,12 +33,75 @@ SYNC_S = 1.0
 META_BYTES = 4 << 20
 
 
+#: Opened runs of an object store whose fetched segments are kept on local disk (least recently used dropped).
+OPEN_RUNS = 16
+#: local run folder (resolved) -> the run's URL in the store; filled only by :class:`gpudash.store.runsync.RunsMirror` in this
+#: process (never from a file: a runs folder cannot point a reader at another store)
+_ORIGINS: dict[Path, str] = {}
+_MIRRORS: OrderedDict[str, SegmentMirror] = OrderedDict()
+_MIRRORS_LOCK = threading.Lock()
+
+
+def origin_of(path: Path) -> str | None:
+    """The object-store URL of a run whose metadata :class:`gpudash.store.runsync.RunsMirror` listed into ``path``; None for any
+    other folder."""
+    try:
+        return _ORIGINS.get(Path(path).resolve())
+    except OSError:
+        return None
+
+
+def segment_mirror(url: str, note: Callable[[str], None]) -> SegmentMirror:
+    """The one segment cache of the run at ``url`` in this process (shared by every reader of it, so a
+    reopened or live run fetches only segments it does not hold yet); at most :data:`OPEN_RUNS` are kept,
+    the least recently used closed and its files removed."""
+    with _MIRRORS_LOCK:
+        made = _MIRRORS.get(url)
+        if made is not None:
+            _MIRRORS.move_to_end(url)
+            made.notes.append(note)
+        else:
+            made = _MIRRORS[url] = SegmentMirror(open_store(url), note)
+        evicted = []
+        while len(_MIRRORS) > max(1, OPEN_RUNS):
+            evicted.append(_MIRRORS.popitem(last=False)[1])
+    for old in evicted:  # readers still holding its files read them (unlinked, still open); new ones fetch again
+        old.close()
+    return made
+
+
+def close_mirrors() -> None:
+    """Drop every opened run's segment cache (its files removed)."""
+    with _MIRRORS_LOCK:
+        held = list(_MIRRORS.values())
+        _MIRRORS.clear()
+    for m in held:
+        m.close()
+
+
+def set_origin(path: Path, url: str) -> None:
+    """Say that the run listed into ``path`` is at ``url`` (:class:`gpudash.store.runsync.RunsMirror` only)."""
+    _ORIGINS[Path(path).resolve()] = url
+
+
+def forget_origin(path: Path) -> None:
+    _ORIGINS.pop(Path(path).resolve(), None)
+
+
+def open_mirrors() -> list[SegmentMirror]:
+    """The segment caches held now, least recently used first."""
+    with _MIRRORS_LOCK:
+        return list(_MIRRORS.values())
+
+
 class SegmentMirror:
     """Private caches of the ranks a run published as segments."""
 
     def __init__(self, store: Store, note: Callable[[str], None], folder: Path | None = None) -> None:
         self.store = store
-        self._note = note
+        #: where problems are said: the readers of this run (a shared cache: :func:`gpudash.store.runsync.segment_mirror`)
+        self.notes: list[Callable[[str], None]] = [note]
+        self._sync_lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if folder is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-")
@@ -45,16 +111,38 @@ class SegmentMirror:
         self._synced_at = -1e18
         self._failed = False
 
+    def _note(self, msg: str) -> None:
+        del self.notes[:-4]  # the newest readers of a shared cache
+        for note in list(self.notes):
+            note(msg)
+
+    def disk_bytes(self) -> int:
+        """Bytes of the private caches on disk."""
+        total = 0
+        for p in self.folder.glob("*"):
+            try:
+                total += p.stat().st_size
+            except OSError:
+                continue
+        return total
+
     def close(self) -> None:
-        for cache in self.caches.values():
-            cache.close()
-        self.caches.clear()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        with self._sync_lock:
+            for cache in self.caches.values():
+                cache.close()
+            self.caches.clear()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
 
     def sync(self, force: bool = False) -> dict[int, Path]:
         """Fetch what is new; the caches' paths by rank."""
+        with self._sync_lock:  # one fetch at a time, however many readers share the cache
+            return self._sync_locked(force)
+
+    def _sync_locked(self, force: bool) -> dict[int, Path]:
+        if not self.folder.is_dir():  # closed (a shared cache dropped): nothing fetched into a removed folder
+            return {rank: c.path for rank, c in self.caches.items()}
         if force or time.monotonic() - self._synced_at >= SYNC_S:
             self._synced_at = time.monotonic()
             try:

@@ -99,13 +99,21 @@ class Store:
             tmp.unlink(missing_ok=True)
             raise
 
-    def get(self, name: str, limit: int = MAX_OBJECT_BYTES) -> bytes:
-        """One object's bytes (``FileNotFoundError`` when absent; ``OSError`` when over ``limit``)."""
+    def get(self, name: str, limit: int = MAX_OBJECT_BYTES, size: int | None = None) -> bytes:
+        """One object's bytes (``FileNotFoundError`` when absent; ``OSError`` when over ``limit``); ``size``: the
+        object's size as a listing just gave it (no request to ask it again; the bytes read are still bounded)."""
         full = self._full(name)
         if not self.remote:  # no link followed below the folder; a FIFO or device would block or never end
             from gpudash.store.bounded import read_below
 
             return read_below(self.root, name, limit)
+        if size is not None and size <= limit:
+            head = self.fs.cat_file(full, start=0, end=limit + 1)
+            if len(head) > limit:  # replaced by a larger object since the listing
+                from gpudash.store.bounded import UnsafeFile
+
+                raise UnsafeFile(f"{name} is over the {limit:,} bytes read at most; not read")
+            return bytes(head)
         size = self.fs.size(full)
         if size is not None and size > limit:
             from gpudash.store.bounded import UnsafeFile

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.attempts import last_step
+from gpudash.store.listing import LISTING_KEY, ListingTally
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import (
@@ -94,6 +95,7 @@ class SegmentPublisher:
         #: first upload): this attempt's segments and rowids continue after it, never over it
         self._bases: dict[str, int] | None = None
         self._meta: dict[str, Any] | None = None
+        self._tally = ListingTally()
         self._meta_seq = self._meta_done = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -120,7 +122,8 @@ class SegmentPublisher:
                 self._last[table] = after = last
             if self._small.get(table, 0) >= MERGE_EVERY:
                 self._merge(conn, table, self._names[table][-self._small[table]:])
-        meta = {**read_meta_rows(conn), "last_step": last_step(conn)}  # where a next attempt goes on
+        meta = {**read_meta_rows(conn), "last_step": last_step(conn),  # where a next attempt goes on
+                LISTING_KEY: self._tally.update(conn)}  # what a runs list shows, without reading a segment
         with self._lock:
             self._meta = meta
             self._meta_seq += 1

@@ -25,7 +25,7 @@ from gpudash.store.meta import clean_meta
 from gpudash.store.rankfile import Scratch, log_heartbeat, open_rank_db, wal_path
 from gpudash.store.schema import TABLE_BASE_COLUMNS, quote_ident, rank_from_db_name, rollup_table
 
-__all__ = ["MAX_COLUMNS", "STALE_AFTER_S", "RankReader", "merged_span"]
+__all__ = ["MAX_COLUMNS", "STALE_AFTER_S", "RankReader", "merged_span", "meta_status"]
 
 #: A writer that has not written a heartbeat for this long (and at least 4
 #: flush intervals) is treated as dead: its run reads ``crashed``.
@@ -55,6 +55,27 @@ def _pid_alive(pid: int) -> bool:
     except (PermissionError, OSError):
         return True
     return True
+
+
+def meta_status(meta: dict[str, Any], now: float | None = None) -> str:
+    """A rank's status from its meta: ``live`` while its heartbeat is fresh and its process (on this host)
+    alive, else what it says (``finished``, ``crashed``), a stale ``live`` being ``crashed``."""
+    status = str(meta.get("status", "crashed"))
+    if status != "live":
+        return status
+    now = time.time() if now is None else now
+    try:
+        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval") or 0.5),
+                    3 * float(meta.get("publish_interval") or 0.0))  # published copies lag by up to one interval
+        beat = float(meta.get("heartbeat") or 0)
+    except (TypeError, ValueError):
+        return "crashed"  # a heartbeat that is not a time says nothing is alive
+    if now - beat > stale:
+        return "crashed"
+    pid = meta.get("pid")
+    if meta.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+        return "crashed"
+    return "live"
 
 
 class RankReader:
@@ -135,19 +156,7 @@ class RankReader:
         return rows
 
     def status(self, meta: dict[str, Any] | None = None, now: float | None = None) -> str:
-        meta = self.meta() if meta is None else meta
-        status = str(meta.get("status", "crashed"))
-        if status != "live":
-            return status
-        now = time.time() if now is None else now
-        stale = max(STALE_AFTER_S, 4 * float(meta.get("flush_interval") or 0.5),
-                    3 * float(meta.get("publish_interval") or 0.0))  # published copies lag by up to one interval
-        if now - float(meta.get("heartbeat") or 0) > stale:
-            return "crashed"
-        pid = meta.get("pid")
-        if meta.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
-            return "crashed"
-        return "live"
+        return meta_status(self.meta() if meta is None else meta, now)
 
     # ---- tables -------------------------------------------------------------------------
     def tables(self) -> set[str]:

@@ -21,7 +21,7 @@ from gpudash.store import bounded
 from gpudash.store.attempts import ATTEMPT_COLUMN, PER_STEP_TABLES, supersede, with_attempts
 from gpudash.store.bounded import damage
 from gpudash.store.meta import read_run_json
-from gpudash.store.mirror import SegmentMirror, unpublished_note
+from gpudash.store.mirror import SegmentMirror, origin_of, segment_mirror, unpublished_note
 from gpudash.store.objstore import RUN_META_BYTES, Store, is_url, open_store, run_name
 from gpudash.store.rankreader import RankReader, _time_where, merged_span
 from gpudash.store.schema import (
@@ -59,6 +59,7 @@ class RunReader:
         self.ranks: dict[int, RankReader] = {}
         self.url = str(run_dir).rstrip("/") if is_url(run_dir) else None
         self._mirror: SegmentMirror | None = None
+        self._shared_mirror = False  # a run's segment cache shared by its readers (gpudash.store.runsync)
         if self.url is not None:
             self._open_url(self.url)
         else:
@@ -112,8 +113,13 @@ class RunReader:
             if rank is None or rank in self.ranks:
                 continue
             self._open_rank(rank, db)
-        if self._mirror is None and self.url is None and (self.path / SEGMENTS_DIR).is_dir():
-            self._mirror = SegmentMirror(open_store(self.path), self._problem)
+        if self._mirror is None and self.url is None:
+            origin = origin_of(self.path)
+            if origin is not None:  # listed from an object store: its segments are fetched now, on opening
+                self._mirror = segment_mirror(origin, self._problem)
+                self._shared_mirror = True
+            elif (self.path / SEGMENTS_DIR).is_dir():
+                self._mirror = SegmentMirror(open_store(self.path), self._problem)
         if self._mirror is not None:
             if self.url is not None:
                 self._fetch_run_json(self._mirror.store)
@@ -132,7 +138,7 @@ class RunReader:
     def close(self) -> None:
         for r in self.ranks.values():
             r.close()
-        if self._mirror is not None:
+        if self._mirror is not None and not self._shared_mirror:
             self._mirror.close()
 
     def all_problems(self) -> list[str]:

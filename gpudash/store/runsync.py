@@ -1,13 +1,15 @@
-"""A folder of runs in an object store, kept as a local folder of published runs (``gpudash serve s3://...``).
+"""A folder of runs in an object store, listed without copying it (``gpudash serve s3://...``).
 
-:class:`RunsMirror` lists the prefix (one listing request), and for every run directly under it (a
-folder holding ``run.json`` or ``segments/``) copies into a local folder what it does not hold yet:
-``run.json`` once, each segment once (segments are immutable: the name is the content), each rank's
-``meta.json`` when it changed size or time; a segment removed by a merge is removed here too. The local
-folder is then an ordinary folder of published runs (:mod:`gpudash.store.segments`), which the dashboard
-serves, lists and scrapes like any other; a live run stays live, a few seconds behind.
+:class:`RunsMirror` lists the prefix (one listing request) and, for every run directly under it (a
+folder holding ``run.json`` or ``segments/``), copies into a local folder only the run's small metadata:
+``run.json`` and each rank's ``meta.json``, each when it changed size or time. No segment is copied: the
+runs list (status, steps, peak memory, duration, ranks: :mod:`gpudash.analysis.listing`) is built from
+that metadata alone, and a run's segments are fetched from the store only when the run is opened (its
+page, ``/api``, ``/metrics``, ``load_run``): :func:`origin_of` tells the reader where the run really is,
+and :func:`segment_mirror` keeps one private segment cache per opened run (a live run fetches only its
+new segments), the least recently used of at most :data:`gpudash.store.mirror.OPEN_RUNS` dropped with its files.
 
-Only names of the published layout are copied (a run id of safe characters, then ``run.json`` or
+Only names of the published layout count (a run id of safe characters, then ``run.json`` or
 ``segments/rank=N/meta.json`` or ``segments/rank=N/TABLE/AFTER-LAST.parquet``), each object bounded in
 size: whatever else a bucket holds is never fetched.
 """
@@ -19,13 +21,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpudash.store.objstore import Store, open_store, run_name
+from gpudash.store.mirror import close_mirrors, forget_origin, open_mirrors, origin_of, segment_mirror, set_origin
+from gpudash.store.objstore import MAX_OBJECT_BYTES, Store, open_store, run_name
 from gpudash.store.schema import RUN_META_FILE
 from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
 
-__all__ = ["RunsMirror", "mirrored_name"]
+__all__ = ["RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "origin_of", "segment_mirror"]
 
-
+#: Metadata objects fetched at once while listing.
+FETCHERS = 32
 def _json_limit(local: str) -> int | None:
     """The most bytes copied of a run's JSON file: what its reader accepts (segments: no limit here)."""
     from gpudash.store.meta import RUN_JSON_BYTES
@@ -65,6 +69,7 @@ class RunsMirror:
         self.every_s = every_s
         self.errors: list[str] = []
         self._seen: dict[str, Any] = {}  # local name -> the remote object's identity when copied
+        self._runs: set[str] = set()  # the runs the last listing found
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: the id the prefix itself has when it is a run (``s3://b/runs/exp1`` holding ``run.json``)
@@ -72,12 +77,14 @@ class RunsMirror:
         local.mkdir(parents=True, exist_ok=True)
 
     def sync_once(self) -> int:
-        """Copy what changed; returns objects copied. A failing listing raises (the caller says so); one
-        object that cannot be read is named in :attr:`errors` (once) and the others are copied all the same."""
+        """Copy the metadata that changed (``run.json``, each rank's ``meta.json``; never a segment); returns
+        objects copied. A failing listing raises (the caller says so); one object that cannot be read is named
+        in :attr:`errors` (once) and the others are copied all the same."""
         self.store.fs.invalidate_cache(self.store.root)  # a live run's listing changes: never from a cache
         listing = self.store.fs.find(self.store.root, detail=True)
         root = self.store.root.rstrip("/") + "/"
         wanted: dict[str, tuple[str, Any, int]] = {}
+        runs: dict[str, str] = {}  # run id -> its URL in the store
         own: set[str] = set()  # the prefix's own files (it is a run itself)
         clash = False
         for full, info in listing.items():
@@ -89,39 +96,75 @@ class RunsMirror:
                 own.add(f"{named[0]}/{named[1]}")
             elif named[0] == self.own_id:
                 clash = True
+            runs.setdefault(named[0], f"{self.store.location}/{named[0]}" if key.startswith(f"{named[0]}/")
+                            else self.store.location)
+            if not (named[1] == RUN_META_FILE or named[1].endswith("/meta.json")):
+                continue  # a segment: fetched when its run is opened, never to list
             local = f"{named[0]}/{named[1]}"
             size = int(info.get("size") or 0)
             ident = (size, info.get("LastModified") or info.get("mtime") or info.get("ETag"))
             wanted[local] = (key, ident, size)  # type: ignore[assignment]
         if clash:  # a run under the prefix has the prefix's own name: that run is the one shown
             wanted = {k: v for k, v in wanted.items() if k not in own}
-        copied = 0
+            runs[self.own_id] = f"{self.store.location}/{self.own_id}"
+        for run_id, url in runs.items():
+            folder = self.local / run_id / SEGMENTS_DIR  # a run that published only segments yet is a run
+            folder.mkdir(parents=True, exist_ok=True)
+            set_origin(self.local / run_id, url)
+        todo: list[tuple[str, str, int, int | None, Any]] = []
         for local, (key, ident, size) in sorted(wanted.items()):
             if self._seen.get(local) == ident:
                 continue
             limit = _json_limit(local)
-            try:
-                if limit is not None and size > limit:
-                    # kept as a hole of the same size: the run is listed and its reader names the file as too
-                    # large to read, instead of the run vanishing
-                    self._write(local, None, size)
-                    self._say(f"{self.store.location}/{key}: {size:,} bytes, over the {limit:,} read at most; "
-                              "not copied (the run shows it as damaged)")
-                else:
-                    data = self.store.get(key) if limit is None else self.store.get(key, limit=limit)
-                    self._write(local, data, len(data))
-            except FileNotFoundError:
-                continue  # removed by a merge since the listing
-            except Exception as exc:  # noqa: BLE001 - one object (archived, denied, ...) never stops the rest
-                self._say(f"{self.store.location}/{key}: cannot read it ({type(exc).__name__}: "
-                          f"{str(exc)[:200]}); the other objects are copied, this one is retried")
+            if limit is not None and size > limit:
+                # kept as a hole of the same size: the run is listed and its reader names the file as too
+                # large to read, instead of the run vanishing
+                self._write(local, None, size)
+                self._say(f"{self.store.location}/{key}: {size:,} bytes, over the {limit:,} read at most; "
+                          "not copied (the run shows it as damaged)")
+                self._seen[local] = ident
                 continue
+            todo.append((local, key, size, limit, ident))
+        copied = 0
+        for (local, key, _size, _limit, ident), data in zip(todo, self._fetch(todo), strict=True):
+            if isinstance(data, FileNotFoundError):
+                continue  # removed since the listing
+            if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
+                self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
+                          f"{str(data)[:200]}); the other objects are copied, this one is retried")
+                continue
+            self._write(local, data, len(data))
             self._seen[local] = ident
             copied += 1
-        for local in [n for n in self._seen if n not in wanted and "/" + SEGMENTS_DIR + "/" in n]:
-            (self.local / local).unlink(missing_ok=True)  # merged away upstream
+        for local in [n for n in self._seen if n not in wanted]:
+            (self.local / local).unlink(missing_ok=True)  # removed upstream
             del self._seen[local]
+        for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list
+            import shutil
+
+            forget_origin(self.local / run_id)
+            shutil.rmtree(self.local / run_id, ignore_errors=True)
+        self._runs = set(runs)
         return copied
+
+    def _fetch(self, todo: list[tuple[str, str, int, int | None, Any]]) -> list[bytes | BaseException]:
+        """The objects' bytes (or what reading each raised), many requests in flight at once: a listing
+        of a thousand runs waits for the slowest few requests, not for the sum of them all."""
+        if not todo:
+            return []
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(item: tuple[str, str, int, int | None, Any]) -> bytes | BaseException:
+            _local, key, size, limit, _ident = item
+            try:  # the size the listing gave: one request an object
+                return self.store.get(key, limit=MAX_OBJECT_BYTES if limit is None else limit, size=size)
+            except Exception as exc:  # noqa: BLE001 - returned: said per object by the caller
+                return exc
+
+        if len(todo) == 1:
+            return [one(todo[0])]
+        with ThreadPoolExecutor(max_workers=min(FETCHERS, len(todo)), thread_name_prefix="gpudash-list") as pool:
+            return list(pool.map(one, todo))
 
     def _named(self, key: str) -> tuple[str, str] | None:
         """(run id, name inside the run) of a key: a run under the prefix, or the prefix itself when it is a

@@ -41,6 +41,9 @@ __all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused",
            "rank_meta_name", "rank_of_folder", "read_meta_rows", "segment_bounds", "segment_name", "segment_ranks",
            "shift_rowids"]
 
+#: The key of what the runs list shows in a rank's ``meta.json`` (:mod:`gpudash.store.listing`).
+LISTING_KEY = "listing"
+
 SEGMENTS_DIR = "segments"
 #: The recorded tables (the roll-ups and chunks are derived from them and rebuilt by readers).
 PUBLISHED_TABLES = tuple(TABLE_BASE_COLUMNS)
@@ -242,7 +245,8 @@ class SegmentCache:
         if not isinstance(meta, dict):
             self._report("meta.json is not a JSON object; the rank's meta is not shown")
             return
-        rows = [(str(k)[:200], json.dumps(v, default=str)) for k, v in meta.items()]
+        # the runs list's numbers (gpudash.store.listing) are the list's: a loaded run derives its own
+        rows = [(str(k)[:200], json.dumps(v, default=str)) for k, v in meta.items() if k != LISTING_KEY]
         with self.conn:
             self.conn.execute("BEGIN")
             self.conn.execute("DELETE FROM meta")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
+from gpudash.analysis.listing import listed_row
 from gpudash.analysis.progress import Progress
 from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.errors import RunError
@@ -25,6 +26,8 @@ from gpudash.server.layouts.progressbar import progress_cell
 from gpudash.server.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.server.runcache import run_stamp as _run_stamp
 from gpudash.store.bounded import damage
+from gpudash.store.listing import published_metas
+from gpudash.store.mirror import origin_of
 from gpudash.store.reader import read_run_json
 from gpudash.store.run import merged_meta, run_start
 from gpudash.store.runid import list_run_dirs
@@ -32,7 +35,7 @@ from gpudash.store.schema import rank_from_db_name
 from gpudash.store.summarystore import summary_store
 from gpudash.units import human_bytes
 
-__all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
+__all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "listed_summary", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
            "page_label", "read_meta", "run_stamp", "run_summary", "runs_page", "runs_table"]
 
 #: The runs page's status filter: (value, label).
@@ -103,6 +106,10 @@ def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None
     ``stamp`` / ``status``: the run's stamp and cheap status when the caller has them (:class:`RunEntry`).
     A live run whose files did not change is summarised again only when its status moved (its writer
     stopped: the heartbeat went stale)."""
+    if origin_of(path) is not None and shared_cache().current(path) is None:
+        listed = listed_summary(run_id, path)  # in an object store and not opened: its metadata, no segment
+        listed.pop("meta", None)
+        return listed
     stamp = run_stamp(path) if stamp is None else stamp
     hit = _CACHE.get(path)
     if hit is not None and hit[0] == stamp:
@@ -161,9 +168,22 @@ def _has_rank_files(stamp: tuple[Any, ...]) -> bool:
     return any(rank_from_db_name(str(name).removesuffix("-wal")) is not None for name, *_ in stamp)
 
 
+def listed_summary(run_id: str, path: Path) -> dict[str, Any]:
+    """The row of a run listed from an object store and not opened (:func:`gpudash.analysis.listing.listed_row`:
+    its ``run.json`` and ranks' ``meta.json`` only), with ``meta`` (the merged meta)."""
+    problems: list[str] = []
+    run_json = read_run_json(path, problems)
+    row = listed_row(run_id, run_json, published_metas(path, problems), problems)
+    row["device"] = device_label(row["meta"])
+    return row
+
+
 def _cheap_meta(path: Path) -> tuple[dict[str, Any], str]:
     """The run's merged meta and status as the store decides them (the meta tables and heartbeats only:
-    no table is read)."""
+    no table is read; a run in an object store: its metadata only, :func:`listed_summary`)."""
+    if origin_of(path) is not None:
+        row = listed_summary(path.name, path)
+        return row["meta"], row["status"]
     try:
         reader, lock = shared_cache().reader(path)  # the one place the server opens runs
         if not lock.acquire(timeout=WAIT_S):

@@ -1,0 +1,113 @@
+"""What a runs list shows of a published rank, kept in its ``meta.json`` so a list never reads a segment.
+
+The publisher folds the rows it exports into a small ``listing`` object (:class:`ListingTally`): the rank's
+last step, the first and last time a step ended (and the first step's start), and the largest value of each
+``*_bytes`` column of its memory table. Only the rows new since the last publish are read (by rowid), so
+the cost per publish is that of the new rows, whatever the run's length. The runs list reads it back with
+:func:`published_metas` (each rank's ``meta.json`` in a run folder) and :mod:`gpudash.analysis.listing`
+turns it into the row shown; a run published before this existed has no ``listing`` and shows what its
+meta holds (status, last step, times).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from gpudash.store.schema import quote_ident
+from gpudash.store.segments import LISTING_KEY, SEGMENTS_DIR, rank_of_folder
+
+__all__ = ["LISTING_KEY", "ListingTally", "published_metas"]
+
+#: The largest ``meta.json`` read to list a run (gpudash writes a few kB).
+LIST_META_BYTES = 4 << 20
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    try:
+        return [str(r[1]) for r in conn.execute(f"PRAGMA table_info({quote_ident(table)})")]
+    except sqlite3.Error:
+        return []
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v == v else None
+
+
+class ListingTally:
+    """The running listing of one rank, extended by the rows written since the last :meth:`update`."""
+
+    def __init__(self) -> None:
+        self.after: dict[str, int] = {"steps": 0, "memory": 0}
+        self.out: dict[str, Any] = {"last_step": None, "first_time": None, "last_time": None, "max": {}}
+
+    def _fold(self, key: str, value: Any, pick: Any) -> None:
+        v = _num(value)
+        if v is not None:
+            old = self.out[key] if key != "max" else None
+            self.out[key] = v if old is None else pick(old, v)
+
+    def update(self, conn: sqlite3.Connection) -> dict[str, Any]:
+        """Fold the new rows in; the listing (a JSON-ready copy). A table that cannot be read is skipped."""
+        cols = _columns(conn, "steps")
+        if {"step", "time"} <= set(cols):
+            start = "time - coalesce(duration_s, 0)" if "duration_s" in cols else "time"
+            try:
+                row = conn.execute(f"SELECT max(rowid), max(step), max(time), min({start}) FROM steps "
+                                   "WHERE rowid > ?", (self.after["steps"],)).fetchone()
+            except sqlite3.Error:
+                row = None
+            if row and row[0] is not None:
+                self.after["steps"] = int(row[0])
+                self._fold("last_step", row[1], max)
+                self._fold("last_time", row[2], max)
+                self._fold("first_time", row[3], min)
+        mem = [c for c in _columns(conn, "memory") if c.endswith("_bytes")][:64]
+        if mem:
+            sql = ", ".join(f"max({quote_ident(c)})" for c in mem)
+            try:
+                row = conn.execute(f"SELECT max(rowid), {sql} FROM memory WHERE rowid > ?",
+                                   (self.after["memory"],)).fetchone()
+            except sqlite3.Error:
+                row = None
+            if row and row[0] is not None:
+                self.after["memory"] = int(row[0])
+                for c, v in zip(mem, row[1:], strict=True):
+                    n = _num(v)
+                    if n is not None:
+                        old = self.out["max"].get(c)
+                        self.out["max"][c] = n if old is None else max(old, n)
+        if isinstance(self.out["last_step"], float) and self.out["last_step"].is_integer():
+            self.out["last_step"] = int(self.out["last_step"])
+        return {**self.out, "max": dict(self.out["max"])}
+
+
+def published_metas(run_dir: Path, problems: list[str]) -> dict[int, dict[str, Any]]:
+    """Each rank's ``meta.json`` in ``run_dir/segments`` (regular files below the folder only, bounded in
+    size); what cannot be read is named in ``problems`` and left out."""
+    from gpudash.store.bounded import read_below
+
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        folders = sorted(p.name for p in (run_dir / SEGMENTS_DIR).iterdir())
+    except OSError:
+        return out
+    for name in folders:
+        rank = rank_of_folder(name)
+        if rank is None:
+            continue
+        rel = f"{SEGMENTS_DIR}/{name}/meta.json"
+        try:
+            doc = json.loads(read_below(run_dir, rel, LIST_META_BYTES))
+        except FileNotFoundError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - too large, a link, not JSON: named, the other ranks listed
+            problems.append(f"{rel}: unreadable ({str(exc)[:200] or type(exc).__name__})")
+            continue
+        if isinstance(doc, dict):
+            out[rank] = doc
+        else:
+            problems.append(f"{rel}: not a JSON object")
+    return out
