@@ -51,6 +51,19 @@ LOOK_SHARE = 0.02
 _TICK_S = 0.1
 """How often the thread checks the step count (reads one int: nothing on the training thread)."""
 _TABLES = ("memory", "host", "steps")
+_KEPT = {"steps": frozenset({"step", "time", "attempt", "tokens", "samples"}),
+         "host": frozenset({"step", "time", "attempt", "malloc_used_bytes", "rss_bytes", "available_bytes",
+                            "total_bytes"})}
+"""The columns the leak rule reads (memory: step, time, attempt and every ``*_bytes``): the window keeps no
+other, so what the watch holds grows by a few numbers a step until it is full, not by whole rows (the steps'
+scalars, the host's per-process columns)."""
+
+
+def _kept(table: str, column: str) -> bool:
+    kept = _KEPT.get(table)
+    if kept is None:
+        return column in ("step", "time", "attempt") or column.endswith("_bytes")
+    return column in kept
 
 
 class LeakWatch:
@@ -98,6 +111,10 @@ class LeakWatch:
             if not rows:
                 continue
             self.cursor[t] = int(rows[-1][0])
+            keep = [i for i, c in enumerate(cols) if _kept(t, c)]
+            if len(keep) < len(cols):
+                cols = [cols[i] for i in keep]
+                rows = [(row[0], *[row[i + 1] for i in keep]) for row in rows]
             if cols != self.columns[t]:  # a column recorded for the first time: older rows get None there
                 old = self.columns[t]
                 self.rows[t] = deque((tuple(dict(zip(["_rowid", *old], row, strict=True)).get(c)
