@@ -23,7 +23,6 @@ Between measured steps none of this is installed: module calls take torch's no-h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpudash import load_run
 from gpudash.analysis.facts import run_facts
 from gpudash.cli import main
-from gpudash import load_run
 from gpudash.collectors.categories import FULL_STEPS, StepSchedule
 from gpudash.monitor import Monitor
 from gpudash.options import MonitorOptions
