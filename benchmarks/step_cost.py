@@ -14,7 +14,6 @@ each kind warms them and is not counted). Goals (issue 41): first step <= 0.2 s 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import shutil
@@ -26,10 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("gpudash_zoo_nanogpt_runner", ROOT / "tests" / "zoo" / "nanogpt_runner.py")
-assert _spec is not None and _spec.loader is not None
-nanogpt = importlib.util.module_from_spec(_spec)  # nanoGPT's one runner, the zoo test's (tests/zoo/nanogpt_runner.py)
-_spec.loader.exec_module(nanogpt)
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import nanogpt  # noqa: E402  (nanoGPT's one runner: the zoo test's)
+
 CONFIG = {"device": "cpu", "compile": False, "dtype": "float32", "dataset": "tiny", "out_dir": "out",
           "n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "bias": False, "dropout": 0.0,
           "batch_size": 8, "gradient_accumulation_steps": 1, "eval_iters": 2, "log_interval": 1,

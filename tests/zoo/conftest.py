@@ -3,13 +3,11 @@ numbers the scripts themselves print (or, where they print rounded numbers, what
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -41,18 +39,7 @@ def storage_bytes(tensors: object) -> int:
     return sum(seen.values())
 
 
-def _nanogpt_runner() -> Any:
-    """``nanogpt_runner.py``, loaded by its path (the benchmark loads the same file the same way)."""
-    spec = importlib.util.spec_from_file_location("gpudash_zoo_nanogpt_runner", ZOO / "nanogpt_runner.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def zoo() -> SimpleNamespace:
-    """The helpers above, for the zoo's test modules (tests import no sibling modules); ``nanogpt``: nanoGPT's
-    one runner (:mod:`nanogpt_runner`), shared with ``benchmarks/step_cost.py``."""
-    return SimpleNamespace(root=ROOT, dir=ZOO, run=gpudash_run, storage_bytes=storage_bytes, env=zoo_env,
-                           nanogpt=_nanogpt_runner())
+    """The helpers above, for the zoo's test modules (tests import no sibling modules)."""
+    return SimpleNamespace(root=ROOT, dir=ZOO, run=gpudash_run, storage_bytes=storage_bytes, env=zoo_env)

@@ -20,6 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
+from helpers import nanogpt as nanogpt_runner  # noqa: E402
+
 from gpudash import load_run  # noqa: E402
 
 CONFIG = {"device": "cpu", "compile": False, "dtype": "float32", "dataset": "tiny", "out_dir": "out",
@@ -51,12 +53,12 @@ def _model(work: Path, vocab: int) -> Any:
 @pytest.fixture(scope="module")
 def nanogpt(tmp_path_factory: pytest.TempPathFactory, zoo: Any) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("nanogpt")
-    vocab = zoo.nanogpt.prepare(work)
-    args = zoo.nanogpt.command(CONFIG)[2:]  # train.py's arguments: the probe runs train.py itself
+    vocab = nanogpt_runner.prepare(work)
+    args = nanogpt_runner.command(CONFIG)[2:]  # train.py's arguments: the probe runs train.py itself
     # estimate_loss runs eval_iters batches of train, then of val: named, each half's mean is recorded
     proc = zoo.run(work / "run", sys.executable, str(zoo.dir / "probe.py"), str(work / "probe.json"), "train.py",
                    *args, cwd=work, flags=("--eval-splits", "train,val"))
-    return {"work": work, "vocab": vocab, "out": proc.stdout, "iters": zoo.nanogpt.iterations(proc.stdout),
+    return {"work": work, "vocab": vocab, "out": proc.stdout, "iters": nanogpt_runner.iterations(proc.stdout),
             "probe": json.loads((work / "probe.json").read_text())}
 
 

@@ -1,10 +1,10 @@
 """nanoGPT's one runner, shared by ``tests/zoo/test_nanogpt.py`` and ``benchmarks/step_cost.py``.
 
-:func:`prepare` copies nanoGPT's files (vendored unchanged in ``nanogpt/``) into a work folder and makes a
+:func:`prepare` copies nanoGPT's files (vendored unchanged in ``tests/zoo/nanogpt/``) into a work folder and makes a
 character-level dataset from local text, as its ``data/shakespeare_char/prepare.py`` does (no download);
 :func:`command` is ``train.py`` with nanoGPT's own configurator arguments (``--key=value``); :func:`iterations`
-reads the ``iter N: loss L, time T ms`` lines nanoGPT prints. Plain Python (no pytest): the benchmark loads it by
-its path, the zoo's conftest hands it to the tests as ``zoo.nanogpt``.
+reads the ``iter N: loss L, time T ms`` lines nanoGPT prints. Plain Python (no pytest): tests import it as
+``helpers.nanogpt``, the benchmark with ``tests/`` on its path.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-NANOGPT = Path(__file__).resolve().parent / "nanogpt"
+NANOGPT = ROOT / "tests" / "zoo" / "nanogpt"
 ITER = re.compile(r"^iter (\d+): loss (\S+), time ([\d.]+)ms", re.M)
 
 
