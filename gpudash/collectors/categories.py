@@ -53,7 +53,7 @@ __all__ = ["FULL_STEPS", "OUTSIDE", "QUANTIZED_CLASSES", "CategoryCollector", "S
 #: Parameter classes that hold quantized weights (bitsandbytes), by class name: their storage is the truth.
 QUANTIZED_CLASSES = ("Params4bit", "Int8Params")
 FULL_STEPS = 8
-"""Steps after the first whose activations are all measured under the adaptive rule (a step-count rule, not a
+"""Steps after the first whose activations are all measured under the default rule (a step-count rule, not a
 timer's: identical runs measure the same steps)."""
 
 

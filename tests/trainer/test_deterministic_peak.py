@@ -21,7 +21,7 @@ from gpudash.collectors.categories import FULL_STEPS, StepSchedule
 from gpudash.monitor import Monitor
 from gpudash.options import MonitorOptions
 
-# the default activation rule (adaptive, budgeted by measured time): what a user gets
+# the default activation rule (StepSchedule: by step number, whatever the timing): what a user gets
 DEFAULT_RULE = MonitorOptions(host_hz=0.0, handle_signals=False)
 
 
