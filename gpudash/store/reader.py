@@ -23,7 +23,7 @@ from gpudash.store.bounded import damage
 from gpudash.store.meta import read_run_json
 from gpudash.store.mirror import SegmentMirror, origin_of, segment_mirror, unpublished_note
 from gpudash.store.objstore import RUN_META_BYTES, Store, is_url, open_store, run_name
-from gpudash.store.rankreader import RankReader, _time_where, merged_span
+from gpudash.store.rankreader import RankReader, merged_span, time_where
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
@@ -292,7 +292,7 @@ class RunReader:
             t1 = s1 if s1 is not None else t1
         total = sum(r.count(table, t0, t1) for r in self.ranks.values())
         if total <= max_rows or table not in ROLLUP_TABLES:  # a step table: its rows (callers downsample)
-            where, params = _time_where(t0, t1, "time")
+            where, params = time_where(t0, t1, "time")
             return self._attempts(table, self._concat(table, lambda r: r.read(table, where, params)), "latest"), 0
         level = ROLLUP_LEVELS[-1]
         span = None
