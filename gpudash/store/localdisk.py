@@ -1,8 +1,8 @@
 """The one place that decides what gpudash keeps on local disk for runs stored elsewhere, and how much it reads.
 
 - where: :func:`staging_dir` makes a private folder under ``$GPUDASH_LOCAL_DIR`` (else the temporary folder) for
-  a run recorded into an object store (its live database and outbox), a runs list's metadata and an opened
-  run's fetched segments;
+  a run recorded into an object store (its live database and outbox) and a runs list's metadata; the opened
+  runs' fetched segments go under :func:`cache_base`;
 - how much: the largest object read whole (:data:`MAX_OBJECT_BYTES`), the largest ``run.json`` and rank
   ``meta.json`` read (:data:`RUN_META_BYTES`, :data:`META_BYTES`), and the bytes the opened runs' fetched
   segments may hold on disk (:func:`cache_limit`: ``gpudash serve --cache-mb``, else ``$GPUDASH_CACHE_MB``,
@@ -18,7 +18,7 @@ from pathlib import Path
 from gpudash.store.sharedfs import LOCAL_DIR_ENV
 
 __all__ = ["CACHE_MB", "CACHE_MB_ENV", "LOCAL_DIR_ENV", "MAX_OBJECT_BYTES", "META_BYTES", "RUN_META_BYTES",
-           "cache_limit", "parse_cache_mb", "set_cache_limit", "staging_base", "staging_dir"]
+           "cache_base", "cache_limit", "parse_cache_mb", "set_cache_limit", "staging_base", "staging_dir"]
 
 #: Largest object read whole (a compacted table of a long run is a few hundred MB at most).
 MAX_OBJECT_BYTES = 4 << 30
@@ -36,6 +36,14 @@ def staging_base() -> Path:
     """The folder local copies go under (created when missing)."""
     base = Path(os.environ.get(LOCAL_DIR_ENV) or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def cache_base() -> Path:
+    """The folder the opened runs' fetched segments go under: ``.gpudash-cache`` in :func:`staging_base` (a
+    hidden name: never listed as a run when the runs folder is the staging folder itself)."""
+    base = staging_base() / ".gpudash-cache"
+    base.mkdir(mode=0o700, exist_ok=True)
     return base
 
 

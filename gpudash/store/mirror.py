@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.bounded import UnsafeFile
-from gpudash.store.localdisk import META_BYTES, staging_base
+from gpudash.store.localdisk import META_BYTES, cache_base
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import rank_db_name
 from gpudash.store.segments import SEGMENTS_DIR, SegmentCache, rank_meta_name, segment_ranks
@@ -138,7 +138,7 @@ class SegmentMirror:
         self._sync_lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if folder is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-", dir=staging_base())
+            self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-", dir=cache_base())
             folder = Path(self._tmp.name)
         self.folder = folder
         self.caches: dict[int, SegmentCache] = {}
