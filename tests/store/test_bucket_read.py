@@ -191,8 +191,10 @@ def test_a_merged_segment_over_rows_held_fetches_only_its_new_row_groups(s3: str
 
 
 def test_snapshots_of_a_run_in_a_bucket_open_like_local_ones(s3: str, tmp_path: Path) -> None:
+    from helpers.components import find
     from helpers.runmaker import train
 
+    from gpudash.server.layouts.pages import build_run_page
     from gpudash.server.layouts.snapshot_views import load_snapshots
 
     _bucket("runs")
@@ -202,7 +204,9 @@ def test_snapshots_of_a_run_in_a_bucket_open_like_local_ones(s3: str, tmp_path: 
     reader, lock = shared_cache().reader(mirror.local / "snap")
     with lock:
         maps = load_snapshots(reader)
+        shown = build_run_page("snap", reader)  # the run page: its memory map drawn from the bucket's rows
     assert len(maps) == 1 and maps[0].step == 0
+    assert find(shown, "segment-map") is not None and find(shown, "alloc-timeline-box") is not None
     local = train(tmp_path / "snap", steps=6, rich=True, hostile=False)
     mine = load_run(local).snapshots
     assert len(mine) == 1 and len(maps[0].segments) == len(mine[0].segments)
