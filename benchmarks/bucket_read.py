@@ -90,6 +90,7 @@ def main() -> None:
     os.environ["GPUDASH_LOCAL_DIR"] = tempfile.mkdtemp(prefix="bench-read-")
 
     import json
+    import logging
 
     import pyarrow.parquet as pq
     from bucket_runs import start_moto
@@ -100,8 +101,6 @@ def main() -> None:
     from gpudash.store.ranged import read_published
     from gpudash.store.reader import RunReader
     from gpudash.store.runsync import RunsMirror
-
-    import logging
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server: one log line a request otherwise
     server, _endpoint = start_moto()
