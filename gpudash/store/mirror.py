@@ -268,10 +268,10 @@ class SegmentMirror:
         from gpudash.store.ranged import open_ranged, rows_after
 
         try:
-            f = open_ranged(self.store, name)
-            groups = rows_after(pq.ParquetFile(f), have)
-            f.seek(0)
-            return bool(cache.ingest(table, f, name, size=f.size, row_groups=groups))
+            with open_ranged(self.store, name) as f:
+                groups = rows_after(pq.ParquetFile(f), have)
+                f.seek(0)
+                return bool(cache.ingest(table, f, name, size=f.size, row_groups=groups))
         except FileNotFoundError:
             return False  # merged again and removed since the listing: the next listing names the new file
         except Exception as exc:  # noqa: BLE001 - a link, archived, unreadable: this table waits, the rest read

@@ -26,12 +26,13 @@ READAHEAD = 64 << 10
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only, seekable file over one object, each read one ranged request (``fs.cat_file``) of at least
-    :data:`READAHEAD` bytes; :attr:`fetched` counts the bytes that came over the wire."""
+    """A read-only, seekable file over one object, each read one ranged request (``fs.cat_file``; a file of a
+    folder: ``pread`` on a descriptor opened with no link followed) of at least :data:`READAHEAD` bytes;
+    :attr:`fetched` counts the bytes that came over the wire."""
 
-    def __init__(self, fs: Any, path: str, size: int) -> None:
+    def __init__(self, fs: Any, path: str, size: int, fd: int | None = None) -> None:
         super().__init__()
-        self.fs, self.path, self.size = fs, path, int(size)
+        self.fs, self.path, self.size, self.fd = fs, path, int(size), fd
         self.pos = 0
         self.fetched = 0
         self.requests = 0
@@ -39,6 +40,12 @@ class RangeFile(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        super().close()
 
     def seekable(self) -> bool:
         return True
@@ -57,7 +64,10 @@ class RangeFile(io.RawIOBase):
             return 0
         if not (self._buf_at <= self.pos and self.pos + want <= self._buf_at + len(self._buf)):
             end = min(self.size, self.pos + max(want, READAHEAD))
-            self._buf = bytes(self.fs.cat_file(self.path, start=self.pos, end=end))
+            if self.fd is not None:
+                self._buf = os.pread(self.fd, end - self.pos, self.pos)
+            else:
+                self._buf = bytes(self.fs.cat_file(self.path, start=self.pos, end=end))
             self._buf_at = self.pos
             self.fetched += len(self._buf)
             self.requests += 1
@@ -69,15 +79,30 @@ class RangeFile(io.RawIOBase):
 
 
 def open_ranged(store: Store, name: str, size: int | None = None) -> RangeFile:
-    """A :class:`RangeFile` over ``name`` in ``store`` (``size``: as a listing gave it; else asked once)."""
-    full = f"{store.root}/{name}"
-    if size is None:
-        size = int(store.fs.size(full))
-    if not store.remote:  # a folder: no link followed below it, as every read of a run folder
-        from gpudash.store.bounded import open_below
+    """A :class:`RangeFile` over ``name`` in ``store`` (``size``: as a listing gave it; else asked once); an
+    object over :data:`gpudash.store.localdisk.MAX_OBJECT_BYTES`, a link, a FIFO or a device is refused
+    (:class:`gpudash.store.bounded.UnsafeFile`), as for a whole read."""
+    import stat
 
-        os.close(open_below(store.root, name))
-    return RangeFile(store.fs, full, size)
+    from gpudash.store.bounded import UnsafeFile, open_below
+    from gpudash.store.localdisk import MAX_OBJECT_BYTES
+
+    full = f"{store.root}/{name}"
+    fd = None
+    if not store.remote:  # a folder: no link followed below it, a regular file only, as every read of a run folder
+        fd = open_below(store.root, name)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise UnsafeFile(f"{name}: not a regular file; not read")
+        size = st.st_size
+    elif size is None:
+        size = int(store.fs.size(full))
+    if size > MAX_OBJECT_BYTES:
+        if fd is not None:
+            os.close(fd)
+        raise UnsafeFile(f"{name} is {size:,} bytes, over the {MAX_OBJECT_BYTES:,} read at most; not read")
+    return RangeFile(store.fs, full, size, fd)
 
 
 def rows_after(pf: Any, after: int) -> list[int]:
@@ -105,12 +130,12 @@ def read_segment(store: Store, name: str, columns: list[str] | None = None, afte
 
     from gpudash.store.segments import _decoded
 
-    f = open_ranged(store, name, size)
-    pf, _text = segment_bounds(f, name, f.size)
-    names = pf.schema_arrow.names
-    cols = None if columns is None else ["_rowid", *(c for c in columns if c in names and c != "_rowid")]
-    batches = [_decoded(b) for b in pf.iter_batches(row_groups=rows_after(pf, after), columns=cols,
-                                                     use_threads=False)]
+    with open_ranged(store, name, size) as f:
+        pf, _text = segment_bounds(f, name, f.size)
+        names = pf.schema_arrow.names
+        cols = None if columns is None else ["_rowid", *(c for c in columns if c in names and c != "_rowid")]
+        batches = [_decoded(b) for b in pf.iter_batches(row_groups=rows_after(pf, after), columns=cols,
+                                                         use_threads=False)]
     schema = pf.schema_arrow if cols is None else pa.schema([pf.schema_arrow.field(c) for c in cols])
     tab = pa.Table.from_batches(batches) if batches else schema.empty_table()
     if tab.num_rows:

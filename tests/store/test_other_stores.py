@@ -94,3 +94,25 @@ def test_a_missing_driver_is_one_line_naming_the_package(url: str, package: str,
 
     with pytest.raises(UserError, match=package):  # ``gpudash serve az://...``: the same line, no traceback
         serve._mirror(url)
+
+
+def test_a_ranged_read_of_a_folder_refuses_a_fifo_and_a_link(tmp_path: Path) -> None:
+    import os
+
+    from gpudash.store.bounded import UnsafeFile
+    from gpudash.store.ranged import open_ranged
+
+    seg = tmp_path / "run" / "segments" / "rank=0" / "steps"
+    seg.mkdir(parents=True)
+    name = "segments/rank=0/steps/000000000000-000000000010.parquet"
+    store = open_store(tmp_path / "run")
+    os.mkfifo(tmp_path / "run" / name)  # a reader opening it plainly would wait for a writer forever
+    with pytest.raises(UnsafeFile, match="not a regular file"):
+        open_ranged(store, name)
+    assert read_published(store, "steps", ["step"]).num_rows == 0  # never listed as a segment either
+    (tmp_path / "run" / name).unlink()
+    (tmp_path / "secret").write_bytes(b"PAR1" * 100)
+    (tmp_path / "run" / name).symlink_to(tmp_path / "secret")
+    with pytest.raises(UnsafeFile):
+        open_ranged(store, name)
+    assert read_published(store, "steps", ["step"]).num_rows == 0
