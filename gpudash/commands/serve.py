@@ -11,8 +11,9 @@ from gpudash.commands._flags import add_alert_arguments, add_server_arguments, a
 from gpudash.errors import UserError
 from gpudash.server.access import TOKEN_ENV, resolve_token, token_from_env
 from gpudash.server.app import serve_in_thread
-from gpudash.store.localdisk import CACHE_MB, CACHE_MB_ENV, parse_cache_mb, set_cache_limit
+from gpudash.store.localdisk import CACHE_MB, CACHE_MB_ENV, cache_limit, parse_cache_mb, set_cache_limit
 from gpudash.store.objstore import is_url, open_store, run_name
+from gpudash.units import human_bytes
 
 if TYPE_CHECKING:
     from gpudash.store.runsync import RunsMirror
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if token_from_env(args.token):  # a secret kept in the environment is never printed to a terminal or a log
         url = url.split("?token=")[0] + f"?token=${TOKEN_ENV}"
     shown = (f"{args.runs_dir} (listed every {mirror.every_s:g} s; a run's segments are fetched when it is "
-             f"opened)" if mirror else runs_dir)
+             f"opened, into a local cache of at most {human_bytes(cache_limit())}: --cache-mb)"
+             if mirror else runs_dir)
     print(f"gpudash: serving {shown} at {url}  (Ctrl-C to stop)", flush=True)
     alerts = None
     if alert_opts is not None:

@@ -241,3 +241,42 @@ def test_duckdb_queries_the_bucket_directly(s3: str) -> None:
                   "hive_partitioning = true, union_by_name = true) GROUP BY rank").fetchall()
     assert got == [(0, 11, 12)]
     assert isinstance(con, duckdb.DuckDBPyConnection)
+
+
+def test_serve_with_a_cache_too_small_for_a_run_says_so_on_its_summary(s3: str, tmp_path: Path) -> None:
+    """``gpudash serve s3://... --cache-mb`` in another process, the environment as a user has it: the run is
+    listed, and opening it answers with the one line about the cache, not an error."""
+    import json
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from helpers.s3 import free_port
+
+    _bucket("runs")
+    _recorded("s3://runs/team/a", 20)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "gpudash", "serve", "s3://runs/team", "--port", str(port),
+                               "--cache-mb", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    api = f"http://127.0.0.1:{port}/api/runs"
+
+    def get(url: str) -> object:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                return json.loads(resp.read())
+        except OSError:
+            return None
+
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not ((get(api) or {}).get("runs")):  # type: ignore[attr-defined]
+            time.sleep(0.3)
+        summary = get(f"{api}/a/summary")
+        assert isinstance(summary, dict), summary
+        said = [p for p in summary["problems"] if "segment cache is full" in p]
+        assert len(said) == 1 and "--cache-mb" in said[0], summary["problems"]
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    assert "local cache of at most 10.2 KiB" in out, out
