@@ -38,6 +38,15 @@ ATTEMPTS = 2
 #: scheme -> (the fsspec driver it needs, gpudash's extra that installs it)
 _DRIVERS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
             "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+#: scheme -> where its driver reads credentials (said when opening the store fails for want of them)
+_CREDENTIALS = {
+    **dict.fromkeys(("s3", "s3a"), "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or ~/.aws (endpoint: AWS_ENDPOINT_URL)"),
+    **dict.fromkeys(("gs", "gcs"), "GOOGLE_APPLICATION_CREDENTIALS or gcloud's default login (emulator: "
+                                   "STORAGE_EMULATOR_HOST)"),
+    **dict.fromkeys(("az", "abfs", "abfss"), "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+                                             "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN or a service principal "
+                                             "(AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID)"),
+}
 #: An S3-compatible endpoint (MinIO, Ceph, moto): ``gpudash serve --endpoint-url`` sets it, botocore reads it.
 ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
 
@@ -178,7 +187,10 @@ def _remote_fs(url: str) -> tuple[Any, str]:
     except ImportError:
         raise RunError(missing_driver(url)) from None
     except (ValueError, TypeError) as exc:
-        raise RunError(f"{url}: not a storage location fsspec knows ({exc})") from None
+        where = _CREDENTIALS.get(scheme)
+        if where is None:
+            raise RunError(f"{url}: not a storage location fsspec knows ({exc})") from None
+        raise RunError(f"{url}: cannot open the store ({str(exc)[:200]}); its credentials come from {where}") from None
     return fs, str(root).rstrip("/")
 
 

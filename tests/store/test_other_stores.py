@@ -116,3 +116,18 @@ def test_a_ranged_read_of_a_folder_refuses_a_fifo_and_a_link(tmp_path: Path) -> 
     with pytest.raises(UnsafeFile):
         open_ranged(store, name)
     assert read_published(store, "steps", ["step"]).num_rows == 0
+
+
+def test_a_store_without_credentials_names_where_they_come_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoAccount(_Stand):
+        protocol = "az"
+
+        def __init__(self, *a: object, **k: object) -> None:  # as adlfs does with no account in the environment
+            raise ValueError("Must provide either a connection_string or account_name with credentials!!")
+
+    registry = importlib.import_module("fsspec.registry")._registry
+    monkeypatch.setitem(registry, "az", NoAccount)
+    with pytest.raises(RunError) as err:
+        open_store("az://container/runs/a")
+    line = str(err.value)
+    assert "\n" not in line and "AZURE_STORAGE_CONNECTION_STRING" in line and "az://container/runs/a" in line
