@@ -68,8 +68,11 @@ def segment_mirror(url: str, note: Callable[[str], None]) -> SegmentMirror:
             made = _MIRRORS[url] = SegmentMirror(open_store(url), note)
             made.bounded = True
         evicted = []
+        now = time.monotonic()
         while len(_MIRRORS) > max(1, OPEN_RUNS):
-            evicted.append(_MIRRORS.popitem(last=False)[1])
+            # the least recently opened run that is not open now; when every one is, the least recently opened
+            idle = [u for u, m in _MIRRORS.items() if m is not made and now - m.used_at >= IN_USE_S]
+            evicted.append(_MIRRORS.pop(idle[0] if idle else next(iter(_MIRRORS))))
     for old in evicted:  # readers still holding its files read them (unlinked, still open); new ones fetch again
         old.close()
     return made

@@ -280,3 +280,19 @@ def test_serve_with_a_cache_too_small_for_a_run_says_so_on_its_summary(s3: str, 
         server.terminate()
         out, _ = server.communicate(timeout=30)
     assert "local cache of at most 10.2 KiB" in out, out
+
+
+def test_the_bound_on_open_runs_drops_one_not_open_now_first(s3: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror = _three_runs(tmp_path)
+    monkeypatch.setattr(mirror_mod, "OPEN_RUNS", 2)
+    monkeypatch.setattr(mirror_mod, "IN_USE_S", 1e9)
+    readers = [RunReader(mirror.local / "a"), RunReader(mirror.local / "b")]
+    try:
+        b = next(m for m in open_mirrors() if m.store.location.endswith("/b"))
+        b.used_at = -1e18  # left long ago; a (opened before it) is still read
+        readers.append(RunReader(mirror.local / "c"))
+        assert sorted(m.store.location for m in open_mirrors()) == ["s3://runs/team/a", "s3://runs/team/c"]
+    finally:
+        for r in readers:
+            r.close()
