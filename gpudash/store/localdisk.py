@@ -60,7 +60,7 @@ def parse_cache_mb(text: str, where: str = "--cache-mb") -> int:
         raise ValueError(f"{where} {text!r}: not a number of MB (e.g. {where} 512)") from None
     if not mb > 0 or mb == float("inf"):
         raise ValueError(f"{where} {text!r}: must be a positive number of MB (e.g. {where} 512)")
-    return int(mb * (1 << 20))
+    return max(1, int(mb * (1 << 20)))
 
 
 def set_cache_limit(nbytes: int | None) -> None:

@@ -56,7 +56,8 @@ def origin_of(path: Path) -> str | None:
 def segment_mirror(url: str, note: Callable[[str], None]) -> SegmentMirror:
     """The one segment cache of the run at ``url`` in this process (shared by every reader of it, so a
     reopened or live run fetches only segments it does not hold yet); at most :data:`OPEN_RUNS` are kept,
-    the least recently used closed and its files removed."""
+    the least recently opened that is not open now (:data:`IN_USE_S`) closed and its files removed; in bytes,
+    :func:`make_room` bounds them."""
     with _MIRRORS_LOCK:
         made = _MIRRORS.get(url)
         if made is not None:

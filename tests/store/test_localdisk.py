@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpudash.store import localdisk
 from gpudash.store.mirror import SegmentMirror
@@ -42,3 +44,13 @@ def test_the_cache_limit_comes_from_the_flag_then_the_environment_then_the_defau
         localdisk.set_cache_limit(None)
     with pytest.raises(ValueError, match="positive"):
         localdisk.parse_cache_mb("inf")
+
+
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.text(max_size=12)))
+def test_a_cache_size_is_a_positive_number_of_bytes_or_one_line(text: str) -> None:
+    try:
+        got = localdisk.parse_cache_mb(text)
+    except ValueError as exc:
+        assert "\n" not in str(exc) and "--cache-mb" in str(exc)
+    else:
+        assert isinstance(got, int) and got >= 1 and float(text) > 0
