@@ -142,7 +142,14 @@ class SegmentMirror:
         self._sync_lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if folder is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-", dir=cache_base())
+            for attempt in range(3):  # the cache's folder removed by the last run closing meanwhile: made again
+                try:
+                    self._tmp = tempfile.TemporaryDirectory(prefix="gpudash-segments-", dir=cache_base())
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+            assert self._tmp is not None
             folder = Path(self._tmp.name)
         self.folder = folder
         self.caches: dict[int, SegmentCache] = {}
@@ -184,6 +191,10 @@ class SegmentMirror:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+            try:  # the last run's cache closed: nothing of gpudash's is left in the staging folder
+                self.folder.parent.rmdir()
+            except OSError:
+                pass
 
     def sync(self, force: bool = False) -> dict[int, Path]:
         """Fetch what is new; the caches' paths by rank."""
