@@ -113,6 +113,12 @@ class RunReader:
             if rank is None or rank in self.ranks:
                 continue
             self._open_rank(rank, db)
+        if self._shared_mirror and self._mirror is not None and self._mirror.closed:
+            # its segments were dropped from the local cache (bounded): the ranks read from them are opened
+            # again from a fresh fetch
+            for rank in [k for k, r in self.ranks.items() if not r.live_log]:
+                self.ranks.pop(rank).close()
+            self._mirror, self._shared_mirror = None, False
         if self._mirror is None and self.url is None:
             origin = origin_of(self.path)
             if origin is not None:  # listed from an object store: its segments are fetched now, on opening
