@@ -128,13 +128,13 @@ def read_segment(store: Store, name: str, columns: list[str] | None = None, afte
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from gpudash.store.segments import _decoded
+    from gpudash.store.segments import decoded_batch
 
     with open_ranged(store, name, size) as f:
         pf, _text = segment_bounds(f, name, f.size)
         names = pf.schema_arrow.names
         cols = None if columns is None else ["_rowid", *(c for c in columns if c in names and c != "_rowid")]
-        batches = [_decoded(b) for b in pf.iter_batches(row_groups=rows_after(pf, after), columns=cols,
+        batches = [decoded_batch(b) for b in pf.iter_batches(row_groups=rows_after(pf, after), columns=cols,
                                                          use_threads=False)]
     schema = pf.schema_arrow if cols is None else pa.schema([pf.schema_arrow.field(c) for c in cols])
     tab = pa.Table.from_batches(batches) if batches else schema.empty_table()

@@ -37,7 +37,7 @@ import numpy as np
 from gpudash.store.columns import add_columns, table_columns
 from gpudash.store.schema import NUMERIC_TABLES, ROLLUP_TABLES, TABLE_BASE_COLUMNS, quote_ident
 
-__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "export_rows", "parse_segment",
+__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "decoded_batch", "export_rows", "parse_segment",
            "rank_meta_name", "rank_of_folder", "read_meta_rows", "segment_bounds", "segment_name", "segment_ranks",
            "shift_rowids"]
 
@@ -279,7 +279,7 @@ class SegmentCache:
         added = 0
         try:
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, use_threads=False):
-                tab = pa.Table.from_batches([_decoded(batch)])
+                tab = pa.Table.from_batches([decoded_batch(batch)])
                 added += self._ingest_batch(table, tab)
         except SegmentRefused as exc:
             self._report(f"{name}: damaged, read up to row {added:,} ({exc}); the rows after it wait for a good copy")
@@ -412,7 +412,7 @@ def _is_text(t: Any) -> bool:
                 or pa.types.is_large_binary(t))
 
 
-def _decoded(batch: Any) -> Any:
+def decoded_batch(batch: Any) -> Any:
     """``batch`` with its dictionary-read text columns made plain, after checking the bytes that makes."""
     import pyarrow as pa
     import pyarrow.compute as pc
