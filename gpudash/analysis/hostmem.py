@@ -6,7 +6,9 @@ descendant slot (``worker 0``..., a DataLoader's workers keep their slots across
 there are several. Beside it the peak of their sum, the peak of ``/dev/shm``, and the machine's lowest
 available memory; :data:`LOW_AVAILABLE` of it is the finding's threshold. A run that died without a word
 (SIGKILL can be neither caught nor recorded) while the machine's available memory was under
-:data:`OOM_KILL_AVAILABLE` of its total at the last sample is said to have been killed by the OOM killer.
+:data:`OOM_KILL_AVAILABLE` of its total at the last sample is said to have been killed by the OOM killer; so is a
+run whose ``end_cause`` ``gpudash run``'s watcher recorded as ``oom_killed`` (:mod:`gpudash.zerocode.endwatch`:
+the OOM-kill counter went up while the job ran).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gpudash.analysis.frames import numeric, sampled
 from gpudash.analysis.leak import Growth, floor_growth
 from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import DIED
+from gpudash.store.schema import OOM_KILLED
 
 __all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "WorkerLeak", "host_memory_text",
            "host_memory_verdicts", "oom_kill_text", "run_host_memory", "worker_leak_text", "worker_leaks"]
@@ -100,6 +103,8 @@ class HostMemory:
     """Workers whose memory grows step after step (:func:`worker_leaks`), fastest first."""
     oom_kills: int = 0
     """Processes the OOM killer killed on the machine while the run was sampled (a worker of it, or another's)."""
+    oom_reason: str | None = None
+    """The end cause as ``gpudash run``'s watcher recorded it (``end_cause: oom_killed``), when it did."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +112,10 @@ class HostMemory:
 
 def _peak(v: pd.Series | None) -> float | None:
     return None if v is None else float(v.max())
+
+
+def _metas(run: Any) -> list[dict[str, Any]]:
+    return [run.meta, *(getattr(run, "rank_meta", None) or {}).values()]
 
 
 def run_host_memory(run: Any) -> HostMemory | None:
@@ -143,15 +152,18 @@ def run_host_memory(run: Any) -> HostMemory | None:
     last_avail = float(avail.dropna().iloc[-1]) if avail is not None else None
     last_total = float(total.dropna().iloc[-1]) if total is not None else None
     reason = str(run.meta.get("end_reason") or DIED)
-    killed = (run.status == "crashed" and reason == DIED and last_avail is not None and last_total is not None
-              and last_avail < OOM_KILL_AVAILABLE * last_total)
+    recorded = run.status == "crashed" and any(rm.get("end_cause") == OOM_KILLED for rm in _metas(run))
+    killed = recorded or (run.status == "crashed" and reason == DIED and last_avail is not None
+                          and last_total is not None and last_avail < OOM_KILL_AVAILABLE * last_total)
     kills = numeric(host, "oom_kills")
     first = numeric(run.steps, "step")
     return HostMemory(leaks=tuple(worker_leaks(host, None if first is None else float(first.min()))),oom_kills=int(kills.max()) if kills is not None else 0, peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
                       shm_peak_bytes=_peak(numeric(host, "shm_used_bytes")),
                       min_available_bytes=None if avail is None else float(avail.min()),
                       total_bytes=last_total, low_available_at=low_at, last_available_bytes=last_avail,
-                      oom_killed=bool(killed))
+                      oom_killed=bool(killed), oom_reason=next((str(rm["end_reason"]) for rm in _metas(run)
+                                                                if rm.get("end_cause") == OOM_KILLED
+                                                                and rm.get("end_reason")), None) if recorded else None)
 
 
 def host_memory_text(h: HostMemory, limit: int = 6) -> str:
@@ -180,6 +192,8 @@ def oom_kill_text(h: HostMemory) -> str:
     """The end reason of a run the OOM killer took."""
     from gpudash.units import human_bytes
 
+    if h.oom_reason:
+        return h.oom_reason
     return (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the machine had "
             f"{human_bytes(h.last_available_bytes)} of {human_bytes(h.total_bytes)} available at the last sample")
 

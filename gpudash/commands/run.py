@@ -8,7 +8,9 @@ gpudash's agent before user code (a ``sitecustomize`` on a private
 Without ``--serve`` this process *becomes* COMMAND (exec) when COMMAND is
 Python (an interpreter, or a script such as ``torchrun``): same pid, same
 stdin/stdout/stderr, same exit code and signals; otherwise (a shell wrapper)
-it waits for COMMAND, passing signals on. Either way the job's last word
+it waits for COMMAND, passing signals on; after an exec a small watcher
+(``zerocode/endwatch.py``) records the end cause nothing in the job can: the
+OOM killer's SIGKILL (``end_cause: oom_killed``). Either way the job's last word
 (``zerocode/outcome.py``) says why when no process recorded a step, and leaves
 a run folder with a ``no_steps`` event. With ``--serve`` the
 dashboard runs in its own process beside the job (one for all ranks), its
@@ -38,7 +40,7 @@ from gpudash.commands.train import monitor_from_args
 from gpudash.errors import UserError
 from gpudash.options import DEFAULT_PORT, MonitorOptions, options_to_json
 from gpudash.store.objstore import is_url, run_name
-from gpudash.zerocode import outcome
+from gpudash.zerocode import endwatch, outcome
 from gpudash.zerocode.agent import ENV_OPTIONS, ENV_RUN_DIR, say
 
 __all__ = ["add_arguments", "child_env", "default_run_name", "run"]
@@ -227,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
         return _exit_as(_wait(child, run_dir, env, command[0]))
     env[outcome.ENV_ROOT] = str(os.getpid())  # the process this one becomes gives the last word at its exit
+    if not is_url(run_dir):  # a kill nothing in the job can record (the OOM killer's SIGKILL): the watcher's
+        endwatch.spawn(run_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
