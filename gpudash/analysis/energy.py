@@ -185,10 +185,10 @@ def energy_text(e: Energy) -> str:
             ([f"{e.wh_per_mtok:.3g} Wh per million tokens"] if e.wh_per_mtok is not None else [])
     if rates:
         text += "; " + ", ".join(rates)
-    for what, parts in (("per GPU", e.per_gpu_j), ("per rank", e.per_rank_j)):
-        if len(parts) > 1:  # one GPU, one rank: the total says it
-            shown = sorted(parts.items(), key=lambda kv: -kv[1])[:8]
-            more = f" and {len(parts) - 8} more" if len(parts) > 8 else ""
+    for what, split in (("per GPU", e.per_gpu_j), ("per rank", e.per_rank_j)):
+        if len(split) > 1:  # one GPU, one rank: the total says it
+            shown = sorted(split.items(), key=lambda kv: -kv[1])[:8]
+            more = f" and {len(split) - 8} more" if len(split) > 8 else ""
             text += f"; {what}: " + ", ".join(f"{k} {_j(v)}" for k, v in shown) + more
     if e.cpu_unavailable:
         text += f" (no CPU energy: {e.cpu_unavailable})"

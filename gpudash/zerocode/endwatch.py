@@ -6,7 +6,8 @@ starts this watcher: a fresh interpreter (``python -I``, standard library only, 
 no descendant of the job (the host-memory sampler does not count it as a worker, the job never reaps it) and in
 its own session (Ctrl-C at the terminal does not reach it). It holds a pidfd of the job's process and sleeps on
 it (no polling, no CPU). When the job's process is gone it reads the run folder's rank databases: a rank whose
-record was never closed (status still ``live``: its process ended by a signal it could not catch) while
+record was never closed (status still ``live``: its process, on this machine, is gone without a word: a signal it
+could not catch) while
 
 * the OOM-kill counter of the job's memory cgroup went up (``memory.events`` on cgroup v2,
   ``memory.oom_control`` on v1), or the machine's (``oom_kill`` of ``/proc/vmstat``), or
@@ -25,6 +26,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sqlite3
 import sys
 import time
@@ -81,6 +83,21 @@ def baseline(pid: int) -> Baseline:
     return vmstat_oom_kills(), where, cgroup_oom_kills(where)
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
 def _last_host(conn: sqlite3.Connection) -> tuple[float | None, float | None]:
     try:
         row = conn.execute("SELECT available_bytes, total_bytes FROM host ORDER BY rowid DESC LIMIT 1").fetchone()
@@ -119,6 +136,11 @@ def settle(run_dir: str | os.PathLike[str], base: Baseline, now: float | None = 
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             if json.loads(meta.get("status") or "null") != "live":
                 continue  # it closed its own record: it said how it ended
+            if json.loads(meta.get("host") or "null") not in (None, socket.gethostname()):
+                continue  # another machine's rank (a shared run folder): not ours to judge
+            pid = json.loads(meta.get("pid") or "null")
+            if isinstance(pid, int) and _alive(pid):
+                continue  # still running (a wrapper was killed, not this process)
             avail, total = _last_host(conn)
             full = avail is not None and total and avail < NEARLY_FULL * total
             if cg_up > 0:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
-import sys
 
 import psutil
 import pytest
 
 from gpudash.collectors.procmem import ProcMem, shm_used
+from gpudash.monitor import Monitor
 
 HOLD = 48 * 2**20
 _CHILD = ("import sys; b = b'\\x01' * int(sys.argv[1]); print('ready', flush=True); sys.stdin.read()")
@@ -196,3 +197,51 @@ def test_pinned_memory_from_the_allocator_stats_is_recorded_and_shown(tmp_path: 
     assert h is not None and h.pinned_peak_bytes == 512 * 2**20
     assert "pinned up to 512.0 MiB" in host_memory_text(h)
     assert "pinned_bytes" in {s.col for s in host_series(run.host)}
+
+
+class _Corpus:
+    """``nbytes`` of 4 KiB Python ``bytes`` objects in a list (a tokenized corpus held in memory): each worker's
+    reads touch every object's reference count, so copy-on-write gives each worker its own copy."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.items = [bytes([i % 251]) * 4096 for i in range(nbytes // 4096)]
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        return sum(len(b) for b in self.items)
+
+
+@pytest.mark.slow
+def test_dataloader_workers_each_holding_a_copy_show_apart_from_the_main_process(tmp_path: Path) -> None:
+    """Two forked DataLoader workers over a 20 MB in-memory corpus, under a Monitor sampling the host: each
+    worker's peak PSS holds its copy, the main process's holds the original, and the headline names them apart."""
+    pytest.importorskip("torch")
+    import torch.utils.data as tud
+
+    from gpudash import load_run
+    from gpudash.analysis.hostmem import host_memory_text, run_host_memory
+
+    mb = 20 * 10**6
+    corpus = _Corpus(mb)
+    loader = tud.DataLoader(corpus, batch_size=1, num_workers=2, persistent_workers=True, prefetch_factor=1,
+                            multiprocessing_context="fork")
+    with Monitor(tmp_path / "r", host_hz=20, handle_signals=False, flush_interval=0.05) as mon:
+        it = iter(loader)
+        deadline = time.monotonic() + 60  # until both workers' copies were sampled (a loaded machine is slow)
+        while time.monotonic() < deadline:
+            with mon.step():
+                next(it)
+                time.sleep(0.05)
+            mon.flush()
+            h = run_host_memory(load_run(tmp_path / "r"))
+            if h is not None and all(h.peak_pss_bytes.get(f"worker {i}", 0) >= 0.8 * mb for i in (0, 1)):
+                break
+        del it
+    h = run_host_memory(load_run(tmp_path / "r"))
+    assert h is not None and h.workers == 2, h
+    assert h.peak_pss_bytes["main"] >= mb
+    assert all(h.peak_pss_bytes[f"worker {i}"] >= 0.8 * mb for i in (0, 1)), h.peak_pss_bytes
+    assert h.peak_total_pss_bytes is not None and h.peak_total_pss_bytes >= 2.6 * mb
+    assert "worker 0" in host_memory_text(h) and "worker 1" in host_memory_text(h)

@@ -131,7 +131,10 @@ while True:  # past the cgroup's limit: the kernel's OOM killer takes the proces
 
 
 @pytest.mark.slow
-def test_a_real_cgroup_oom_kill_is_the_runs_end_cause(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["exec", "wrapper"])
+def test_a_real_cgroup_oom_kill_is_the_runs_end_cause(tmp_path: Path, how: str) -> None:
+    """exec: gpudash run becomes the job (the watcher records it); wrapper: a shell runs the job and gpudash run
+    waits for it (it records it itself)."""
     group, version = _limited_cgroup(f"gpudash-test-{os.getpid()}", 1 << 30)
     try:
         script = tmp_path / "hog.py"
@@ -144,10 +147,12 @@ def test_a_real_cgroup_oom_kill_is_the_runs_end_cause(tmp_path: Path) -> None:
         def join() -> None:  # the job (and its watcher, forked from it) inside the limited group
             procs.write_text(str(os.getpid()))
 
-        proc = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(tmp_path / "run"), "--",
-                               sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        job = [sys.executable, str(script)] if how == "exec" else ["sh", "-c", f'exec "{sys.executable}" "{script}"']
+        proc = subprocess.run([sys.executable, "-m", "gpudash", "run", "--run-dir", str(tmp_path / "run"), "--", *job], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=300, preexec_fn=join)
         assert proc.returncode == -9, proc.stderr[-3000:]  # SIGKILL, as the OOM killer sends
+        if how == "wrapper":
+            assert "killed by the kernel's OOM killer" in proc.stderr, proc.stderr[-3000:]
         run = load_run(tmp_path / "run")
         assert run.status == "crashed"
         assert run.rank_meta[0]["end_cause"] == OOM_KILLED, run.rank_meta[0]
