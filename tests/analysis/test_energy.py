@@ -169,6 +169,11 @@ def test_every_surface_shows_energy_per_gpu_and_per_rank(tmp_path: Path, capsys:
     assert "per GPU: rank 1 GPU 1 640 J" in out and "per rank: rank 1 1.24e+03 J, rank 0 840 J" in out
     main(["report", str(tmp_path / "e"), "--format", "md", "-o", str(tmp_path / "r.md")])
     assert "per GPU: rank 1 GPU 1 640 J" in (tmp_path / "r.md").read_text()
+    from gpudash import load_run
+    from gpudash.analysis.summary import summarize
+
+    cost = next(v for v in summarize(load_run(tmp_path / "e")) if v.kind == "cost")  # the energy beside the money
+    assert any("per rank: rank 1 1.24e+03 J, rank 0 840 J" in line for line in cost.evidence), cost.evidence
     text = generate_latest(metrics_registry(tmp_path)).decode()
     got = {ln.split("{")[1].split("}")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
            if ln.startswith("gpudash_run_gpu_energy_joules_total{")}
