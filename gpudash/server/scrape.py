@@ -235,8 +235,12 @@ class RunsCollector:
     @staticmethod
     def _skew(fams: Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
         """Straggler gauges from the newest step every rank recorded."""
-        steps = pd.concat([t[0] for t in tails if not t[0].empty], ignore_index=True)
-        memory = pd.concat([t[1] for t in tails if not t[1].empty], ignore_index=True)
+        def joined(frames: list[pd.DataFrame]) -> pd.DataFrame:  # ranks without memory rows (a CPU run): none
+            frames = [f for f in frames if not f.empty]
+            return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+        steps = joined([t[0] for t in tails])
+        memory = joined([t[1] for t in tails])
         skew = rank_skew(SimpleNamespace(steps=steps, memory=memory))
         if skew.empty:
             return

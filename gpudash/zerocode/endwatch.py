@@ -27,12 +27,13 @@ import os
 import select
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from pathlib import Path
 
+from gpudash.store.endcause import close_rank, rank_state
 from gpudash.store.schema import OOM_KILLED, rank_from_db_name
+from gpudash.units import human_bytes
 
 __all__ = ["NEARLY_FULL", "OOM_KILLED", "Baseline", "cgroup_oom_kills", "main", "settle", "spawn", "vmstat_oom_kills"]
 
@@ -98,24 +99,6 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _last_host(conn: sqlite3.Connection) -> tuple[float | None, float | None]:
-    try:
-        row = conn.execute("SELECT available_bytes, total_bytes FROM host ORDER BY rowid DESC LIMIT 1").fetchone()
-    except sqlite3.Error:
-        return None, None
-    if not row or row[0] is None or row[1] is None:
-        return None, None
-    return float(row[0]), float(row[1])
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover - not reached
-
-
 def settle(run_dir: str | os.PathLike[str], base: Baseline, now: float | None = None) -> list[int]:
     """Close, as killed by the OOM killer, each rank of the run whose record was left open when there is evidence
     of it (see the module doc); the ranks closed."""
@@ -126,44 +109,32 @@ def settle(run_dir: str | os.PathLike[str], base: Baseline, now: float | None = 
     closed = []
     for db in sorted(Path(run_dir).glob("rank*.db")):
         rank = rank_from_db_name(db.name)
-        if rank is None:
+        state = rank_state(db) if rank is not None else None
+        if rank is None or state is None:
             continue
-        try:
-            conn = sqlite3.connect(db, timeout=10)
-        except sqlite3.Error:
+        meta, avail, total = state
+        if meta.get("status") != "live":
+            continue  # it closed its own record: it said how it ended
+        if meta.get("host") not in (None, socket.gethostname()):
+            continue  # another machine's rank (a shared run folder): not ours to judge
+        pid = meta.get("pid")
+        if isinstance(pid, int) and _alive(pid):
+            continue  # still running (a wrapper was killed, not this process)
+        full = avail is not None and total and avail < NEARLY_FULL * total
+        if cg_up > 0:
+            why = f"its memory cgroup's OOM-kill counter went up by {cg_up} while the job ran ({where})"
+        elif vm_up > 0:
+            why = f"the machine's OOM-kill counter went up by {vm_up} while the job ran (/proc/vmstat)"
+        elif full:
+            why = f"the machine had {human_bytes(avail or 0)} of {human_bytes(total or 0)} available at the last sample"
+        else:
             continue
-        try:
-            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-            if json.loads(meta.get("status") or "null") != "live":
-                continue  # it closed its own record: it said how it ended
-            if json.loads(meta.get("host") or "null") not in (None, socket.gethostname()):
-                continue  # another machine's rank (a shared run folder): not ours to judge
-            pid = json.loads(meta.get("pid") or "null")
-            if isinstance(pid, int) and _alive(pid):
-                continue  # still running (a wrapper was killed, not this process)
-            avail, total = _last_host(conn)
-            full = avail is not None and total and avail < NEARLY_FULL * total
-            if cg_up > 0:
-                why = f"its memory cgroup's OOM-kill counter went up by {cg_up} while the job ran ({where})"
-            elif vm_up > 0:
-                why = f"the machine's OOM-kill counter went up by {vm_up} while the job ran (/proc/vmstat)"
-            elif full:
-                why = f"the machine had {_human(avail or 0)} of {_human(total or 0)} available at the last sample"
-            else:
-                continue
-            reason = (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the process ended without "
-                      f"closing its record and {why}")
-            at = time.time() if now is None else now
-            rows = {"status": "crashed", "end_reason": reason, "end_cause": OOM_KILLED, "ended_at": at,
-                    "oom_kills_during_run": max(cg_up, vm_up)}
-            with conn:
-                conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                                 [(k, json.dumps(v)) for k, v in rows.items()])
+        reason = (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the process ended without "
+                  f"closing its record and {why}")
+        at = time.time() if now is None else now
+        if close_rank(db, {"status": "crashed", "end_reason": reason, "end_cause": OOM_KILLED, "ended_at": at,
+                           "oom_kills_during_run": max(cg_up, vm_up)}):
             closed.append(rank)
-        except (sqlite3.Error, ValueError, TypeError):
-            continue
-        finally:
-            conn.close()
     return closed
 
 
