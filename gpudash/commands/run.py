@@ -8,9 +8,10 @@ gpudash's agent before user code (a ``sitecustomize`` on a private
 Without ``--serve`` this process *becomes* COMMAND (exec) when COMMAND is
 Python (an interpreter, or a script such as ``torchrun``): same pid, same
 stdin/stdout/stderr, same exit code and signals; otherwise (a shell wrapper)
-it waits for COMMAND, passing signals on; after an exec a small watcher
-(``zerocode/endwatch.py``) records the end cause nothing in the job can: the
-OOM killer's SIGKILL (``end_cause: oom_killed``). Either way the job's last word
+it waits for COMMAND, passing signals on. The end cause nothing in the job can
+record, the OOM killer's SIGKILL, goes into the run (``end_cause:
+oom_killed``, ``zerocode/endwatch.py``): after an exec a small watcher records
+it, waiting this process does. Either way the job's last word
 (``zerocode/outcome.py``) says why when no process recorded a step, and leaves
 a run folder with a ``no_steps`` event. With ``--serve`` the
 dashboard runs in its own process beside the job (one for all ranks), its
