@@ -36,7 +36,8 @@ LABELS: dict[str, str] = {
 }
 #: Byte columns that get a panel of their own (a 500 MiB RSS is a flat line on a 64 GiB "RAM available" axis).
 OWN_PANEL = {"rss_bytes": "process RSS", "malloc_used_bytes": "process RSS", "available_bytes": "RAM available"}
-_BY_PROCESS = {"main_pss_bytes": "main PSS", "children_pss_bytes": "all workers PSS", "shm_used_bytes": "/dev/shm"}
+_BY_PROCESS = {"main_pss_bytes": "main PSS", "children_pss_bytes": "all workers PSS", "shm_used_bytes": "/dev/shm",
+               "pinned_bytes": "pinned host memory"}
 _WORKER_PSS = re.compile(r"^child(\d+)_pss_bytes$")
 
 
