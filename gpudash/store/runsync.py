@@ -16,7 +16,6 @@ size: whatever else a bucket holds is never fetched.
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -180,19 +179,11 @@ class RunsMirror:
     def _write(self, local: str, data: bytes | None, size: int) -> None:
         """``local`` in the mirror folder, whole (a temporary name, then a rename), never through a link;
         ``data`` None: a sparse file of ``size`` bytes (an object too large to copy, named by the reader)."""
-        from gpudash.store.bounded import open_below
+        from gpudash.store.atomic import write_atomic
 
         dest = self.local / local
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp_name = f"{local.rsplit('/', 1)[0]}/.{dest.name}.tmp"
-        (self.local / tmp_name).unlink(missing_ok=True)
-        fd = open_below(self.local, tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        with os.fdopen(fd, "wb") as f:
-            if data is None:
-                f.truncate(size)
-            else:
-                f.write(data)
-        os.replace(self.local / tmp_name, dest)
+        write_atomic(dest, data, root=self.local, size=size)
 
     def _say(self, msg: str) -> None:
         if msg in self.errors:
