@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -26,32 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
-NANOGPT = ROOT / "tests" / "zoo" / "nanogpt"
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import nanogpt  # noqa: E402  (nanoGPT's one runner: the zoo test's)
+
 CONFIG = {"device": "cpu", "compile": False, "dtype": "float32", "dataset": "tiny", "out_dir": "out",
           "n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "bias": False, "dropout": 0.0,
           "batch_size": 8, "gradient_accumulation_steps": 1, "eval_iters": 2, "log_interval": 1,
           "learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 5, "always_save_checkpoint": False,
           "wandb_log": False}
-ITER = re.compile(r"^iter (\d+): loss ([-\d.naninf]+), time ([\d.]+)ms", re.M)
-
-
-def prepare(work: Path) -> None:
-    for f in ("train.py", "model.py", "configurator.py"):
-        shutil.copy(NANOGPT / f, work / f)
-    text = (ROOT / "README.md").read_text() + (NANOGPT / "LICENSE").read_text()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
-    data = work / "data" / "tiny"
-    data.mkdir(parents=True)
-    n = int(0.9 * len(ids))
-    ids[:n].tofile(data / "train.bin")
-    ids[n:].tofile(data / "val.bin")
-    with open(data / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
 
 
 def one(work: Path, iters: int, monitored: bool, n: int) -> tuple[list[float], list[str]]:
@@ -59,14 +40,14 @@ def one(work: Path, iters: int, monitored: bool, n: int) -> tuple[list[float], l
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package runs: bytecode cached
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     cfg = {**CONFIG, "max_iters": iters, "lr_decay_iters": iters, "eval_interval": iters + 1}
-    script = [sys.executable, "train.py", *[f"--{k}={v}" for k, v in cfg.items()]]
+    script = nanogpt.command(cfg)
     cmd = ([sys.executable, "-m", "gpudash", "run", "--run-dir", str(work / f"run{n}"), "--", *script]
            if monitored else script)
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode:
         raise SystemExit(f"{'gpudash' if monitored else 'bare'} failed:\n{proc.stderr[-3000:]}")
-    rows = ITER.findall(proc.stdout)
-    return [float(t) for _, _, t in rows], [loss for _, loss, _ in rows]
+    rows = nanogpt.iterations(proc.stdout)
+    return [ms for _, _, ms in rows], [f"{loss}" for _, loss, _ in rows]
 
 
 def main() -> None:
@@ -78,7 +59,7 @@ def main() -> None:
     load0 = os.getloadavg()
     t0 = time.time()
     try:
-        prepare(work)
+        nanogpt.prepare(work)
         one(work, 2, False, -1)  # warm the bytecode caches and the page cache of both
         one(work, 2, True, -2)
         res: dict[str, list[list[float]]] = {"bare": [], "gpudash": []}

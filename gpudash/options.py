@@ -163,9 +163,11 @@ class MonitorOptions:
     memory_every: int = 1
     """Record memory by category every N steps (parameters, gradients, optimizer, ...)."""
     activations_every: int = 0
-    """Measure saved activations every N steps; 0 picks N so the cost stays <= activations_budget."""
+    """Measure saved activations every N steps; 0: the 8 steps after the first, then gaps that double up to a cap
+    set by activations_budget (a rule of step numbers: identical runs measure the same steps)."""
     activations_budget: float = 0.005
-    """Target share of step time spent in the activation hooks when activations_every is 0."""
+    """When activations_every is 0: the share of a long run's steps that are measured (the gaps' cap is the power
+    of two at or above 1 / budget, at most 1024: 256 by default)."""
     device_hz: float = 10.0
     """NVML samples per second (GPU only; 0 turns it off)."""
     allocator: bool = True

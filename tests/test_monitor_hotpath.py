@@ -63,3 +63,57 @@ def test_each_name_is_mapped_to_its_column_once_not_per_step(tmp_path: Path, mon
     # every name once (per table), over 60 steps and 4 flushes
     assert {n: calls.count(n) for n in [*names, "forward_s", "duration_s"]} == dict.fromkeys(
         [*names, "forward_s", "duration_s"], 1)
+
+
+def test_a_phase_between_steps_and_a_second_exit_record_nothing(tmp_path: Path) -> None:
+    with Monitor(tmp_path / "run", handle_signals=False, host_hz=0.0) as mon:
+        with mon.phase("eval"):  # between steps: timed into nowhere
+            pass
+        ctx = mon.step()
+        with ctx:
+            with mon.phase("forward"):
+                pass
+        ctx.__exit__(None, None, None)  # a second exit (an integration's cleanup) writes nothing more
+        with mon.phase("eval"):
+            pass
+        mon.log(after=1.0)  # lands in the next step, with nothing a between-steps phase timed
+        with mon.step():
+            pass
+    steps = gpudash.load_run(tmp_path / "run").steps
+    assert steps["step"].tolist() == [0, 1]
+    assert "eval_s" not in steps or steps["eval_s"].isna().all()
+    assert steps["after"].isna().tolist() == [True, False]
+
+
+FIRST_STEP = """
+import sys
+import torch
+from gpudash.options import MonitorOptions
+from gpudash.zerocode.agent import Agent
+
+agent = Agent(sys.argv[1], {"options": MonitorOptions(leak_poll_s=0.0, handle_signals=False)})
+agent.install(torch)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(4, 8)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+assert agent.monitor is not None and agent.monitor.step_index >= 1, "nothing recorded"
+loaded = [m for m in ("pandas", "pyarrow", "dash", "plotly") if m in sys.modules]
+agent.stop()
+print(loaded)
+sys.exit(bool(loaded))
+"""
+
+
+def test_the_training_process_never_loads_the_reading_side(tmp_path: Path) -> None:
+    """Issue 41: under ``gpudash run`` the first step opens the Monitor on the training thread; importing pandas
+    there (the attempts module's reading half) took 0.5-2 s of that step. Recording needs none of it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-c", FIRST_STEP, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]

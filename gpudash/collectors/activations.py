@@ -23,7 +23,6 @@ Between measured steps none of this is installed: module calls take torch's no-h
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +57,6 @@ class ActivationProbe:
         self.stack: list[str] = []
         self.seen: dict[int, tuple[str, int]] = {}  # storage address -> (owner, bytes): no tensor kept
         self.counts: dict[str, int] = {}
-        self.pack_s = 0.0
         self._handles: list[Any] = []
         self._ctx: Any = None
         # torch.compiler.is_compiling from torch 2.3; torch._utils.is_compiling before it
@@ -90,7 +88,6 @@ class ActivationProbe:
             self.stack.pop()
 
     def _pack(self, t: Any) -> Any:
-        t0 = time.perf_counter()
         if not self._in_backward():
             s = storage_of(t)
             seen = self.seen
@@ -105,7 +102,6 @@ class ActivationProbe:
                 out = t.detach()  # the storage only: autograd restores grad_fn / accumulator on unpack
             except Exception:  # noqa: BLE001 - a subclass that cannot detach is saved as it is
                 out = t
-        self.pack_s += time.perf_counter() - t0
         return out
 
     # ---- installing ---------------------------------------------------------------------------
@@ -116,7 +112,6 @@ class ActivationProbe:
         self.seen.clear()
         self.counts.clear()
         self.stack.clear()
-        self.pack_s = 0.0
         nn_module = self._torch.nn.modules.module
         try:
             self._handles = [nn_module.register_module_forward_pre_hook(self._enter_hook),

@@ -10,12 +10,11 @@ hooks are process-wide, never on a module, and keep no tensor. Under gradient ch
 hooks take over inside the checkpointed region, so only what is really kept
 is counted: this is how the dashboard shows what checkpointing saves.
 
-Hooks are installed only on sampled steps, and the sampling interval adapts so
-the measured cost stays below a share of the median step time. The first
-:data:`FULL_STEPS` steps after the first are all sampled: which steps a run's
-peak is measured at must not depend on how loaded the machine was (two identical
-short runs give the same peak, and a gate on it holds); ``activations_every=N``
-fixes the schedule for a whole run.
+Hooks are installed only on sampled steps, chosen by :class:`StepSchedule`, a rule of step numbers
+alone: the first :data:`FULL_STEPS` steps after the first, then gaps that double up to a cap set by
+``activations_budget``; ``activations_every=N`` fixes the schedule for a whole run. Which steps a run's
+peak is measured at never depends on timing or on how loaded the machine was (two identical runs give
+the same peak, and a gate on it holds).
 
 The categories of a row describe one moment, so their sum never exceeds the
 step's measured peak (``peak_bytes``): the end of the forward pass of the
@@ -40,8 +39,6 @@ constants included; the run meta's ``params_dtypes`` names each weight dtype and
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from gpudash.collectors.activations import OUTSIDE, ActivationProbe, storage_of
@@ -50,59 +47,50 @@ from gpudash.collectors.base import try_import_torch
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["FULL_STEPS", "OUTSIDE", "QUANTIZED_CLASSES", "AdaptiveEvery", "CategoryCollector", "param_storages",
+__all__ = ["FULL_STEPS", "OUTSIDE", "QUANTIZED_CLASSES", "CategoryCollector", "StepSchedule", "param_storages",
            "watched_modules"]
 
 #: Parameter classes that hold quantized weights (bitsandbytes), by class name: their storage is the truth.
 QUANTIZED_CLASSES = ("Params4bit", "Int8Params")
 FULL_STEPS = 8
-"""Steps after the first whose activations are all measured under the adaptive rule (a step-count rule, not a
+"""Steps after the first whose activations are all measured under the default rule (a step-count rule, not a
 timer's: identical runs measure the same steps)."""
 
 
-class AdaptiveEvery:
-    """Run something every N steps, N chosen so its cost is <= budget x median step time.
+class StepSchedule:
+    """Which steps measure activations: a rule of step numbers alone, so identical runs measure the same steps
+    however loaded the machine is, and a run's peak (and the gate on it) never depends on timing (issue 41).
 
-    The baseline is the median of plain (unsampled) steps after the first one: a first step that
-    compiled, warmed up or evaluated never becomes the yardstick. Until plain steps are known, a
-    sampled step's own duration less the sampling cost stands in for it."""
+    Steps count from the run's first step ``s0`` (the first step is not measured: it compiles, warms up,
+    evaluates). With ``fixed`` N: steps ``s0 + 1``, ``s0 + 1 + N``, ... Otherwise the :data:`FULL_STEPS` steps
+    after the first, then ``s0 + 16, 32, 64, ...`` (the gap doubling) up to ``cap``, then every ``cap``-th step:
+    a run of n steps measures about ``FULL_STEPS + log2(cap) + n / cap`` steps. ``cap`` is the power of two at
+    or above ``1 / budget`` (256 at the default 0.5 %: a measured step costing a plain step's time again adds
+    under 0.4 % to a long run), at most ``max_every``."""
 
-    def __init__(self, fixed: int, budget: float, first: int = 1, max_every: int = 1000) -> None:
+    def __init__(self, fixed: int, budget: float, max_every: int = 1024) -> None:
         self.fixed = fixed
-        self.budget = budget
-        self.every = fixed or 1
-        self.next = first
-        self.until = -1
-        """Every step before this one is sampled, whatever the cost (the adaptive rule only)."""
-        self.max_every = max_every
-        self._durations: deque[float] = deque(maxlen=64)
-        self._observed = 0
-        self._cost = 0.0
+        want = 1.0 / budget if budget > 0 else float(max_every)
+        self.cap = fixed or min(max_every, 1 << max(0, math.ceil(math.log2(max(want, 1.0)))))
+        self.first: int | None = None
+        """The run's first step (None until it starts)."""
 
     def due(self, step: int) -> bool:
-        return step >= self.next
+        if self.first is None:
+            return False
+        r = step - self.first
+        if r < 1:
+            return False
+        if self.fixed:
+            return (r - 1) % self.fixed == 0
+        return r <= FULL_STEPS or r % self.cap == 0 or (r < self.cap and r & (r - 1) == 0)
 
-    def observe_step(self, duration_s: float) -> None:
-        """A step without the sampled work: the baseline its cost is measured against."""
-        self._observed += 1
-        if self._observed > 1:  # the first plain step is warm-up, not the baseline
-            self._durations.append(duration_s)
-
-    def median_step(self) -> float:
-        return sorted(self._durations)[len(self._durations) // 2] if self._durations else 0.0
-
-    def done(self, step: int, own_s: float, duration_s: float = 0.0) -> None:
-        """A sampled step ended: ``own_s`` the sampling hooks' own time, ``duration_s`` the step's."""
-        if self._durations:
-            med = self.median_step()
-            cost = max(own_s, duration_s - med)  # or how much slower it ran than a plain step
-        else:
-            med = max(duration_s - own_s, 0.0)
-            cost = own_s
-        self._cost = cost if not self._cost else 0.5 * (self._cost + cost)
-        if not self.fixed:
-            self.every = min(self.max_every, max(1, math.ceil(self._cost / (self.budget * max(med, 1e-9)))))
-        self.next = step + (1 if not self.fixed and step + 1 < self.until else self.every)
+    def every(self, step: int) -> int:
+        """Steps from ``step`` (a measured one) to the next measured one."""
+        if self.fixed:
+            return self.fixed
+        r = step - (self.first or 0)
+        return 1 if r < FULL_STEPS else min(max(r, 1), self.cap)
 
 
 def watched_modules(model: Any, max_depth: int = 3) -> list[tuple[str, Any]]:
@@ -179,13 +167,12 @@ class CategoryCollector:
         self.optimizer = optimizer
         self.params = [p for p in model.parameters()]
         self.memory_every = memory_every
-        self.act_sampler = AdaptiveEvery(activations_every, activations_budget, first=1)
+        self.act_sampler = StepSchedule(activations_every, activations_budget)
         self._monitor: Recording | None = None
         self._param_ptrs: set[int] = set()
         self._params_bytes = 0
         self._trainable_bytes = 0
         self._dtypes: dict[str, int] = {}
-        self._first_step: int | None = None
         self._opt_cache: tuple[int, int, int] = (-1, 0, 0)
         self._opt_calls = 0
         self._modules = watched_modules(model)
@@ -230,10 +217,8 @@ class CategoryCollector:
     # ---- training thread ----------------------------------------------------------------
     def on_step_start(self, step: int) -> None:
         self._next_step = step
-        if self._first_step is None:  # frameworks number steps their own way (HF: from 1): skip the first
-            self._first_step = step
-            self.act_sampler.next = max(self.act_sampler.next, step + 1)
-            self.act_sampler.until = step + 1 + FULL_STEPS
+        if self.act_sampler.first is None:  # frameworks number steps their own way (HF: from 1): skip the first
+            self.act_sampler.first = step
         if self.act_sampler.due(step):
             self._install()
         self._grads_total = 0
@@ -271,11 +256,8 @@ class CategoryCollector:
             self._uninstall()
         if row.get("failed"):
             return  # no row for a failed attempt (an OOM the loop retries): its retry is sampled instead
-        if not sampled:
-            self.act_sampler.observe_step(row.get("duration_s", 0.0))
         if step % self.memory_every and not sampled:
             return
-        t0 = time.perf_counter()
         mem: dict[str, Any] = {"step": step, "time": row["time"], "params_bytes": self._params_bytes,
                                "trainable_params_bytes": self._trainable_bytes}
         if self._held_max < 0:  # no backward phase recorded: one cycle, run with what the step began with
@@ -293,11 +275,7 @@ class CategoryCollector:
             act = self._flush_activations(step, row["time"])
             mem["activations_bytes"] = act
             mem["grads_bytes"] = self._peak_held
-            # what sampling cost: the hooks' own time, or (when larger) how much slower
-            # this step ran than a plain one; autograd calling into Python adds to both
-            own = (self._probe.pack_s if self._probe is not None else 0.0) + (time.perf_counter() - t0)
-            self.act_sampler.done(step, own, row.get("duration_s", 0.0))
-            mem["activations_every"] = self.act_sampler.every
+            mem["activations_every"] = self.act_sampler.every(step)
         monitor = self._monitor
         assert monitor is not None
         monitor.memory_row(step, mem)

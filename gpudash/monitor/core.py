@@ -26,8 +26,8 @@ from gpudash.errors import RunError
 from gpudash.monitor.exits import ExitHandlers, exception_status
 from gpudash.monitor.memory_rows import MemoryRow
 from gpudash.monitor.names import StoredNames
-from gpudash.monitor.resume import ResumeNote
-from gpudash.monitor.timing import Phase, Step
+from gpudash.monitor.resume import NO_RESUME, NoResume, ResumeNote
+from gpudash.monitor.timing import NOWHERE, Phase, Step
 from gpudash.options import MonitorOptions
 from gpudash.store.objstore import is_url, local_staging, run_name
 from gpudash.store.schema import column_name
@@ -47,6 +47,19 @@ _PLAIN = frozenset({float, int, bool, str, type(None)})
 def _check_total(total: Any) -> None:
     if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 1):
         raise ValueError(f"total_steps={total!r}: pass the number of steps the run will take (a whole number >= 1)")
+
+
+class _NoAlerts:
+    """The alert watcher of a Monitor that watches none (alerts off, or not rank 0)."""
+
+    def finish(self, status: str, reason: str, flush: Any = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_NO_ALERTS = _NoAlerts()
 
 
 class Monitor:
@@ -97,8 +110,9 @@ class Monitor:
         self.step_index = 0
         self.total_steps: int | None = None
         self.current_phase: str | None = None
-        self._row: dict[str, Any] | None = None
-        self._pending: dict[str, Any] = {}
+        self._row: dict[str, Any] = NOWHERE  # the open step's row (phases add to it); NOWHERE between steps
+        self._pending: dict[str, Any] = {}  # what is logged between steps: the next step's row
+        self._into = self._pending  # where log() writes: the open step's row, else _pending
         self._memory = MemoryRow()
         self._start_hooks: list[StepStartHook] = []
         self._end_hooks: list[StepEndHook] = []
@@ -131,10 +145,10 @@ class Monitor:
                            f"to gpudash.Monitor") from exc
         #: this process's attempt at the run (1 unless the rank's records were there before it)
         self.attempt = self.recorder.attempt
-        self._resume: ResumeNote | None = None
+        self._resume: ResumeNote | NoResume = NO_RESUME
         if self.recorder.previous is not None:
-            self._resume = ResumeNote(self.recorder.previous, self.attempt, time.time(), resume)
-            self.step_index = self._resume.step
+            self._resume = note = ResumeNote(self.recorder.previous, self.attempt, time.time(), resume)
+            self.step_index = note.step
             self.add_step_hooks(start=self._announce_resume)
         if total_steps is not None:
             self.set_total_steps(total_steps)
@@ -157,12 +171,12 @@ class Monitor:
             self._watch_start = threading.Thread(target=self._start_leak_watch, name="gpudash-leak-start",
                                                  daemon=True)
             self._watch_start.start()
-        self._alerts: Any = None
+        self._alerts: Any = _NO_ALERTS
         if options.alerts is not None and self.rank == 0:  # rank 0 watches every rank's files
             # here, not on that thread: the watcher starts at the end of what is recorded so far
             from gpudash.alerts.watch import start_alerts
 
-            self._alerts = start_alerts(self)
+            self._alerts = start_alerts(self) or _NO_ALERTS
         self._exits = ExitHandlers(self.close, handle_signals=options.handle_signals)
 
     def _start_leak_watch(self) -> None:
@@ -268,14 +282,18 @@ class Monitor:
 
     def phase(self, name: str) -> Phase:
         """Time a part of the step (data, forward, backward, optimizer, ...); nests and repeats add up."""
-        ph = self._phases.get(name)
-        if ph is None:
-            ph = Phase(self, name)
-            if len(self._phases) >= MAX_PHASES:  # ever-new names: timed, not remembered (bounded memory)
-                return ph
-            self._phases[name] = ph
-            # the run's phase set is what was opened (analysis never guesses it from a column suffix)
-            self.recorder.put_meta(phases=[p.key.removesuffix("_s") for p in self._phases.values()])
+        try:
+            return self._phases[name]
+        except KeyError:
+            return self._new_phase(name)
+
+    def _new_phase(self, name: str) -> Phase:
+        ph = Phase(self, name)
+        if len(self._phases) >= MAX_PHASES:  # ever-new names: timed, not remembered (bounded memory)
+            return ph
+        self._phases[name] = ph
+        # the run's phase set is what was opened (analysis never guesses it from a column suffix)
+        self.recorder.put_meta(phases=[p.key.removesuffix("_s") for p in self._phases.values()])
         return ph
 
     def resume_at(self, step: int, source: str) -> None:
@@ -284,14 +302,13 @@ class Monitor:
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
             raise ValueError(f"step={step!r}: pass the step's number (a whole number >= 0)")
         self.step_index = int(step)
-        if self._resume is not None:
-            self._resume.at(int(step), source)
+        self._resume.at(int(step), source)
 
     def _announce_resume(self, step: int) -> None:
         """The first step of a new attempt: record where it resumed (once)."""
         self._remove_hook(self._announce_resume)
         note = self._resume
-        if note is None or note.done:
+        if note.done or not isinstance(note, ResumeNote):  # (NoResume is always done)
             return
         msg, data = note.event(step)
         print(f"gpudash: {self.name}: {msg}", file=sys.stderr)
@@ -301,7 +318,7 @@ class Monitor:
     def log(self, **scalars: Any) -> None:
         """Record scalars for the current step (or the next one, outside a step).
         Tensors are fine: they are detached here and read by the writer thread."""
-        row = self._row if self._row is not None else self._pending
+        row = self._into
         if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
             row.update(scalars)
             return
@@ -358,7 +375,7 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
-        if self._resume is not None and not self._resume.done:  # an attempt that took no step still says it began
+        if not self._resume.done:  # an attempt that took no step still says it began
             self._announce_resume(self.step_index)
         for c in reversed(self.collectors):
             try:
@@ -370,11 +387,10 @@ class Monitor:
         leaks = self._leaks  # (waits for one starting now)
         if leaks is not None:
             leaks.stop()
-        if self._alerts is not None:  # the last look (a crash alert) is recorded before the writer closes
-            self._alerts.finish(status, reason, flush=self.recorder.flush)
+        # the last look (a crash alert) is recorded before the writer closes
+        self._alerts.finish(status, reason, flush=self.recorder.flush)
         self.recorder.close(status=status, reason=reason)
-        if self._alerts is not None:
-            self._alerts.close()
+        self._alerts.close()
         self._exits.remove()
 
     @property

@@ -19,7 +19,7 @@ from gpudash.units import fmt_gap
 if TYPE_CHECKING:
     from gpudash.store.attempts import Previous
 
-__all__ = ["ResumeNote"]
+__all__ = ["NO_RESUME", "NoResume", "ResumeNote"]
 
 #: How the step was found when nothing told it.
 AFTER_LAST = "continued after the last recorded step (nothing told where the script resumed)"
@@ -58,3 +58,17 @@ class ResumeNote:
                 "previous_end": prev.end, "previous_reason": prev.reason, "previous_last_step": prev.last_step,
                 "step_from": self.source, "started_at": self.started_at, "at": time.time()}
         return msg, data
+
+
+class NoResume:
+    """The first attempt's note: nothing to announce, and a step number told to it is the Monitor's alone."""
+
+    done = True
+    step = 0
+
+    def at(self, step: int, source: str) -> None:
+        pass
+
+
+#: The note of a run's first attempt (a do-nothing :class:`ResumeNote`).
+NO_RESUME = NoResume()

@@ -27,10 +27,11 @@ import socket
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:  # the reading side's; the writer (in the training process) never loads them
+    import numpy as np
+    import pandas as pd
 
 __all__ = ["ATTEMPT_COLUMN", "PER_STEP_TABLES", "RACE_S", "Previous", "attempt_of", "attempt_starts", "carried_meta",
            "last_step", "previous", "racing", "supersede", "with_attempts"]
@@ -139,6 +140,9 @@ def carried_meta(meta: dict[str, Any]) -> dict[str, Any]:
 # ---- reading side -------------------------------------------------------------------------------
 def attempt_of(df: pd.DataFrame) -> np.ndarray:
     """Each row's attempt (1 where the column is absent or empty)."""
+    import numpy as np
+    import pandas as pd
+
     if ATTEMPT_COLUMN not in df:
         return np.ones(len(df), dtype=np.int64)
     v = pd.to_numeric(df[ATTEMPT_COLUMN], errors="coerce").to_numpy(dtype=float)
@@ -156,6 +160,9 @@ def with_attempts(df: pd.DataFrame) -> pd.DataFrame:
 
 def attempt_starts(steps: pd.DataFrame) -> dict[tuple[int, int], int]:
     """``{(rank, attempt): first step it recorded}`` from a steps frame (rank 0 when it has no rank column)."""
+    import numpy as np
+    import pandas as pd
+
     if not len(steps) or "step" not in steps or ATTEMPT_COLUMN not in steps:
         return {}
     rank = steps["rank"].to_numpy() if "rank" in steps else np.zeros(len(steps), dtype=np.int64)
@@ -168,6 +175,9 @@ def attempt_starts(steps: pd.DataFrame) -> dict[tuple[int, int], int]:
 def supersede(df: pd.DataFrame, starts: dict[tuple[int, int], int]) -> pd.DataFrame:
     """The rows of a per-step table that no later attempt redid: a row of attempt *a* at step *s* is left
     out when a later attempt of its rank started at a step <= *s* (``starts`` from :func:`attempt_starts`)."""
+    import numpy as np
+    import pandas as pd
+
     if not len(df) or not starts or "step" not in df:
         return df
     att = attempt_of(df)

@@ -1,34 +1,24 @@
-"""CategoryCollector pieces: the activation sampler's budget, trainable and quantized parameter bytes."""
+"""CategoryCollector pieces: the activation schedule's cap, trainable and quantized parameter bytes."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpudash.collectors.categories import AdaptiveEvery, param_storages
+from gpudash.collectors.categories import StepSchedule, param_storages
 
 torch = pytest.importorskip("torch")
 
 
-def _run_sampler(durations: list[float], cost: float) -> list[int]:
-    """Steps sampled by an AdaptiveEvery whose sampled steps cost ``cost`` seconds more than ``durations``."""
-    s = AdaptiveEvery(0, 0.005, first=1)
-    sampled = []
-    for step, d in enumerate(durations):
-        if s.due(step):
-            sampled.append(step)
-            s.done(step, cost, d + cost)
-        else:
-            s.observe_step(d)
-    return sampled
-
-
-def test_a_slow_first_step_does_not_pin_the_baseline() -> None:
-    # a 2 s first step (compile, warm-up, evaluation), then 10 ms steps; sampling costs 1 ms a step
-    sampled = _run_sampler([2.0] + [0.01] * 299, 0.001)
-    # 1 ms against 10 ms steps at a 0.5 % budget: one sampled step in every 20, from the first ones on
-    assert len(sampled) <= 300 // 20 + 2
-    assert sampled[0] == 1 and sampled[1] - sampled[0] >= 19
-    assert _run_sampler([0.01] * 300, 0.001) == _run_sampler([5.0] + [0.01] * 299, 0.001)
+def test_the_budget_sets_the_cap_of_the_gaps() -> None:
+    # the default 0.5 %: every 256th step in a long run; a tiny budget spreads them further, up to 1024
+    assert StepSchedule(0, 0.005).cap == 256
+    assert StepSchedule(0, 0.0001).cap == 1024
+    assert StepSchedule(0, 0.25).cap == 4
+    s = StepSchedule(0, 0.005)
+    s.first = 1  # frameworks that count from 1 (HF)
+    sampled = [k for k in range(1, 3000) if s.due(k)]
+    assert sampled[:12] == [*range(2, 10), 17, 33, 65, 129] and sampled[12:15] == [257, 513, 769]
+    assert len(sampled) == 8 + 4 + (3000 - 2) // 256
 
 
 class Params4bit(torch.nn.Parameter):

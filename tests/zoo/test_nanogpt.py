@@ -10,9 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import pickle
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
+
+from helpers import nanogpt as nanogpt_runner  # noqa: E402
 
 from gpudash import load_run  # noqa: E402
 
@@ -41,24 +41,6 @@ def _get_lr(it: int) -> float:
     return low + 0.5 * (1.0 + math.cos(math.pi * (it - warm) / (decay - warm))) * (lr - low)
 
 
-def _prepare(work: Path, zoo: Any) -> int:
-    """nanoGPT's files and a character-level dataset from local text (as data/shakespeare_char/prepare.py)."""
-    for f in ("train.py", "model.py", "configurator.py"):
-        shutil.copy(zoo.dir / "nanogpt" / f, work / f)
-    text = (zoo.root / "README.md").read_text() + (zoo.dir / "nanogpt" / "LICENSE").read_text()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
-    data = work / "data" / "tiny"
-    data.mkdir(parents=True)
-    n = int(0.9 * len(ids))
-    ids[:n].tofile(data / "train.bin")
-    ids[n:].tofile(data / "val.bin")
-    with open(data / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
-    return len(chars)
-
-
 def _model(work: Path, vocab: int) -> Any:
     spec = importlib.util.spec_from_file_location("_nanogpt_model", work / "model.py")
     assert spec is not None and spec.loader is not None
@@ -71,17 +53,18 @@ def _model(work: Path, vocab: int) -> Any:
 @pytest.fixture(scope="module")
 def nanogpt(tmp_path_factory: pytest.TempPathFactory, zoo: Any) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("nanogpt")
-    vocab = _prepare(work, zoo)
-    args = [f"--{k}={v}" for k, v in CONFIG.items()]
+    vocab = nanogpt_runner.prepare(work)
+    args = nanogpt_runner.command(CONFIG)[2:]  # train.py's arguments: the probe runs train.py itself
     # estimate_loss runs eval_iters batches of train, then of val: named, each half's mean is recorded
     proc = zoo.run(work / "run", sys.executable, str(zoo.dir / "probe.py"), str(work / "probe.json"), "train.py",
                    *args, cwd=work, flags=("--eval-splits", "train,val"))
-    return {"work": work, "vocab": vocab, "out": proc.stdout, "probe": json.loads((work / "probe.json").read_text())}
+    return {"work": work, "vocab": vocab, "out": proc.stdout, "iters": nanogpt_runner.iterations(proc.stdout),
+            "probe": json.loads((work / "probe.json").read_text())}
 
 
 def test_steps_loss_lr_samples_tokens_are_nanogpts(nanogpt: dict[str, Any]) -> None:
     out = nanogpt["out"]
-    printed = {int(i): float(v) for i, v in re.findall(r"^iter (\d+): loss (\S+),", out, re.M)}
+    printed = {i: loss for i, loss, _ in nanogpt["iters"]}
     accum = CONFIG["gradient_accumulation_steps"]
     assert sorted(printed) == list(range(CONFIG["max_iters"] + 1))  # nanoGPT runs iterations 0..max_iters
     probe = nanogpt["probe"]
