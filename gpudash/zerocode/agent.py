@@ -308,6 +308,8 @@ class Agent:
         finally:
             self._creating = False
         self.monitor = monitor
+        # said now, not only at exit: a process killed later (SIGKILL, the OOM killer) has recorded its run
+        outcome.report(torch=True, opened=True, written=True)
         resume_from_optimizers(monitor, self.optimizers_made)  # a script resumed from its checkpoint
         # Python processes this one starts from now on (data workers, a script it runs) would
         # record as the same rank into the same files: they run unrecorded

@@ -83,6 +83,9 @@ def no_steps_reason(states: list[dict[str, Any]], torch_unseen: bool = False) ->
     process recorded a step or handed recording to a framework callback."""
     if any(s.get("steps") or s.get("delegated") for s in states):
         return None, True
+    if any(s.get("opened") for s in states):  # the state written at exit replaces this one
+        # opened its run and never said how it ended (killed): its run folder holds what it recorded
+        return None, True
     failed = [s for s in states if s.get("failed")]
     if failed:
         return f"recording failed: {failed[0]['failed']}", bool(failed[0].get("written"))

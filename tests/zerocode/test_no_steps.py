@@ -113,3 +113,22 @@ def test_torch_imported_where_the_hook_could_not_see_it(tmp_path: Path) -> None:
             "import torch\nm = torch.nn.Linear(3, 1)\nm(torch.randn(2, 3)).sum().backward()\n")
     why = _no_steps(tmp_path, sys.executable, "-c", hide)
     assert why.startswith("torch was imported where gpudash run's import hook could not see it")
+
+
+def test_a_killed_job_that_recorded_steps_is_not_called_untrained(tmp_path: Path) -> None:
+    # killed (SIGKILL, as the OOM killer does) after recording: its exit handler never ran, its steps are there
+    script = ("import os, signal, torch\nm = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+              "for i in range(5):\n    opt.zero_grad()\n    m(torch.randn(8, 4)).sum().backward()\n    opt.step()\n"
+              "import time; time.sleep(1.5)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    (tmp_path / "killed.py").write_text(script)
+    # through a shell, so gpudash run waits for the job and gives the last word
+    proc = _gpudash(tmp_path, "run", "--run-dir", str(tmp_path / "run"), "--", "bash", "-c",
+                    f"{sys.executable} killed.py")
+    assert proc.returncode != 0
+    assert "no step recorded" not in proc.stderr, proc.stderr[-2000:]
+    run = load_run(tmp_path / "run")
+    try:
+        assert len(run.steps) >= 1
+        assert "no_steps" not in set(run.events["kind"]) if len(run.events) else True
+    finally:
+        run.close()
