@@ -24,8 +24,11 @@ from gpudash.store.rankreader import meta_status
 from gpudash.store.run import run_start, settle_status
 from gpudash.store.schema import RUN_META_FILE
 
-__all__ = ["PEAK_ORDER", "listed_row", "listed_run_row", "run_status", "steps_through"]
+__all__ = ["PENDING", "PEAK_ORDER", "listed_row", "listed_run_row", "run_status", "steps_through"]
 
+#: The status of a run named by a listing whose metadata is still being read.
+PENDING = "listing"
+PENDING_NOTE = "its run.json and meta.json are still being read from the store (newest runs first)"
 #: Memory columns whose largest value is the run's peak, first found wins (as :func:`facts.peak_memory`).
 PEAK_ORDER = (*MEASURED_PEAK_COLUMNS, "reserved_bytes", "allocated_bytes")
 
@@ -112,4 +115,8 @@ def listed_run_row(run_id: str, path: Path) -> dict[str, Any]:
     else:
         problems.extend(p for p in listed.problems if p.startswith(RUN_META_FILE))
         run_json = parse_run_json(listed.run_json, problems) if listed.run_json is not None else {}
-    return listed_row(run_id, run_json, published_metas(path, problems), problems)
+    row = listed_row(run_id, run_json, published_metas(path, problems), problems)
+    if listed is not None and listed.pending:
+        # named by the listing, its metadata still being read (a first listing of many runs): said so
+        row.update(status=PENDING, problems=[PENDING_NOTE])
+    return row

@@ -38,6 +38,8 @@ class ListedRun:
     problems: tuple[str, ...] = ()
     stamp: tuple[Any, ...] = ()
     run_json_size: int | None = None
+    #: named by the listing, its metadata not read yet (a first listing of many runs: the newest read first)
+    pending: bool = False
 
 
 _LOCK = threading.Lock()

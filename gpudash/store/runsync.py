@@ -30,6 +30,9 @@ __all__ = ["RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "orig
 
 #: Metadata objects fetched at once while listing.
 FETCHERS = 32
+#: Metadata objects read between two hand-overs of the listing to the dashboard (a first listing of many
+#: runs shows every run's name at once, and the newest runs' rows whole after the first batch).
+LIST_BATCH = 256
 def _json_limit(local: str) -> int:
     """The most bytes read of a run's JSON file: what its reader accepts."""
     from gpudash.store.meta import RUN_JSON_BYTES
@@ -122,18 +125,29 @@ class RunsMirror:
                 continue
             todo.append((local, key, size, limit))
         copied = 0
-        for (local, key, _size, _limit), data in zip(todo, self._fetch(todo), strict=True):
-            if isinstance(data, FileNotFoundError):
-                continue  # removed since the listing
-            if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
-                self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
-                          f"{str(data)[:200]}); the other objects are copied, this one is retried")
-                continue
-            self._seen[local] = (wanted[local][1], data, None)
-            copied += 1
         for local in [n for n in self._seen if n not in wanted]:
             del self._seen[local]  # removed upstream
-        self._publish(runs)
+        # newest runs first (by the time the listing gives their objects): the first page of the list,
+        # newest first, is whole after the first batch; every run is named from the listing at once
+        newest: dict[str, str] = {}
+        for local, (_key, ident, _size) in wanted.items():
+            run_id = local.split("/", 1)[0]
+            newest[run_id] = max(newest.get(run_id, ""), str(ident[1]))
+        todo.sort(key=lambda item: (newest[item[0].split("/", 1)[0]], item[0]), reverse=True)
+        for start in range(0, len(todo), LIST_BATCH):
+            if start or len(todo) > LIST_BATCH:
+                self._publish(runs, {item[0].split("/", 1)[0] for item in todo[start:]})
+            chunk = todo[start:start + LIST_BATCH]
+            for (local, key, _size, _limit), data in zip(chunk, self._fetch(chunk), strict=True):
+                if isinstance(data, FileNotFoundError):
+                    continue  # removed since the listing
+                if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
+                    self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
+                              f"{str(data)[:200]}); the other objects are copied, this one is retried")
+                    continue
+                self._seen[local] = (wanted[local][1], data, None)
+                copied += 1
+        self._publish(runs, set())
         for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list (and its folder)
             import shutil
 
@@ -142,9 +156,9 @@ class RunsMirror:
         self._runs = set(runs)
         return copied
 
-    def _publish(self, runs: dict[str, str]) -> None:
-        """Hand the listing to the dashboard (:func:`gpudash.store.listed.set_listing`); opened runs' folders
-        get their new ``run.json``."""
+    def _publish(self, runs: dict[str, str], pending: set[str]) -> None:
+        """Hand the listing to the dashboard (:func:`gpudash.store.listed.set_listing`; ``pending``: runs whose
+        metadata is still being read); opened runs' folders get their new ``run.json``."""
         from gpudash.store.listed import ListedRun, listed_run, materialize, set_listing
 
         by_run: dict[str, list[tuple[str, tuple[Any, bytes | None, str | None]]]] = {}
@@ -171,7 +185,8 @@ class RunsMirror:
                     if rank is not None and data is not None:
                         metas[rank] = data
             listed[run_id] = ListedRun(url=url, run_json=run_json, metas=metas, problems=tuple(problems),
-                                       stamp=tuple(stamp), run_json_size=hole)
+                                       stamp=tuple(stamp), run_json_size=hole,
+                                       pending=run_id in pending)
             set_origin(self.local / run_id, url)
         try:
             opened = sorted({p.name for p in self.local.iterdir()} & set(runs))

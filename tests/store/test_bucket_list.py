@@ -224,3 +224,30 @@ def test_metrics_and_alerts_on_a_bucket_open_only_the_live_runs(s3: str, tmp_pat
         assert [run_id for run_id, _path in alerts._candidates()] == ["live"]
     finally:
         alerts.stop()
+
+
+def test_a_first_listing_of_many_runs_names_them_all_at_once_and_reads_the_newest_first(
+        s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _bucket("runs")
+    url = "s3://runs/many"
+    for i in range(4):
+        open_store(url).put(f"r{i}/run.json", json.dumps({"name": f"r{i}", "created_at": 1000.0 + i}).encode())
+        _meta(url, f"r{i}", status="finished", heartbeat=1000.0 + i, started_at=1000.0 + i, last_step=i)
+        time.sleep(1.05)  # S3 times are whole seconds: r3 is the newest
+    monkeypatch.setattr(runsync, "LIST_BATCH", 4)
+    mirror = RunsMirror(url, tmp_path / "local")
+    seen: list[dict[str, str]] = []
+    real = mirror._fetch
+
+    def fetch(todo: list[tuple[str, str, int, int]]) -> list[bytes | BaseException]:
+        seen.append({r["id"]: r["status"] for r in page.list_page(mirror.local).rows})
+        return real(todo)
+
+    monkeypatch.setattr(mirror, "_fetch", fetch)
+    mirror.sync_once()
+    # before the first batch: all four named, none read; after it: the two newest whole, the rest said pending
+    assert seen[0] == {f"r{i}": "listing" for i in range(4)}, seen
+    assert seen[1] == {"r3": "finished", "r2": "finished", "r1": "listing", "r0": "listing"}, seen
+    rows = page.list_page(mirror.local).rows
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(3, -1, -1)]
+    assert {r["status"] for r in rows} == {"finished"} and all(not r["problems"] for r in rows)
