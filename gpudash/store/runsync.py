@@ -30,9 +30,10 @@ __all__ = ["RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "orig
 
 #: Metadata objects fetched at once while listing.
 FETCHERS = 32
-#: Metadata objects read between two hand-overs of the listing to the dashboard (a first listing of many
-#: runs shows every run's name at once, and the newest runs' rows whole after the first batch).
-LIST_BATCH = 256
+#: Metadata objects read before the first hand-over of the listing to the dashboard (a first listing of
+#: many runs shows every run's name at once, and the newest runs' rows, the first page, whole after the
+#: first batch); each later batch twice the one before, at most 8 times this.
+LIST_BATCH = 128
 def _json_limit(local: str) -> int:
     """The most bytes read of a run's JSON file: what its reader accepts."""
     from gpudash.store.meta import RUN_JSON_BYTES
@@ -134,10 +135,12 @@ class RunsMirror:
             run_id = local.split("/", 1)[0]
             newest[run_id] = max(newest.get(run_id, ""), str(ident[1]))
         todo.sort(key=lambda item: (newest[item[0].split("/", 1)[0]], item[0]), reverse=True)
-        for start in range(0, len(todo), LIST_BATCH):
-            if start or len(todo) > LIST_BATCH:
+        start, batch = 0, LIST_BATCH
+        while start < len(todo):
+            if start or len(todo) > batch:
                 self._publish(runs, {item[0].split("/", 1)[0] for item in todo[start:]})
-            chunk = todo[start:start + LIST_BATCH]
+            chunk = todo[start:start + batch]
+            start, batch = start + batch, min(8 * LIST_BATCH, 2 * batch)  # fewer hand-overs as it goes on
             for (local, key, _size, _limit), data in zip(chunk, self._fetch(chunk), strict=True):
                 if isinstance(data, FileNotFoundError):
                     continue  # removed since the listing
