@@ -75,6 +75,7 @@ class RunsMirror:
         #: "RUN/NAME" -> (the object's identity when read, its bytes, or why it was not read)
         self._seen: dict[str, tuple[Any, bytes | None, str | None]] = {}
         self._runs: set[str] = set()  # the runs the last listing found
+        self._origins: dict[str, str] = {}  # run id -> its URL, as told to gpudash.store.mirror
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: the id the prefix itself has when it is a run (``s3://b/runs/exp1`` holding ``run.json``)
@@ -155,6 +156,7 @@ class RunsMirror:
             import shutil
 
             forget_origin(self.local / run_id)
+            self._origins.pop(run_id, None)
             shutil.rmtree(self.local / run_id, ignore_errors=True)
         self._runs = set(runs)
         return copied
@@ -190,7 +192,9 @@ class RunsMirror:
             listed[run_id] = ListedRun(url=url, run_json=run_json, metas=metas, problems=tuple(problems),
                                        stamp=tuple(stamp), run_json_size=hole,
                                        pending=run_id in pending)
-            set_origin(self.local / run_id, url)
+            if self._origins.get(run_id) != url:  # once a run (each resolves its path)
+                set_origin(self.local / run_id, url)
+                self._origins[run_id] = url
         try:
             opened = sorted({p.name for p in self.local.iterdir()} & set(runs))
         except OSError:
