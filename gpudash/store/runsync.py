@@ -4,9 +4,10 @@
 folder holding ``run.json`` or ``segments/``), reads only the run's small metadata: ``run.json`` and each
 rank's ``meta.json``, each when it changed size or time, all in flight at once. They are kept in memory
 (:mod:`gpudash.store.listed`), never on disk: the local folder the dashboard serves holds only the runs
-opened (:func:`gpudash.store.listed.materialize`). No segment is read to list: the runs list (status, steps, peak memory, duration, ranks: :mod:`gpudash.analysis.listing`) is built from
-that metadata alone, and a run's segments are fetched from the store only when the run is opened (its
-page, ``/api``, ``/metrics``, ``load_run``): :func:`origin_of` tells the reader where the run really is,
+opened (:func:`gpudash.store.listed.materialize`). No segment is read to list: the runs list (status,
+steps, peak memory, duration, ranks: :mod:`gpudash.analysis.listing`) is built from that metadata alone,
+and a run's segments are fetched from the store only when the run is opened (its page, ``/api``, a live
+run's ``/metrics``, ``load_run``): :func:`origin_of` tells the reader where the run really is,
 and :func:`segment_mirror` keeps one private segment cache per opened run (a live run fetches only its
 new segments), the least recently used of at most :data:`gpudash.store.mirror.OPEN_RUNS` dropped with its files.
 
@@ -137,9 +138,10 @@ class RunsMirror:
             newest[run_id] = max(newest.get(run_id, ""), str(ident[1]))
         todo.sort(key=lambda item: (newest[item[0].split("/", 1)[0]], item[0]), reverse=True)
         start, batch = 0, LIST_BATCH
+        known = {local.split("/", 1)[0] for local in self._seen}  # runs listed before: never said pending again
         while start < len(todo):
             if start or len(todo) > batch:
-                self._publish(runs, {item[0].split("/", 1)[0] for item in todo[start:]})
+                self._publish(runs, {item[0].split("/", 1)[0] for item in todo[start:]} - known)
             chunk = todo[start:start + batch]
             start, batch = start + batch, min(8 * LIST_BATCH, 2 * batch)  # fewer hand-overs as it goes on
             for (local, key, _size, _limit), data in zip(chunk, self._fetch(chunk), strict=True):

@@ -251,3 +251,9 @@ def test_a_first_listing_of_many_runs_names_them_all_at_once_and_reads_the_newes
     rows = page.list_page(mirror.local).rows
     assert [r["id"] for r in rows] == [f"r{i}" for i in range(3, -1, -1)]
     assert {r["status"] for r in rows} == {"finished"} and all(not r["problems"] for r in rows)
+    for i in range(4):  # each publishes again (a live run does every few seconds): never said pending again
+        _meta(url, f"r{i}", status="finished", heartbeat=2000.0 + i, started_at=1000.0 + i, last_step=i + 1)
+    seen.clear()
+    monkeypatch.setattr(runsync, "LIST_BATCH", 1)
+    assert mirror.sync_once() == 4
+    assert len(seen) == 3 and all(set(s.values()) == {"finished"} for s in seen), seen
