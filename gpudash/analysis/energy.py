@@ -45,6 +45,9 @@ class Energy:
     """``"NVML energy counter"``, ``"power integrated"`` or both (``"... and ..."``: some GPUs each way)."""
     per_gpu_j: dict[str, float] = field(default_factory=dict)
     """Joules per ``"rank R GPU G"``."""
+    per_rank_j: dict[str, float] = field(default_factory=dict)
+    """Joules per ``"rank R"``: its GPUs, and the CPU packages of its machine where this rank's samples are the ones
+    counted (once per machine)."""
     cpu_unavailable: str | None = None
     """Why there is no CPU energy (the RAPL counters unreadable), as the run recorded it."""
 
@@ -113,6 +116,7 @@ def run_energy(run: Any, n: int) -> Energy | None:
     steps = run.steps
     busy = idle = 0.0
     per_gpu: dict[str, float] = {}
+    per_rank: dict[str, float] = {}
     sources: set[str] = set()
     dev = sampled(run, "device")
     if len(dev) and "time" in dev and ("energy_j" in dev or "power_w" in dev):
@@ -127,7 +131,9 @@ def run_energy(run: Any, n: int) -> Energy | None:
             sources.add("NVML energy counter" if c is not None else "power integrated")
             b, i = _split(e, t, _step_spans(steps, rank))
             busy, idle = busy + b, idle + i
-            per_gpu[f"rank {rank if rank is not None else 0} GPU {gpu if gpu is not None else 0}"] = b + i
+            who = f"rank {rank if rank is not None else 0}"
+            per_gpu[f"{who} GPU {gpu if gpu is not None else 0}"] = b + i
+            per_rank[who] = per_rank.get(who, 0.0) + b + i
     gpu_j = sum(per_gpu.values()) if per_gpu else None
     cpu_j = None
     host = sampled(run, "host")
@@ -147,6 +153,8 @@ def run_energy(run: Any, n: int) -> Energy | None:
             b, i = _split(e, t, _step_spans(steps, rank))
             busy, idle = busy + b, idle + i
             cpu_j = (cpu_j or 0.0) + b + i
+            who = f"rank {r if r is not None else 0}"
+            per_rank[who] = per_rank.get(who, 0.0) + b + i
     if gpu_j is None and cpu_j is None:
         return None
     tok = numeric(steps, "tokens")
@@ -155,7 +163,7 @@ def run_energy(run: Any, n: int) -> Energy | None:
     return Energy(total_j=busy + idle, busy_j=busy, idle_j=idle, gpu_j=gpu_j, cpu_j=cpu_j, steps=n, tokens=tokens,
                   j_per_step=busy / n if n else None,
                   wh_per_mtok=busy / _J_PER_WH / (tokens / 1e6) if tokens else None,
-                  gpu_source=" and ".join(sorted(sources)) or None, per_gpu_j=per_gpu,
+                  gpu_source=" and ".join(sorted(sources)) or None, per_gpu_j=per_gpu, per_rank_j=per_rank,
                   cpu_unavailable=str(why)[:300] if why and cpu_j is None else None)
 
 
@@ -169,13 +177,19 @@ def _j(v: float) -> str:
 
 def energy_text(e: Energy) -> str:
     """One line: ``12.4 Wh (GPU 11.9 Wh, CPU 0.5 Wh), busy 11.0 Wh, idle 1.4 Wh; 310 J/step, 2.1 Wh per
-    million tokens``."""
+    million tokens; per GPU: rank 0 GPU 0 6.1 Wh, ...; per rank: rank 0 6.3 Wh, ...`` (the last two with more
+    than one GPU / rank, the largest first)."""
     parts = [f"{who} {_j(v)}" for who, v in (("GPU", e.gpu_j), ("CPU", e.cpu_j)) if v is not None]
     text = f"{_j(e.total_j)} ({', '.join(parts)}), busy {_j(e.busy_j)}, idle {_j(e.idle_j)}"
     rates = ([f"{e.j_per_step:.3g} J/step"] if e.j_per_step is not None else []) + \
             ([f"{e.wh_per_mtok:.3g} Wh per million tokens"] if e.wh_per_mtok is not None else [])
     if rates:
         text += "; " + ", ".join(rates)
+    for what, split in (("per GPU", e.per_gpu_j), ("per rank", e.per_rank_j)):
+        if len(split) > 1:  # one GPU, one rank: the total says it
+            shown = sorted(split.items(), key=lambda kv: -kv[1])[:8]
+            more = f" and {len(split) - 8} more" if len(split) > 8 else ""
+            text += f"; {what}: " + ", ".join(f"{k} {_j(v)}" for k, v in shown) + more
     if e.cpu_unavailable:
         text += f" (no CPU energy: {e.cpu_unavailable})"
     return text

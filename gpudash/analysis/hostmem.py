@@ -3,10 +3,13 @@
 The headline is the peak of each process's proportional set (PSS: pages shared by N processes count 1/N in
 each, so the sum over the processes is what they hold together): the training process (``main``) and each
 descendant slot (``worker 0``..., a DataLoader's workers keep their slots across epochs), per rank when
-there are several. Beside it the peak of their sum, the peak of ``/dev/shm``, and the machine's lowest
+there are several. Beside it the peak of their sum, the peak of ``/dev/shm``, of pinned (page-locked) host memory
+(or why it was not measured, said once), and the machine's lowest
 available memory; :data:`LOW_AVAILABLE` of it is the finding's threshold. A run that died without a word
 (SIGKILL can be neither caught nor recorded) while the machine's available memory was under
-:data:`OOM_KILL_AVAILABLE` of its total at the last sample is said to have been killed by the OOM killer.
+:data:`OOM_KILL_AVAILABLE` of its total at the last sample is said to have been killed by the OOM killer; so is a
+run whose ``end_cause`` ``gpudash run``'s watcher recorded as ``oom_killed`` (:mod:`gpudash.zerocode.endwatch`:
+the OOM-kill counter went up while the job ran).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gpudash.analysis.frames import numeric, sampled
 from gpudash.analysis.leak import Growth, floor_growth
 from gpudash.analysis.verdict import Verdict
 from gpudash.store.run import DIED
+from gpudash.store.schema import OOM_KILLED
 
 __all__ = ["LOW_AVAILABLE", "OOM_KILL_AVAILABLE", "HostMemory", "WorkerLeak", "host_memory_text",
            "host_memory_verdicts", "oom_kill_text", "run_host_memory", "worker_leak_text", "worker_leaks"]
@@ -100,6 +104,13 @@ class HostMemory:
     """Workers whose memory grows step after step (:func:`worker_leaks`), fastest first."""
     oom_kills: int = 0
     """Processes the OOM killer killed on the machine while the run was sampled (a worker of it, or another's)."""
+    pinned_peak_bytes: float | None = None
+    """The most page-locked host memory torch's pinned allocator held (``pinned_bytes``), summed over the ranks'
+    samples at their own peaks; None where not measured (then :attr:`pinned_unavailable` says why)."""
+    pinned_unavailable: str | None = None
+    """Why pinned memory was not measured, as the run recorded it once (``no CUDA: no pinned memory``)."""
+    oom_reason: str | None = None
+    """The end cause as ``gpudash run``'s watcher recorded it (``end_cause: oom_killed``), when it did."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +118,10 @@ class HostMemory:
 
 def _peak(v: pd.Series | None) -> float | None:
     return None if v is None else float(v.max())
+
+
+def _metas(run: Any) -> list[dict[str, Any]]:
+    return [run.meta, *(getattr(run, "rank_meta", None) or {}).values()]
 
 
 def run_host_memory(run: Any) -> HostMemory | None:
@@ -143,20 +158,28 @@ def run_host_memory(run: Any) -> HostMemory | None:
     last_avail = float(avail.dropna().iloc[-1]) if avail is not None else None
     last_total = float(total.dropna().iloc[-1]) if total is not None else None
     reason = str(run.meta.get("end_reason") or DIED)
-    killed = (run.status == "crashed" and reason == DIED and last_avail is not None and last_total is not None
-              and last_avail < OOM_KILL_AVAILABLE * last_total)
+    recorded = run.status == "crashed" and any(rm.get("end_cause") == OOM_KILLED for rm in _metas(run))
+    killed = recorded or (run.status == "crashed" and reason == DIED and last_avail is not None
+                          and last_total is not None and last_avail < OOM_KILL_AVAILABLE * last_total)
     kills = numeric(host, "oom_kills")
+    pinned = [float(v.max()) for _, g in groups if (v := numeric(g, "pinned_bytes")) is not None]
+    no_pinned = next((str(m["unavailable_pinned_memory"]) for m in _metas(run) if m.get("unavailable_pinned_memory")),
+                     None)
     first = numeric(run.steps, "step")
     return HostMemory(leaks=tuple(worker_leaks(host, None if first is None else float(first.min()))),oom_kills=int(kills.max()) if kills is not None else 0, peak_pss_bytes=peaks, peak_total_pss_bytes=max(totals) if totals else None, workers=workers,
                       shm_peak_bytes=_peak(numeric(host, "shm_used_bytes")),
                       min_available_bytes=None if avail is None else float(avail.min()),
                       total_bytes=last_total, low_available_at=low_at, last_available_bytes=last_avail,
-                      oom_killed=bool(killed))
+                      pinned_peak_bytes=sum(pinned) if pinned else None,
+                      pinned_unavailable=None if pinned else no_pinned,
+                      oom_killed=bool(killed), oom_reason=next((str(rm["end_reason"]) for rm in _metas(run)
+                                                                if rm.get("end_cause") == OOM_KILLED
+                                                                and rm.get("end_reason")), None) if recorded else None)
 
 
 def host_memory_text(h: HostMemory, limit: int = 6) -> str:
-    """``peak 3.1 GiB over 5 processes: main 1.0 GiB, worker 0 520 MiB, ...; /dev/shm up to 64 MiB;
-    available down to 2.0 GiB of 31 GiB``."""
+    """``peak 3.1 GiB over 5 processes: main 1.0 GiB, worker 0 520 MiB, ...; /dev/shm up to 64 MiB; pinned up to
+    512 MiB (or why not: ``no CUDA: no pinned memory``); available down to 2.0 GiB of 31 GiB``."""
     from gpudash.units import human_bytes
 
     bits = []
@@ -167,6 +190,10 @@ def host_memory_text(h: HostMemory, limit: int = 6) -> str:
         bits.append(f"peak {human_bytes(h.peak_total_pss_bytes)} (PSS) over {len(top)} process(es): {listed}{more}")
     if h.shm_peak_bytes is not None:
         bits.append(f"/dev/shm up to {human_bytes(h.shm_peak_bytes)}")
+    if h.pinned_peak_bytes is not None:
+        bits.append(f"pinned up to {human_bytes(h.pinned_peak_bytes)}")
+    elif h.pinned_unavailable:
+        bits.append(h.pinned_unavailable[:200])
     if h.min_available_bytes is not None:
         bits.append(f"available down to {human_bytes(h.min_available_bytes)}"
                     + (f" of {human_bytes(h.total_bytes)}" if h.total_bytes else ""))
@@ -180,6 +207,8 @@ def oom_kill_text(h: HostMemory) -> str:
     """The end reason of a run the OOM killer took."""
     from gpudash.units import human_bytes
 
+    if h.oom_reason:
+        return h.oom_reason
     return (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the machine had "
             f"{human_bytes(h.last_available_bytes)} of {human_bytes(h.total_bytes)} available at the last sample")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpudash.analysis.capacity import capacity_bytes
 from gpudash.analysis.verdict import Verdict, num
 from gpudash.store.oom_message import parse_oom_message
 from gpudash.store.run import Run
@@ -161,14 +162,12 @@ def _step_value(run: Run, col: str, step: int | None, rank: int | None) -> float
 
 
 def _capacity(run: Run, data: dict[str, Any]) -> float | None:
-    """The limit the allocation ran into: the allocator's (capped) limit, else the
-    run's recorded budget, else a budget parsed from the error message."""
+    """The limit the allocation ran into: the limit this OOM's event (or torch's message) names, else the
+    run's one capacity (:func:`gpudash.analysis.capacity.capacity_bytes`, as every other surface judges), else
+    the device total or budget the event names."""
     cap = _pick(data, "capacity_bytes", "memory_budget_bytes", "cap_bytes")
     if cap is None:
-        cap = _pick(run.meta, "memory_budget_bytes", "memory_cap_bytes", "capacity_bytes")
-    pre = run.meta.get("preflight")
-    if cap is None and isinstance(pre, dict):
-        cap = _pick(pre, "capacity_bytes")
+        cap = capacity_bytes(run)
     if cap is None:
         cap = _pick(data, "budget_bytes", "device_total_bytes", "total_bytes")
     return cap

@@ -110,14 +110,18 @@ class HostCollector:
         if in_use is not None:
             self.held = HeldSampler(in_use, monitor)
             monitor.add_step_hooks(end=self.held.on_step_end)
-        from gpudash.collectors.procmem import ProcMem
+        from gpudash.collectors.procmem import ProcMem, open_pinned
         from gpudash.collectors.rapl import open_rapl
         by_process = ProcMem(proc)
+        pinned, no_pinned = open_pinned()
+        if pinned is None:
+            monitor.unavailable("pinned_memory", no_pinned or "pinned memory not measured")
         rapl, no_rapl = open_rapl()
         if rapl is None:
             monitor.unavailable("cpu_energy", no_rapl or "no RAPL counters")
 
         def sample() -> None:
+            nonlocal pinned
             while True:
                 try:
                     with proc.oneshot():
@@ -139,6 +143,12 @@ class HostCollector:
                     row.update(by_process.sample())
                     if rapl is not None:
                         row["cpu_energy_j"] = rapl.read()
+                    if pinned is not None:
+                        try:
+                            row.update(pinned())
+                        except Exception as exc:  # noqa: BLE001 - recorded once; the other columns go on
+                            monitor.unavailable("pinned_memory", f"torch.cuda.host_memory_stats failed: {exc}")
+                            pinned = None
                     if by_process.unavailable is not None:  # recorded once; the other columns go on
                         monitor.unavailable("host_by_process", by_process.unavailable)
                     put("host", row)

@@ -14,7 +14,12 @@ copy-on-write are counted once over the processes, not N times as RSS would. Col
 * ``shm_used_bytes``: what ``/dev/shm`` holds (the workers hand tensors to the main process there; the
   mount is the machine's, so other jobs' files count too);
 * ``oom_kills``: processes the kernel's OOM killer killed on the machine since the sampler started
-  (``oom_kill`` of ``/proc/vmstat``, Linux 4.13+): a DataLoader worker it took shows here.
+  (``oom_kill`` of ``/proc/vmstat``, Linux 4.13+): a DataLoader worker it took shows here;
+* ``pinned_bytes``, ``pinned_active_bytes``: page-locked host memory held by torch's pinned (CUDA host) allocator
+  (``pin_memory=True`` loaders, ``tensor.pin_memory()``, CPU offload buffers): what it holds, cached blocks
+  included, and what is handed out (``torch.cuda.host_memory_stats()``, torch 2.5+; a host-side read under the
+  allocator's lock, no GPU sync). Where there is no CUDA, or the torch has no such stats, :func:`open_pinned`
+  says why once (``unavailable_pinned_memory``), never a silent zero.
 
 Bounded cost: the descendants are listed (a walk of ``/proc``) at most every :data:`RESCAN_S` seconds and
 between scans only the known ones are read; a process that exited is dropped when its read fails. RSS is
@@ -26,10 +31,13 @@ seconds).
 from __future__ import annotations
 
 import os
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BUDGET", "MAX_SLOTS", "RESCAN_S", "SHM_ROOT", "VMSTAT", "ProcMem", "oom_kill_count", "shm_used"]
+__all__ = ["BUDGET", "MAX_SLOTS", "NO_CUDA", "RESCAN_S", "SHM_ROOT", "VMSTAT", "ProcMem", "oom_kill_count",
+           "open_pinned", "pinned_reader", "shm_used"]
 
 #: the descendants are listed again at most this often (a walk of /proc costs ~0.1 ms per process on the machine)
 RESCAN_S = 5.0
@@ -41,6 +49,43 @@ BUDGET = 0.02
 SHM_ROOT = "/dev/shm"
 #: the kernel's event counters (``oom_kill N``)
 VMSTAT = "/proc/vmstat"
+
+
+#: the reported state of a CPU-only run (said once, in ``unavailable_pinned_memory``)
+NO_CUDA = "no CUDA: no pinned memory"
+
+
+def open_pinned() -> tuple[Callable[[], dict[str, float]] | None, str | None]:
+    """``(read, None)``: ``read()`` returns ``pinned_bytes`` and ``pinned_active_bytes`` from torch's pinned host
+    allocator; ``(None, why)`` where it cannot be measured (no torch loaded, no CUDA, a torch without
+    ``torch.cuda.host_memory_stats``). Only a torch the training process already imported is used."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, "torch is not loaded: no pinned memory"
+    try:
+        cuda = bool(torch.cuda.is_available())
+    except Exception as exc:  # noqa: BLE001 - a broken driver is a state, not a crash
+        return None, f"{NO_CUDA} (CUDA check failed: {type(exc).__name__}: {exc})"
+    if not cuda:
+        return None, NO_CUDA
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is None:
+        return None, (f"torch {getattr(torch, '__version__', '?')} has no torch.cuda.host_memory_stats "
+                      "(torch 2.5+): pinned memory not measured")
+    return pinned_reader(stats), None
+
+
+def pinned_reader(stats: Callable[[], Any]) -> Callable[[], dict[str, float]]:
+    """The ``pinned_*`` columns from a ``host_memory_stats``-like function (flat ``"allocated_bytes.current"``
+    keys); a missing key is left out."""
+    def read() -> dict[str, float]:
+        s = stats()
+        row = {}
+        for col, key in (("pinned_bytes", "allocated_bytes.current"), ("pinned_active_bytes", "active_bytes.current")):
+            if key in s:
+                row[col] = float(s[key])
+        return row
+    return read
 
 
 def shm_used(root: str = SHM_ROOT) -> int | None:

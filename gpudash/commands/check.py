@@ -211,9 +211,12 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
         nf = facts.nonfinite_steps
         out.append(Outcome("no_nonfinite", not nf, f"{len(nf)} non-finite step(s)"
                            + (f", the first at step {nf[0]}" if nf else ""), value=float(len(nf)), limit=0.0))
-    if rules.no_oom:
-        out.append(Outcome("no_oom", facts.oom_count == 0, f"{facts.oom_count} OOM(s)",
-                           value=float(facts.oom_count), limit=0.0))
+    if rules.no_oom:  # the device's OOMs and the kernel's OOM killer taking the run (host memory)
+        killed = facts.host_memory is not None and facts.host_memory.oom_killed
+        n = facts.oom_count + int(killed)
+        out.append(Outcome("no_oom", n == 0, f"{facts.oom_count} OOM(s)"
+                           + ("; killed by the kernel's OOM killer (host memory)" if killed else ""),
+                           value=float(n), limit=0.0))
     if rules.max_spikes is not None:
         sp = facts.loss_spike_steps
         out.append(Outcome("max_spikes", len(sp) <= rules.max_spikes,

@@ -8,7 +8,10 @@ gpudash's agent before user code (a ``sitecustomize`` on a private
 Without ``--serve`` this process *becomes* COMMAND (exec) when COMMAND is
 Python (an interpreter, or a script such as ``torchrun``): same pid, same
 stdin/stdout/stderr, same exit code and signals; otherwise (a shell wrapper)
-it waits for COMMAND, passing signals on. Either way the job's last word
+it waits for COMMAND, passing signals on. The end cause nothing in the job can
+record, the OOM killer's SIGKILL, goes into the run (``end_cause:
+oom_killed``, ``zerocode/endwatch.py``): after an exec a small watcher records
+it, waiting this process does. Either way the job's last word
 (``zerocode/outcome.py``) says why when no process recorded a step, and leaves
 a run folder with a ``no_steps`` event. With ``--serve`` the
 dashboard runs in its own process beside the job (one for all ranks), its
@@ -38,7 +41,7 @@ from gpudash.commands.train import monitor_from_args
 from gpudash.errors import UserError
 from gpudash.options import DEFAULT_PORT, MonitorOptions, options_to_json
 from gpudash.store.objstore import is_url, run_name
-from gpudash.zerocode import outcome
+from gpudash.zerocode import endwatch, outcome
 from gpudash.zerocode.agent import ENV_OPTIONS, ENV_RUN_DIR, say
 
 __all__ = ["add_arguments", "child_env", "default_run_name", "run"]
@@ -141,13 +144,14 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
     if token is not None:  # a token kept in the environment is never printed
         url += f"?token=${TOKEN_ENV}" if token_from_env(args.token) else f"?token={quote(token)}"
     threading.Thread(target=_announce_when_up, args=(args.host, port, url, server), daemon=True).start()
+    base = endwatch.baseline(os.getpid())
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
         server.terminate()
         raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
     try:
-        rc = _wait(child, run_dir, env, command[0])
+        rc = _wait(child, run_dir, env, command[0], base)
     finally:
         server.terminate()
         try:
@@ -157,8 +161,11 @@ def _serve_and_wait(command: list[str], env: dict[str, str], run_dir: Path | str
     return _exit_as(rc)
 
 
-def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, str], name: str) -> int:
-    """Wait for the job (signals passed on) and give its last word (outcome.job_done); its exit status."""
+def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, str], name: str,
+          base: endwatch.Baseline) -> int:
+    """Wait for the job (signals passed on) and give its last word (outcome.job_done); its exit status. Killed by
+    SIGKILL: the OOM killer's kill recorded as the run's end cause where the evidence says so (endwatch.settle,
+    with the OOM-kill counters ``base`` read before the job started)."""
     def forward(signum: int, frame: FrameType | None) -> None:
         child.send_signal(signum)
 
@@ -170,6 +177,14 @@ def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, st
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if rc == -signal.SIGKILL and not is_url(run_dir) and endwatch.settle(run_dir, base):
+        # the job recorded steps and was killed before its processes could say so at their exit: their state
+        # files would read "nothing trained"; the run folder says what happened
+        if env.get(outcome.ENV_STATE):
+            shutil.rmtree(env[outcome.ENV_STATE], ignore_errors=True)
+        say(f"{name} was killed by the kernel's OOM killer (SIGKILL; the OOM-kill counter went up or memory was "
+            "nearly full): recorded as the run's end cause")
+        return rc
     outcome.job_done(str(run_dir), env.get(outcome.ENV_STATE), exit_code=rc)
     if rc == -signal.SIGKILL:  # no traceback, nothing recorded by the job itself: say what usually sends it
         say(f"{name} was killed by SIGKILL: the kernel's OOM killer, when the machine's memory ran out "
@@ -179,7 +194,8 @@ def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, st
 
 def _exit_as(rc: int) -> int:
     if rc < 0:  # killed by a signal: die the same way
-        signal.signal(-rc, signal.SIG_DFL)
+        if -rc not in (signal.SIGKILL, signal.SIGSTOP):  # those two keep their default action (no handler)
+            signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
         return 128 - rc
     return rc
@@ -221,12 +237,15 @@ def run(args: argparse.Namespace) -> int:
     if args.serve:
         return _serve_and_wait([program, *command[1:]], env, run_dir, args)
     if not _is_python(program):  # a shell, a wrapper: wait for it and give the job's last word here
+        base = endwatch.baseline(os.getpid())
         try:
             child = subprocess.Popen([program, *command[1:]], env=env)
         except OSError as exc:
             raise UserError(f"cannot start {command[0]}: {exc.strerror or exc}") from exc
-        return _exit_as(_wait(child, run_dir, env, command[0]))
+        return _exit_as(_wait(child, run_dir, env, command[0], base))
     env[outcome.ENV_ROOT] = str(os.getpid())  # the process this one becomes gives the last word at its exit
+    if not is_url(run_dir):  # a kill nothing in the job can record (the OOM killer's SIGKILL): the watcher's
+        endwatch.spawn(run_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -190,7 +190,9 @@ def _peak(arch: HFArch, s: Setting, state: _State, micro_batch: int, seq_len: in
     dequant_live = s.compute * biggest if s.quantized else 0
     live = act.total + logits_grads + recompute + dequant_live
     tied = s.weight * arch.vocab_size * arch.hidden if arch.tied and not lora else 0
-    end = state.grads + 2 * tied
+    # the tied weight's two partial gradients exist side by side before they are summed; under accumulation
+    # the earlier micro-batches' gradient is a third (as the GPT estimator adds: 3 V h w beyond the gradients)
+    end = state.grads + (3 if accum > 1 else 2) * tied
     held = state.grads if accum > 1 else 0
     live += held
     return _Peak(activations=act.total, weight_copies=act.weight_copies, logits_grads=logits_grads,

@@ -14,7 +14,6 @@ answers at once, and a browser opened right away waits for the first page instea
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ from urllib.parse import quote
 
 from gpudash.errors import RunError
 from gpudash.server.access import allowed_hosts, check_bind, guard, serve_wsgi
+from gpudash.store.atomic import write_atomic
 from gpudash.store.bounded import damage
 
 if TYPE_CHECKING:
@@ -91,9 +91,7 @@ class _BundleCache:
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
             path = self._file(key)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(hashlib.sha256(value).digest() + value)
-            os.replace(tmp, path)  # whole or not at all: a reader never sees half a bundle
+            write_atomic(path, hashlib.sha256(value).digest() + value)  # a reader never sees half a bundle
             kept = sorted(self._dir.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
             for old in kept[self.KEEP:]:
                 old.unlink(missing_ok=True)

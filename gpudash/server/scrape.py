@@ -233,6 +233,13 @@ class RunsCollector:
                                        "Watt-hours per million tokens")):
                 if value is not None:
                     fams.add(name, f"{what} while the steps ran, all ranks.", lab, value)
+            for who, joules in energy.per_gpu_j.items():  # "rank R GPU G": the run's energy by GPU
+                _, rank, _, gpu = who.split()
+                fams.add("gpudash_run_gpu_energy_joules", "Energy each GPU drew over the run (gpudash info's per "
+                         "GPU).", {**lab, "rank": rank, "gpu": gpu}, joules, counter=True)
+            for who, joules in energy.per_rank_j.items():  # "rank R": its GPUs and its machine's CPU packages
+                fams.add("gpudash_run_rank_energy_joules", "Energy each rank's GPUs (and its machine's CPU packages, "
+                         "counted once) drew over the run.", {**lab, "rank": who.split()[1]}, joules, counter=True)
         host = facts.host_memory
         if host is not None and host.peak_total_pss_bytes is not None:
             fams.add("gpudash_host_memory_peak_pss_bytes", "Peak host memory (PSS) of the training process and its "
@@ -264,8 +271,12 @@ class RunsCollector:
     @staticmethod
     def _skew(fams: Families, run_id: str, tails: list[tuple[pd.DataFrame, pd.DataFrame]]) -> None:
         """Straggler gauges from the newest step every rank recorded."""
-        steps = pd.concat([t[0] for t in tails if not t[0].empty], ignore_index=True)
-        memory = pd.concat([t[1] for t in tails if not t[1].empty], ignore_index=True)
+        def joined(frames: list[pd.DataFrame]) -> pd.DataFrame:  # ranks without memory rows (a CPU run): none
+            frames = [f for f in frames if not f.empty]
+            return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+        steps = joined([t[0] for t in tails])
+        memory = joined([t[1] for t in tails])
         skew = rank_skew(SimpleNamespace(steps=steps, memory=memory))
         if skew.empty:
             return

@@ -14,7 +14,6 @@ objects (size and time of each): a run that published again is read again, one t
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +101,7 @@ def materialize(path: Path) -> bool:
     """Make the folder of the listed run at ``path`` as it is opened: the folder, its ``run.json`` (as
     listed) and an empty ``segments/`` (its segments are fetched by the reader). False when ``path`` is not
     a listed run. Written whole (a temporary name, then a rename); a ``run.json`` that changed upstream is
-    written again."""
+    written again (:func:`gpudash.store.atomic.write_atomic`)."""
     run = listed_run(path)
     if run is None:
         return False
@@ -118,11 +117,8 @@ def materialize(path: Path) -> bool:
             return True
     except OSError:
         pass
-    tmp = path / f".{RUN_META_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        if run.run_json is None:  # too large to read: a hole of its size, which the reader names as such
-            f.truncate(run.run_json_size or 0)
-        else:
-            f.write(run.run_json)
-    os.replace(tmp, dest)
+    from gpudash.store.atomic import write_atomic
+
+    # too large to read: a hole of its size (None), which the reader names as such
+    write_atomic(dest, run.run_json, root=path.parent, size=run.run_json_size or 0)
     return True

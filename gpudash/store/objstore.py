@@ -7,8 +7,11 @@ append-only publication needs and all an object store offers. A put is atomic fo
 everywhere: an object store makes an object visible whole; on a filesystem the bytes go to a hidden
 name, are flushed, then renamed.
 
-Credentials and endpoints come from the usual places (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``,
-``~/.aws``, fsspec's config); gpudash adds only short connect/read timeouts and few retries, so a
+Credentials and endpoints come from the usual places, read by each driver: S3 (s3fs) ``AWS_ACCESS_KEY_ID``,
+``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` (MinIO and other S3-compatible servers, addressed path-style),
+``~/.aws``; GCS (gcsfs) ``GOOGLE_APPLICATION_CREDENTIALS``, ``STORAGE_EMULATOR_HOST``; Azure (adlfs, ``az://``)
+``AZURE_STORAGE_CONNECTION_STRING`` or ``AZURE_STORAGE_ACCOUNT_NAME`` with a key, SAS token or service
+principal; fsspec's config; gpudash adds only short connect/read timeouts and few retries, so a
 store that does not answer costs a reader seconds, not minutes (the training side uploads from
 its own thread and never waits on the network at all).
 """
@@ -17,24 +20,35 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from gpudash.errors import RunError
+from gpudash.store.atomic import write_atomic
+from gpudash.store.localdisk import MAX_OBJECT_BYTES, RUN_META_BYTES, staging_dir
 
-__all__ = ["MAX_OBJECT_BYTES", "RUN_META_BYTES", "Store", "is_url", "local_staging", "open_store", "run_name"]
+__all__ = ["ENDPOINT_ENV", "MAX_OBJECT_BYTES", "RUN_META_BYTES", "Store", "is_url", "local_staging", "missing_driver",
+           "open_store", "run_name"]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-#: Largest object read whole (a compacted table of a long run is a few hundred MB at most).
-MAX_OBJECT_BYTES = 4 << 30
-#: The largest ``run.json`` read (gpudash writes a few kB).
-RUN_META_BYTES = 4 << 20
 #: Object-store client settings: seconds to connect and to read, attempts per request.
 CONNECT_S = 5
 READ_S = 30
 ATTEMPTS = 2
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+#: scheme -> (the fsspec driver it needs, gpudash's extra that installs it)
+_DRIVERS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+            "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+#: scheme -> where its driver reads credentials (said when opening the store fails for want of them)
+_CREDENTIALS = {
+    **dict.fromkeys(("s3", "s3a"), "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or ~/.aws (endpoint: AWS_ENDPOINT_URL)"),
+    **dict.fromkeys(("gs", "gcs"), "GOOGLE_APPLICATION_CREDENTIALS or gcloud's default login (emulator: "
+                                   "STORAGE_EMULATOR_HOST)"),
+    **dict.fromkeys(("az", "abfs", "abfss"), "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+                                             "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN or a service principal "
+                                             "(AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID)"),
+}
+#: An S3-compatible endpoint (MinIO, Ceph, moto): ``gpudash serve --endpoint-url`` sets it, botocore reads it.
+ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -50,11 +64,7 @@ def run_name(location: str | os.PathLike[str]) -> str:
 def local_staging(location: str) -> Path:
     """A node-local folder for a run recorded into an object store (``$GPUDASH_LOCAL_DIR``, else the
     temporary folder): the live database and the segments waiting for upload live there."""
-    from gpudash.store.sharedfs import LOCAL_DIR_ENV
-
-    base = os.environ.get(LOCAL_DIR_ENV) or tempfile.gettempdir()
-    Path(base).mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"gpudash-{run_name(location)}-", dir=base))
+    return staging_dir(run_name(location))
 
 
 class Store:
@@ -85,19 +95,7 @@ class Store:
             return
         path = Path(full)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            # a name planted beforehand (a link to another file) is removed, never written through
-            tmp.unlink(missing_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, data, fsync=True)  # other hosts read it: on the disk before its name is
 
     def get(self, name: str, limit: int = MAX_OBJECT_BYTES, size: int | None = None) -> bytes:
         """One object's bytes (``FileNotFoundError`` when absent; ``OSError`` when over ``limit``); ``size``: the
@@ -179,18 +177,30 @@ def _remote_fs(url: str) -> tuple[Any, str]:
     if scheme in ("s3", "s3a"):
         kwargs["config_kwargs"] = {"connect_timeout": CONNECT_S, "read_timeout": READ_S,
                                    "retries": {"max_attempts": ATTEMPTS}}
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:  # botocore reads it too; said here for clients that predate it
             kwargs["client_kwargs"] = {"endpoint_url": endpoint}
+            # MinIO and most S3-compatible servers answer path-style requests (bucket in the path, not the host)
+            kwargs["config_kwargs"]["s3"] = {"addressing_style": "path"}
     try:
         fs, root = fsspec.core.url_to_fs(url, **kwargs)
-    except ImportError as exc:
-        extra = _EXTRAS.get(scheme)
-        fix = f"pip install 'gpudash[{extra}]'" if extra else f"install the fsspec driver for {scheme}://"
-        raise RunError(f"{url}: no driver for {scheme}:// ({exc}); {fix}") from None
+    except ImportError:
+        raise RunError(missing_driver(url)) from None
     except (ValueError, TypeError) as exc:
-        raise RunError(f"{url}: not a storage location fsspec knows ({exc})") from None
+        where = _CREDENTIALS.get(scheme)
+        if where is None:
+            raise RunError(f"{url}: not a storage location fsspec knows ({exc})") from None
+        raise RunError(f"{url}: cannot open the store ({str(exc)[:200]}); its credentials come from {where}") from None
     return fs, str(root).rstrip("/")
+
+
+def missing_driver(url: str) -> str:
+    """The one line saying which package a URL's scheme needs and how to install it."""
+    scheme = url.split("://", 1)[0].lower()
+    package, extra = _DRIVERS.get(scheme, (None, None))
+    if package is None:
+        return f"{url}: no fsspec driver for {scheme}:// is installed; install the one for {scheme}://"
+    return f"{url}: {scheme}:// needs the package {package}, which is not installed; pip install 'gpudash[{extra}]'"
 
 
 def open_store(location: str | os.PathLike[str]) -> Store:

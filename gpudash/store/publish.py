@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from typing import Any
 
 from gpudash.store.attempts import last_step
 from gpudash.store.listing import LISTING_KEY, ListingTally
+from gpudash.store.localdisk import staging_dir
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import (
@@ -71,11 +71,7 @@ class SegmentPublisher:
         self.interval = PUBLISH_INTERVAL_S if interval is None else interval
         self._report = report
         if live_dir is None:
-            from gpudash.store.sharedfs import LOCAL_DIR_ENV
-
-            base = os.environ.get(LOCAL_DIR_ENV) or tempfile.gettempdir()
-            Path(base).mkdir(parents=True, exist_ok=True)
-            live_dir = Path(tempfile.mkdtemp(prefix=f"gpudash-rank{rank}-", dir=base))
+            live_dir = staging_dir(f"rank{rank}")
         self.live_dir = live_dir
         self.live_path = live_dir / rank_db_name(rank)
         self.outbox = live_dir / "outbox"

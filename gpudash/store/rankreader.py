@@ -25,7 +25,7 @@ from gpudash.store.meta import clean_meta
 from gpudash.store.rankfile import Scratch, log_heartbeat, open_rank_db, wal_path
 from gpudash.store.schema import TABLE_BASE_COLUMNS, quote_ident, rank_from_db_name, rollup_table
 
-__all__ = ["MAX_COLUMNS", "STALE_AFTER_S", "RankReader", "merged_span", "meta_status"]
+__all__ = ["MAX_COLUMNS", "STALE_AFTER_S", "RankReader", "merged_span", "meta_status", "time_where"]
 
 #: A writer that has not written a heartbeat for this long (and at least 4
 #: flush intervals) is treated as dead: its run reads ``crashed``.
@@ -387,7 +387,7 @@ class RankReader:
 
     def read_rollup(self, table: str, level: int, t0: float | None, t1: float | None) -> pd.DataFrame:
         name = rollup_table(table, level)
-        where, params = _time_where(t0, t1, "bucket")
+        where, params = time_where(t0, t1, "bucket")
         df = self.read(name, where, params)
         if df.empty:
             return df
@@ -395,7 +395,7 @@ class RankReader:
         return df.reset_index(drop=True)
 
     def count(self, table: str, t0: float | None, t1: float | None) -> int:
-        where, params = _time_where(t0, t1, "time")
+        where, params = time_where(t0, t1, "time")
         sql = f"SELECT count(*) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
         rows = self.query(sql, params, tables=(table,))
         return int(rows[0][0] or 0) if rows else 0
@@ -410,7 +410,7 @@ class RankReader:
 
     def span(self, table: str, col: str, by: str, lo: float | None, hi: float | None) -> tuple[float, float] | None:
         """Smallest and largest ``col`` over the rows whose ``by`` lies in [lo, hi] (None: open)."""
-        where, params = _time_where(lo, hi, quote_ident(by))
+        where, params = time_where(lo, hi, quote_ident(by))
         q = quote_ident(col)
         sql = f"SELECT min({q}), max({q}) FROM {quote_ident(table)}" + (f" WHERE {where}" if where else "")
         rows = self.query(sql, params, tables=(table,))
@@ -457,7 +457,7 @@ class RankReader:
         return [(k, int(n)) for k, n in rows or ()]
 
 
-def _time_where(t0: float | None, t1: float | None, col: str) -> tuple[str, tuple[Any, ...]]:
+def time_where(t0: float | None, t1: float | None, col: str) -> tuple[str, tuple[Any, ...]]:
     parts, params = [], []
     if t0 is not None:
         parts.append(f"{col} >= ?")

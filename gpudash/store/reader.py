@@ -24,7 +24,7 @@ from gpudash.store.listed import materialize
 from gpudash.store.meta import read_run_json
 from gpudash.store.mirror import SegmentMirror, origin_of, segment_mirror, unpublished_note
 from gpudash.store.objstore import RUN_META_BYTES, Store, is_url, open_store, run_name
-from gpudash.store.rankreader import RankReader, _time_where, merged_span
+from gpudash.store.rankreader import RankReader, merged_span, time_where
 from gpudash.store.schema import (
     NUMERIC_TABLES,
     ROLLUP_LEVELS,
@@ -115,6 +115,12 @@ class RunReader:
             if rank is None or rank in self.ranks:
                 continue
             self._open_rank(rank, db)
+        if self._shared_mirror and self._mirror is not None and self._mirror.closed:
+            # its segments were dropped from the local cache (bounded): the ranks read from them are opened
+            # again from a fresh fetch
+            for rank in [k for k, r in self.ranks.items() if not r.live_log]:
+                self.ranks.pop(rank).close()
+            self._mirror, self._shared_mirror = None, False
         if self._mirror is None and self.url is None:
             origin = origin_of(self.path)
             if origin is not None:  # listed from an object store: its segments are fetched now, on opening
@@ -294,7 +300,7 @@ class RunReader:
             t1 = s1 if s1 is not None else t1
         total = sum(r.count(table, t0, t1) for r in self.ranks.values())
         if total <= max_rows or table not in ROLLUP_TABLES:  # a step table: its rows (callers downsample)
-            where, params = _time_where(t0, t1, "time")
+            where, params = time_where(t0, t1, "time")
             return self._attempts(table, self._concat(table, lambda r: r.read(table, where, params)), "latest"), 0
         level = ROLLUP_LEVELS[-1]
         span = None

@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 RUN_META_FILE = "run.json"
+#: a rank meta's ``end_cause`` when the kernel's OOM killer took its process (:mod:`gpudash.zerocode.endwatch`)
+OOM_KILLED = "oom_killed"
 #: SQLite's page cache per connection, KiB (``PRAGMA cache_size``): SQLite's default, 2,000 KiB, fills at the
 #: file's growth rate, so in the watched process (the writer, the leak watch's and the alert watcher's readers)
 #: it grew malloc's in-use bytes by ~550 B/step over a run's first ~10,000 steps. Appends and reads of new rows

@@ -37,7 +37,7 @@ import numpy as np
 from gpudash.store.columns import add_columns, table_columns
 from gpudash.store.schema import NUMERIC_TABLES, ROLLUP_TABLES, TABLE_BASE_COLUMNS, quote_ident
 
-__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "export_rows", "parse_segment",
+__all__ = ["PUBLISHED_TABLES", "SEGMENTS_DIR", "SegmentCache", "SegmentRefused", "decoded_batch", "export_rows", "parse_segment",
            "rank_meta_name", "rank_of_folder", "read_meta_rows", "segment_bounds", "segment_name", "segment_ranks",
            "shift_rowids"]
 
@@ -256,17 +256,20 @@ class SegmentCache:
     def wanted(self, table: str, segments: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
         return chain(segments, self.have.get(table, 0))
 
-    def ingest(self, table: str, data: bytes, name: str) -> int:
+    def ingest(self, table: str, data: bytes | Any, name: str, *, size: int | None = None,
+               row_groups: list[int] | None = None) -> int:
         """Add the rows of one segment of ``table`` after those already here; returns rows added.
 
         The file is someone else's: its footer is checked before any row is decoded
         (:func:`segment_bounds`) and the rows are read in batches of :data:`BATCH_ROWS`, each one's text
         measured before it is decoded, so a Parquet bomb (millions of rows in a few kB) is named as damaged
-        and never costs more than a batch of memory."""
+        and never costs more than a batch of memory. ``data`` may be a file read in ranges (``size`` bytes,
+        :mod:`gpudash.store.ranged`), ``row_groups`` the only row groups read of it (the rest are rows held
+        already)."""
         import pyarrow as pa
 
         try:
-            pf, _text = segment_bounds(data, name)
+            pf, _text = segment_bounds(data, name, size)
         except SegmentRefused as exc:
             self._report(f"{name}: damaged, not read ({exc}); the rows after it wait for a good copy")
             return 0
@@ -275,8 +278,8 @@ class SegmentCache:
             return 0
         added = 0
         try:
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
-                tab = pa.Table.from_batches([_decoded(batch)])
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, use_threads=False):
+                tab = pa.Table.from_batches([decoded_batch(batch)])
                 added += self._ingest_batch(table, tab)
         except SegmentRefused as exc:
             self._report(f"{name}: damaged, read up to row {added:,} ({exc}); the rows after it wait for a good copy")
@@ -349,24 +352,30 @@ class SegmentRefused(ValueError):
     """A segment whose footer or content breaks a bound (:func:`segment_bounds`): damaged, not read."""
 
 
-def segment_bounds(data: bytes, name: str) -> tuple[Any, list[str]]:
+def segment_bounds(data: bytes | Any, name: str, size: int | None = None) -> tuple[Any, list[str]]:
     """The opened :class:`pyarrow.parquet.ParquetFile` of a segment whose footer passes every bound, and its
     text/binary columns (read as dictionaries, measured per batch before decoding). Raises
     :class:`SegmentRefused` naming the bound broken: more rows than its name's rowid range or its size
     allow (:data:`ROWS_PER_BYTE`), more decoded bytes than :data:`DECODED_BYTES`, an encoding gpudash never
-    writes, too many columns, no integer ``_rowid``."""
+    writes, too many columns, no integer ``_rowid``.
+
+    ``data``: the file's bytes, or a seekable file of ``size`` bytes read in ranges (:mod:`gpudash.store.ranged`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(io.BytesIO(data))  # the footer only: no row is decoded yet
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        size = len(data)
+        data = io.BytesIO(data)
+    size = int(size or 0)
+    pf = pq.ParquetFile(data)  # the footer only: no row is decoded yet
     md = pf.metadata
     rows, span = int(md.num_rows), parse_segment(name)
     if span is not None and rows > span[1] - span[0]:
         raise SegmentRefused(f"it holds {rows:,} rows, more than the {span[1] - span[0]:,} its name's rowid range "
                              f"({span[0]}, {span[1]}] allows")
-    most = ROWS_PER_BYTE * len(data) + BATCH_ROWS
+    most = ROWS_PER_BYTE * size + BATCH_ROWS
     if rows > most:
-        raise SegmentRefused(f"it claims {rows:,} rows in {len(data):,} bytes, more than the {most:,} a file of "
+        raise SegmentRefused(f"it claims {rows:,} rows in {size:,} bytes, more than the {most:,} a file of "
                              "that size holds (a Parquet bomb)")
     if md.num_columns > MAX_SEGMENT_COLUMNS:
         raise SegmentRefused(f"{md.num_columns:,} columns, over the {MAX_SEGMENT_COLUMNS:,} a table holds")
@@ -391,7 +400,8 @@ def segment_bounds(data: bytes, name: str) -> tuple[Any, list[str]]:
     text = [f.name for f in schema if _is_text(f.type)
             or (pa.types.is_dictionary(f.type) and _is_text(f.type.value_type))]
     if text:  # reopened reading text as dictionaries: each distinct value once, measured before it is spread
-        pf = pq.ParquetFile(io.BytesIO(data), read_dictionary=text)
+        data.seek(0)
+        pf = pq.ParquetFile(data, read_dictionary=text)
     return pf, text
 
 
@@ -402,7 +412,7 @@ def _is_text(t: Any) -> bool:
                 or pa.types.is_large_binary(t))
 
 
-def _decoded(batch: Any) -> Any:
+def decoded_batch(batch: Any) -> Any:
     """``batch`` with its dictionary-read text columns made plain, after checking the bytes that makes."""
     import pyarrow as pa
     import pyarrow.compute as pc

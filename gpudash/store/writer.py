@@ -70,19 +70,12 @@ MAX_REPORTS = 256
 
 def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     """Write ``run.json`` atomically (tmp file + rename) if it does not exist yet."""
+    from gpudash.store.atomic import write_atomic
+
     path = run_dir / RUN_META_FILE
     if path.exists():
         return
-    tmp = run_dir / f".{RUN_META_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
-    tmp.write_text(json.dumps(redact_meta(meta), indent=1, default=str))
-    try:
-        os.link(tmp, path)  # atomic "create if absent" across ranks
-    except FileExistsError:
-        pass
-    except OSError:
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, json.dumps(redact_meta(meta), indent=1, default=str), exclusive=True)  # across ranks
 
 
 class Recorder:

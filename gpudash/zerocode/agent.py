@@ -163,11 +163,11 @@ class Agent:
         self._creating = False
         self._depth = 0
         self._call = ""  # the root call in progress: "train", "eval" or "" (not recorded)
-        self._in_backward = False
-        self._scaled: tuple[Any, Any] | None = None  # (scaled loss, loss) from GradScaler.scale
+        self.in_backward = False
+        self.scaled_loss: tuple[Any, Any] | None = None  # (scaled loss, loss) from GradScaler.scale
         self._roots: weakref.WeakSet[Any] | None = weakref.WeakSet()  # None once narrowed
         self._global_forward: list[Any] = []
-        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every torch.optim optimizer made
+        self.optimizers_made: weakref.WeakSet[Any] = weakref.WeakSet()  # every torch.optim optimizer made
 
     @property
     def driver(self) -> Any:
@@ -279,7 +279,7 @@ class Agent:
         self._close("finished", "script exited")
 
     # ---- starting the Monitor -------------------------------------------------------------
-    def _start(self) -> bool:
+    def start_step(self) -> bool:
         """Open the Monitor, watch memory and open the first step; False when recording is off."""
         if self.session is not None:
             return True
@@ -308,13 +308,13 @@ class Agent:
         finally:
             self._creating = False
         self.monitor = monitor
-        resume_from_optimizers(monitor, self._optimizers)  # a script resumed from its checkpoint
+        resume_from_optimizers(monitor, self.optimizers_made)  # a script resumed from its checkpoint
         # Python processes this one starts from now on (data workers, a script it runs) would
         # record as the same rank into the same files: they run unrecorded
         os.environ.pop(ENV_RUN_DIR, None)
         atexit.register(self.at_exit)  # after the Monitor's own: runs first
         self.session = Session(monitor, self._torch)
-        self.session.constructed = self._optimizers
+        self.session.constructed = self.optimizers_made
         loader = self.first_loader() if self.first_loader is not None else None
         if loader is not None:
             self.session.loader_iter(loader)
@@ -348,7 +348,7 @@ class Agent:
                 # evaluation before the first step starts recording only for a module with weights
                 if not training and not any(True for _ in module.parameters()):
                     return
-                if not self._start():
+                if not self.start_step():
                     return
             if self._roots is not None:
                 self._roots.add(module)
@@ -379,7 +379,7 @@ class Agent:
         if not self.active:
             return None
         try:
-            if self._start() and self.session.optimizer_pre(optimizer):
+            if self.start_step() and self.session.optimizer_pre(optimizer):
                 if args and callable(args[0]):
                     return (wrappers.closure(self, args[0]), *args[1:]), kwargs
                 if callable(kwargs.get("closure")):

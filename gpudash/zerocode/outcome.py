@@ -52,10 +52,9 @@ def report(**state: Any) -> None:
         return
     try:
         path = os.path.join(folder, f"{os.getpid()}.json")
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"pid": os.getpid(), **state}, f)
-        os.replace(tmp, path)
+        from gpudash.store.atomic import write_atomic
+
+        write_atomic(path, json.dumps({"pid": os.getpid(), **state}))
     except (OSError, TypeError, ValueError):
         pass  # the folder is gone (the job is over) or unwritable: the last word falls back to what it sees
 

@@ -14,25 +14,25 @@ def backward(agent: Any, original: Any) -> Any:
     """``torch.autograd.backward``: the backward phase and the loss passed to it."""
 
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if not agent.active or agent._in_backward:
+        if not agent.active or agent.in_backward:
             return original(tensors, *args, **kwargs)
         started = False
         try:
-            if agent._start():
+            if agent.start_step():
                 loss = tensors
-                scaled = agent._scaled
+                scaled = agent.scaled_loss
                 if scaled is not None and scaled[0] is loss:
                     loss = scaled[1]
-                agent._scaled = None
+                agent.scaled_loss = None
                 agent.session.before_backward(loss)
                 started = True
         except Exception as exc:  # noqa: BLE001
             agent.fail(exc)
-        agent._in_backward = True
+        agent.in_backward = True
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            agent._in_backward = False
+            agent.in_backward = False
             if started and agent.active:
                 try:
                     agent.session.after_backward()
@@ -48,7 +48,7 @@ def scale(agent: Any, original: Any) -> Any:
     def scale(scaler: Any, outputs: Any) -> Any:
         out = original(scaler, outputs)
         if agent.active and out is not outputs:
-            agent._scaled = (out, outputs)
+            agent.scaled_loss = (out, outputs)
         return out
 
     return scale
@@ -84,7 +84,7 @@ def optimizer_init(agent: Any, original: Any) -> Any:
         original(optimizer, *args, **kwargs)
         if agent.active:
             try:
-                agent._optimizers.add(optimizer)
+                agent.optimizers_made.add(optimizer)
             except Exception as exc:  # noqa: BLE001
                 agent.fail(exc)
 

@@ -114,3 +114,69 @@ def test_a_cpu_run_without_rapl_says_so_once() -> None:
     run.meta["unavailable_cpu_energy"] = "no RAPL counters (/sys/class/powercap not readable)"
     assert dict(headline_rows(run_facts(run), run.meta))["energy"] == \
         "not measured (no RAPL counters (/sys/class/powercap not readable))"
+
+
+def test_per_gpu_and_per_rank_from_rows_of_several_gpus_and_ranks() -> None:
+    steps = pd.concat([STEPS.assign(rank=r) for r in (0, 1)])
+    dev = pd.concat([pd.DataFrame({"time": T, "gpu": g, "rank": r, "energy_j": w * T})
+                     for r, g, w in ((0, 0, 100.0), (0, 1, 120.0), (1, 0, 80.0), (1, 1, 90.0))])
+    host = pd.concat([pd.DataFrame({"time": T, "rank": r, "cpu_energy_j": 20.0 * T}) for r in (0, 1)])
+    e = run_energy(_run(steps, dev, host, rank_meta={0: {"node": "a"}, 1: {"node": "a"}}), 5)
+    assert e is not None
+    assert e.per_gpu_j == pytest.approx({"rank 0 GPU 0": 1000.0, "rank 0 GPU 1": 1200.0, "rank 1 GPU 0": 800.0,
+                                         "rank 1 GPU 1": 900.0})
+    # the machine's CPU packages once, with the rank whose samples were counted
+    assert e.per_rank_j == pytest.approx({"rank 0": 2200.0 + 200.0, "rank 1": 1700.0})
+    assert e.total_j == pytest.approx(sum(e.per_rank_j.values()))
+    text = energy_text(e)
+    assert "per GPU: rank 0 GPU 1 1.2e+03 J, rank 0 GPU 0 1e+03 J, rank 1 GPU 1 900 J, rank 1 GPU 0 800 J" in text
+    assert "per rank: rank 0 2.4e+03 J, rank 1 1.7e+03 J" in text
+    one = run_energy(_run(STEPS, dev[(dev["rank"] == 0) & (dev["gpu"] == 0)]), 5)
+    assert one is not None and "per GPU" not in energy_text(one) and "per rank" not in energy_text(one)
+
+
+def test_every_surface_shows_energy_per_gpu_and_per_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two ranks of two GPUs each, their device rows recorded as the NVML collector writes them: info, the
+    report and /metrics (labels rank and gpu) show each GPU's and each rank's energy. No memory rows: a two-rank
+    run without them is scraped too."""
+    import time
+
+    from prometheus_client import generate_latest
+
+    from gpudash.cli import main
+    from gpudash.monitor import Monitor
+    from gpudash.server.metrics import metrics_registry
+
+    mons = [Monitor(tmp_path / "e", rank=r, world_size=2, host_hz=0, handle_signals=False, flush_interval=0.05)
+            for r in (0, 1)]
+    t0 = time.time()
+    for step in range(5):
+        for r, mon in enumerate(mons):
+            with mon.step(tokens=1000):
+                time.sleep(0.005)
+                for g in (0, 1):
+                    mon.recorder.put("device", {"time": t0 + step, "gpu": g, "energy_j": (100 + 10 * g + 50 * r) * step})
+    for mon in mons:
+        mon.close()
+    main(["info", str(tmp_path / "e"), "--json"])
+    energy = json.loads(capsys.readouterr().out)["facts"]["energy"]
+    assert energy["per_gpu_j"] == pytest.approx({"rank 0 GPU 0": 400.0, "rank 0 GPU 1": 440.0,
+                                                 "rank 1 GPU 0": 600.0, "rank 1 GPU 1": 640.0})
+    assert energy["per_rank_j"] == pytest.approx({"rank 0": 840.0, "rank 1": 1240.0})
+    main(["info", str(tmp_path / "e")])
+    out = capsys.readouterr().out
+    assert "per GPU: rank 1 GPU 1 640 J" in out and "per rank: rank 1 1.24e+03 J, rank 0 840 J" in out
+    main(["report", str(tmp_path / "e"), "--format", "md", "-o", str(tmp_path / "r.md")])
+    assert "per GPU: rank 1 GPU 1 640 J" in (tmp_path / "r.md").read_text()
+    from gpudash import load_run
+    from gpudash.analysis.summary import summarize
+
+    cost = next(v for v in summarize(load_run(tmp_path / "e")) if v.kind == "cost")  # the energy beside the money
+    assert any("per rank: rank 1 1.24e+03 J, rank 0 840 J" in line for line in cost.evidence), cost.evidence
+    text = generate_latest(metrics_registry(tmp_path)).decode()
+    got = {ln.split("{")[1].split("}")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+           if ln.startswith("gpudash_run_gpu_energy_joules_total{")}
+    assert len(got) == 4 and any('rank="1"' in k and 'gpu="1"' in k and v == pytest.approx(640.0)
+                                 for k, v in got.items()), got
+    ranks = [ln for ln in text.splitlines() if ln.startswith("gpudash_run_rank_energy_joules_total{")]
+    assert len(ranks) == 2 and any('rank="1"' in ln and ln.endswith(" 1240.0") for ln in ranks), ranks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -158,7 +159,7 @@ def test_a_worker_growing_1_mb_per_step_is_named() -> None:
     assert "worker-leak" in kinds and "worker 0 (pid 11) grows" in dict(headline_rows(run_facts(run)))["host memory"]
 
 
-_GROWER = ("import sys\nkept = []\nfor line in sys.stdin:\n    kept.append(b'\\x01' * (2 << 20))\n"
+_GROWER = ("import sys\nkept = []\nfor line in sys.stdin:\n    kept.append(b'\\x01' * (1 << 20))\n"
            "    print('ok', flush=True)\n")
 
 
@@ -183,7 +184,7 @@ def test_a_real_worker_growing_each_step_alerts_live(tmp_path: Path, monkeypatch
                 with mon.step():
                     child.stdin.write("x\n")
                     child.stdin.flush()
-                    child.stdout.readline()  # the worker has grown 2 MB
+                    child.stdout.readline()  # the worker has grown 1 MiB (the issue: 1 MB per step, named live)
                     time.sleep(0.05)
             mon.flush()
             time.sleep(0.2)
@@ -193,3 +194,7 @@ def test_a_real_worker_growing_each_step_alerts_live(tmp_path: Path, monkeypatch
         child.stdin.close()
         child.wait(30)
     assert [a.kind for a in found] == ["worker_leak"] and f"pid {child.pid}" in found[0].text
+    m = re.search(r"grows ([\d.,]+) (KiB|MiB) per step", found[0].text)
+    assert m is not None, found[0].text
+    per_step = float(m.group(1).replace(",", "")) * (2**10 if m.group(2) == "KiB" else 2**20)
+    assert 0.8 * 2**20 <= per_step <= 1.3 * 2**20, found[0].text  # the worker's 1 MiB a step

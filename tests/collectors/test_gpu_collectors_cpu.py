@@ -40,8 +40,9 @@ def test_switched_off_collectors_say_nothing(tmp_path: Path, train_tiny: Any) ->
     ev = gpudash.load_run(tmp_path / "r").events
     sources = [d["source"] for d in ev.loc[ev["kind"] == "collector_unavailable", "data"]]
     # the OOM observer/snapshots have no switch of their own; the host collector (on) says once where the
-    # machine's RAPL energy counters cannot be read
-    assert [s for s in sources if s != "cpu_energy"] == ["snapshots"]
+    # machine's RAPL energy counters cannot be read, and that there is no pinned memory without CUDA
+    assert [s for s in sources if s not in ("cpu_energy", "pinned_memory")] == ["snapshots"]
+    assert sources.count("pinned_memory") <= 1
 
 
 def test_default_collectors_follow_options() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from gpudash.collectors.procmem import ProcMem, shm_used
+from gpudash.monitor import Monitor
 
 HOLD = 48 * 2**20
 _CHILD = ("import sys; b = b'\\x01' * int(sys.argv[1]); print('ready', flush=True); sys.stdin.read()")
@@ -144,3 +147,101 @@ def test_oom_kills_counted_from_the_sampler_start(tmp_path) -> None:  # type: ig
     assert pm.sample(now=1.0)["oom_kills"] == 2
     assert oom_kill_count(str(tmp_path / "none")) is None
     assert "oom_kills" not in ProcMem(psutil.Process(), vmstat=str(tmp_path / "none")).sample(now=0.0)
+
+
+def test_pinned_memory_on_cpu_is_a_reported_state_said_once(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    from gpudash import load_run
+    from gpudash.analysis.hostmem import host_memory_text, run_host_memory
+    from gpudash.collectors.procmem import NO_CUDA, open_pinned
+    from gpudash.monitor import Monitor
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: pinned memory is measured (the device pack checks it)")
+    assert open_pinned() == (None, NO_CUDA)
+    with Monitor(tmp_path / "r", host_hz=50, handle_signals=False, flush_interval=0.05) as mon:
+        for _ in range(3):
+            with mon.step():
+                time.sleep(0.03)
+    run = load_run(tmp_path / "r")
+    assert run.meta["unavailable_pinned_memory"] == NO_CUDA
+    assert "pinned_bytes" not in run.host  # no silent zero
+    h = run_host_memory(run)
+    assert h is not None and h.pinned_peak_bytes is None
+    assert host_memory_text(h).count(NO_CUDA) == 1
+
+
+def test_pinned_memory_from_the_allocator_stats_is_recorded_and_shown(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake ``torch.cuda.host_memory_stats`` (flat keys, as torch 2.5+ returns them): the host rows carry it,
+    the headline and the dashboard's by-process panel show it."""
+    from gpudash import load_run
+    from gpudash.analysis.hostmem import host_memory_text, run_host_memory
+    from gpudash.collectors import procmem
+    from gpudash.monitor import Monitor
+    from gpudash.server.layouts.device import host_series
+
+    held = {"allocated_bytes.current": 512 * 2**20, "active_bytes.current": 384 * 2**20, "allocations.current": 3}
+    monkeypatch.setattr(procmem, "open_pinned", lambda: (procmem.pinned_reader(lambda: dict(held)), None))
+    assert procmem.pinned_reader(lambda: held)() == {"pinned_bytes": 512 * 2**20, "pinned_active_bytes": 384 * 2**20}
+    with Monitor(tmp_path / "r", host_hz=50, handle_signals=False, flush_interval=0.05) as mon:
+        for _ in range(3):
+            with mon.step():
+                time.sleep(0.03)
+    run = load_run(tmp_path / "r")
+    assert "unavailable_pinned_memory" not in run.meta
+    assert set(run.host["pinned_bytes"].dropna()) == {512 * 2**20}
+    h = run_host_memory(run)
+    assert h is not None and h.pinned_peak_bytes == 512 * 2**20
+    assert "pinned up to 512.0 MiB" in host_memory_text(h)
+    assert "pinned_bytes" in {s.col for s in host_series(run.host)}
+
+
+class _Corpus:
+    """``nbytes`` of 4 KiB Python ``bytes`` objects in a list (a tokenized corpus held in memory): each worker's
+    reads touch every object's reference count, so copy-on-write gives each worker its own copy."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.items = [bytes([i % 251]) * 4096 for i in range(nbytes // 4096)]
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int) -> int:
+        return sum(len(b) for b in self.items)
+
+
+@pytest.mark.slow
+def test_dataloader_workers_each_holding_a_copy_show_apart_from_the_main_process(tmp_path: Path) -> None:
+    """Two forked DataLoader workers over a 20 MB in-memory corpus, under a Monitor sampling the host: each
+    worker's peak PSS holds its copy, the main process's holds the original, and the headline names them apart."""
+    pytest.importorskip("torch")
+    import torch.utils.data as tud
+
+    from gpudash import load_run
+    from gpudash.analysis.hostmem import host_memory_text, run_host_memory
+
+    mb = 20 * 10**6
+    corpus = _Corpus(mb)
+    loader = tud.DataLoader(corpus, batch_size=1, num_workers=2, persistent_workers=True, prefetch_factor=1,
+                            multiprocessing_context="fork")
+    with Monitor(tmp_path / "r", host_hz=20, handle_signals=False, flush_interval=0.05) as mon:
+        it = iter(loader)
+        deadline = time.monotonic() + 60  # until both workers' copies were sampled (a loaded machine is slow)
+        while time.monotonic() < deadline:
+            with mon.step():
+                next(it)
+                time.sleep(0.05)
+            mon.flush()
+            h = run_host_memory(load_run(tmp_path / "r"))
+            if h is not None and all(h.peak_pss_bytes.get(f"worker {i}", 0) >= 0.8 * mb for i in (0, 1)):
+                break
+        del it
+    h = run_host_memory(load_run(tmp_path / "r"))
+    assert h is not None and h.workers == 2, h
+    assert h.peak_pss_bytes["main"] >= mb
+    assert all(h.peak_pss_bytes[f"worker {i}"] >= 0.8 * mb for i in (0, 1)), h.peak_pss_bytes
+    assert h.peak_total_pss_bytes is not None and h.peak_total_pss_bytes >= 2.6 * mb
+    assert "worker 0" in host_memory_text(h) and "worker 1" in host_memory_text(h)

@@ -46,7 +46,11 @@ def _record_two_nodes(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             mon.recorder.put("memory", {"time": time.time(), "step": step, "allocated_bytes": 1e9 + rank,
                                         "reserved_bytes": 2e9})
             mon.recorder.put("device", {"time": time.time(), "gpu": 0, "power_w": 300.0 + rank,
-                                        "util_pct": 90.0, "temperature_c": 60.0})
+                                        "util_pct": 90.0, "temperature_c": 60.0, "energy_j": 100.0 * step})
+            # host memory by process as the host sampler writes it (collectors/procmem.py; pinned on CUDA)
+            mon.recorder.put("host", {"time": time.time(), "step": step, "available_bytes": 5e10,
+                                      "total_bytes": 6.4e10, "main_pss_bytes": 2e9, "children_pss_bytes": 4e9,
+                                      "children": 4, "shm_used_bytes": 1e8, "pinned_bytes": 5e8})
     for mon in monitors:
         mon.close()
 
@@ -112,7 +116,9 @@ def test_every_query_uses_metrics_and_labels_the_scrape_exposes(scrape: str) -> 
              if s.name == "gpudash_step_duration_seconds"}
     assert nodes == set(NODES)
     assert {"gpudash_device_power_watts", "gpudash_memory_allocated_bytes", "gpudash_phase_duration_seconds",
-            "gpudash_step_skew_ratio", "gpudash_ooms_total"} <= used
+            "gpudash_step_skew_ratio", "gpudash_ooms_total", "gpudash_host_main_pss_bytes",
+            "gpudash_host_children_pss_bytes", "gpudash_host_pinned_bytes", "gpudash_run_gpu_energy_joules_total",
+            "gpudash_run_rank_energy_joules_total"} <= used
 
 
 def test_dashboard_is_provisionable() -> None:

@@ -212,3 +212,33 @@ def test_what_fits_uses_the_asked_adapters() -> None:
     assert small[0].trainable_params == 4_194_304 and big[0].trainable_params == 159_907_840
     assert all(f.trainable_params == 6_738_415_616 for f in what_fits(arch, card_bytes=12 * 2**30, seq_len=512,
                                                                           lora_r=64) if f.finetune == "full")
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_tied_head_gradient_spike_matches_torchs_memory_profiler(accum: int) -> None:
+    # as the GPT family's test: a large vocabulary and a short batch make the tied weight's partial gradients
+    # the peak; under accumulation the earlier micro-batch's gradient is a third V x h beside them
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    vocab = 8192
+    cfg = dict(TINY["qwen2"], vocab_size=vocab)  # ties its head
+    model = build(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        for _ in range(accum):
+            ids = torch.randint(0, vocab, (1, 16))
+            model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # optimizer state exists from here on
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        step()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+    measured = max(sum(s) for s in sizes)
+    est = estimate_hf(HFArch.from_dict(cfg), micro_batch=1, seq_len=16, accum=accum, cuda=False)
+    assert est.peak_moment == "gradients"
+    assert abs(est.peak_bytes - measured) / measured < 0.01, (est.peak_bytes, measured)

@@ -99,7 +99,8 @@ def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tm
     assert not [g for g in gets if "/team/b/segments/" in g and g.endswith(".parquet")]
     for key in ("status", "steps", "ranks", "peak_bytes", "name", "started"):
         assert opened[key] == row[key], key
-    assert [p.name for p in mirror.local.iterdir()] == ["a"]  # the opened run's folder only
+    # the opened run's folder only (and the segment cache, a hidden folder beside it)
+    assert [p.name for p in mirror.local.iterdir() if not p.name.startswith(".")] == ["a"]
     assert opened["duration_s"] == pytest.approx(row["duration_s"])
     run = load_run(mirror.local / "b")
     try:
@@ -211,7 +212,7 @@ def test_metrics_and_alerts_on_a_bucket_open_only_the_live_runs(s3: str, tmp_pat
     text = generate_latest(metrics_registry(mirror.local)).decode()
     read = {g.split("/team/")[1].split("/")[0] for g in gets if g.endswith(".parquet")}
     assert read == {"live"}, read  # the finished runs' segments are never read for /metrics
-    assert [p.name for p in mirror.local.iterdir()] == ["live"]
+    assert [p.name for p in mirror.local.iterdir() if not p.name.startswith(".")] == ["live"]
     for run in ("a", "b"):  # what their listing says: not live, their heartbeat, their steps
         assert f'gpudash_run_live{{node="{socket.gethostname()}",rank="0",run="{run}"}} 0.0' in text, text
         assert f'gpudash_steps{{run="{run}"}} 4.0' in text

@@ -16,6 +16,7 @@ from gpudash.server.layouts.fig import Fig
 from gpudash.units import byte_unit, fmt_duration
 
 __all__ = [
+    "AXIS",
     "UIREVISION",
     "base_figure",
     "byte_unit",
@@ -123,13 +124,13 @@ def unit_axis(unit: str) -> dict[str, Any]:
 
 _COLORWAY = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
              "#17becf"]
-_AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb", "automargin": True}
+AXIS = {"gridcolor": "#ececec", "zeroline": False, "linecolor": "#bbb", "automargin": True}
 
 
 def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_title: str = "step",
                 bytes_axis: str = "") -> Fig:
     """``bytes_axis``: the binary unit (from :func:`byte_unit`) the y values were scaled to, named on every tick."""
-    yaxis: dict[str, Any] = {**_AXIS, "title": {"text": yaxis_title}}
+    yaxis: dict[str, Any] = {**AXIS, "title": {"text": yaxis_title}}
     if bytes_axis:
         yaxis.update(unit_axis(bytes_axis))
     return Fig({
@@ -144,7 +145,7 @@ def base_figure(title: str, *, height: int = 300, yaxis_title: str = "", xaxis_t
         # the legend sits under the x axis title (its top anchored below the plot's automargins)
         "legend": {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         "hovermode": "x unified",
-        "xaxis": {**_AXIS, "title": {"text": xaxis_title}},
+        "xaxis": {**AXIS, "title": {"text": xaxis_title}},
         "yaxis": yaxis,
     })
 

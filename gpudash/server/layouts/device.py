@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pandas as pd
-from gpudash.server.layouts.common import _AXIS, base_figure, byte_unit, unit_axis, waiting_figure
+from gpudash.server.layouts.common import AXIS, base_figure, byte_unit, unit_axis, waiting_figure
 from gpudash.server.layouts.fig import Fig
 from gpudash.server.layouts.series import Series, add_series, series_xy
 
@@ -36,7 +36,8 @@ LABELS: dict[str, str] = {
 }
 #: Byte columns that get a panel of their own (a 500 MiB RSS is a flat line on a 64 GiB "RAM available" axis).
 OWN_PANEL = {"rss_bytes": "process RSS", "malloc_used_bytes": "process RSS", "available_bytes": "RAM available"}
-_BY_PROCESS = {"main_pss_bytes": "main PSS", "children_pss_bytes": "all workers PSS", "shm_used_bytes": "/dev/shm"}
+_BY_PROCESS = {"main_pss_bytes": "main PSS", "children_pss_bytes": "all workers PSS", "shm_used_bytes": "/dev/shm",
+               "pinned_bytes": "pinned host memory"}
 _WORKER_PSS = re.compile(r"^child(\d+)_pss_bytes$")
 
 
@@ -142,7 +143,7 @@ def panels_figure(title: str, frames: dict[str, pd.DataFrame], specs: list[Serie
         top = 1 - i * (h + gap)
         name = "yaxis" if ax == "y" else f"yaxis{ax[1:]}"
         title = title_by_axis[ax]
-        spec: dict[str, object] = {**_AXIS, "domain": [max(top - h, 0), top], "anchor": "x", "title": {"text": title}}
+        spec: dict[str, object] = {**AXIS, "domain": [max(top - h, 0), top], "anchor": "x", "title": {"text": title}}
         if title.startswith("log"):
             spec.update(type="log", title={"text": title.removeprefix("log ")})
         unit = unit_by_axis.get(ax, "")
