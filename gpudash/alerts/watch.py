@@ -30,8 +30,12 @@ from gpudash.analysis.alerts import (
     Triggers,
     evaluate,
 )
+from gpudash.analysis.listing import run_status
 from gpudash.analysis.memory import capacity_bytes
 from gpudash.options import AlertOptions
+from gpudash.store import mirror as store_mirror
+from gpudash.store.listed import listed_run
+from gpudash.store.listing import published_metas
 from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, merged_meta, parse_json, settle_status
 
@@ -321,8 +325,16 @@ class ServeAlerts:
 
         out = []
         now = time.time()
+        listed = sum(1 for w in self.watches.values() if listed_run(w.path) is not None)
         for run_id, path in list_nested_run_dirs(self.runs_dir):
             if run_id in self.watches:
+                continue
+            if listed_run(path) is not None:
+                # listed from an object store: its status from its metadata, opened only when live (its
+                # segments fetched), at most as many as the segment caches kept at once
+                if listed < store_mirror.OPEN_RUNS and run_status(published_metas(path, [])) == "live":
+                    out.append((run_id, path))
+                    listed += 1
                 continue
             try:
                 newest = max((p.stat().st_mtime for p in path.glob("rank*.db*")), default=0.0)

@@ -12,16 +12,23 @@ ranks and last step; its peak and duration wait for the run to be opened.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS
-from gpudash.store.listing import LISTING_KEY
+from gpudash.store.listed import listed_run
+from gpudash.store.listing import LISTING_KEY, published_metas
+from gpudash.store.meta import parse_run_json, read_run_json
 from gpudash.store.mirror import unpublished_note
 from gpudash.store.rankreader import meta_status
 from gpudash.store.run import run_start, settle_status
+from gpudash.store.schema import RUN_META_FILE
 
-__all__ = ["PEAK_ORDER", "listed_row", "run_status", "steps_through"]
+__all__ = ["PENDING", "PEAK_ORDER", "listed_row", "listed_run_row", "run_status", "steps_through"]
 
+#: The status of a run named by a listing whose metadata is still being read.
+PENDING = "listing"
+PENDING_NOTE = "its run.json and meta.json are still being read from the store (newest runs first)"
 #: Memory columns whose largest value is the run's peak, first found wins (as :func:`facts.peak_memory`).
 PEAK_ORDER = (*MEASURED_PEAK_COLUMNS, "reserved_bytes", "allocated_bytes")
 
@@ -96,3 +103,20 @@ def listed_row(run_id: str, run_json: dict[str, Any], rank_meta: dict[int, dict[
             "samples_per_s": None, "mfu": None, "ranks": max(len(rank_meta), 1 if steps else 0),
             "end_reason": meta.get("end_reason") if isinstance(meta.get("end_reason"), str) else None,
             "problems": notes, "facts": None, "progress": None, "meta": meta}
+
+
+def listed_run_row(run_id: str, path: Path) -> dict[str, Any]:
+    """:func:`listed_row` of the run at ``path`` from its metadata: as the listing of its object store read it
+    (:mod:`gpudash.store.listed`, nothing on disk), else its folder's ``run.json`` and ranks' ``meta.json``."""
+    problems: list[str] = []
+    listed = listed_run(path)
+    if listed is None:
+        run_json = read_run_json(path, problems)
+    else:
+        problems.extend(p for p in listed.problems if p.startswith(RUN_META_FILE))
+        run_json = parse_run_json(listed.run_json, problems) if listed.run_json is not None else {}
+    row = listed_row(run_id, run_json, published_metas(path, problems), problems)
+    if listed is not None and listed.pending:
+        # named by the listing, its metadata still being read (a first listing of many runs): said so
+        row.update(status=PENDING, problems=[PENDING_NOTE])
+    return row

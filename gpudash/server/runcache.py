@@ -18,6 +18,7 @@ from typing import Any
 from gpudash.analysis.facts import Facts, run_facts
 from gpudash.analysis.verdict import Verdict
 from gpudash.errors import RunError
+from gpudash.store.listed import listed_run
 from gpudash.store.reader import RunReader
 from gpudash.store.run import Run, load_run
 from gpudash.store.segments import SEGMENTS_DIR
@@ -30,7 +31,11 @@ WAIT_S = 20.0
 
 
 def run_stamp(path: Path) -> tuple[Any, ...]:
-    """Changes whenever any file of the run changes."""
+    """Changes whenever any file of the run changes (a run listed from an object store: whenever its
+    metadata objects do, :class:`gpudash.store.listed.ListedRun`)."""
+    listed = listed_run(path)
+    if listed is not None:
+        return ("listed", *listed.stamp)
     out = []
     try:
         entries = sorted(Path(path).iterdir())

@@ -23,13 +23,18 @@ import pandas as pd
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from gpudash.analysis.listing import listed_run_row
 from gpudash.analysis.phases import run_phases
 from gpudash.analysis.ranks import rank_nodes, rank_skew
 from gpudash.analysis.rates import RECENT_STEPS, per_second, recent_steps
 from gpudash.errors import RunError
 from gpudash.server import promnames
 from gpudash.server.promnames import LABEL_CHARS, Families, metric_name, prometheus_name
+from gpudash.store import mirror as store_mirror
 from gpudash.store.bounded import damage
+from gpudash.store.listed import listed_run
+from gpudash.store.listing import published_metas
+from gpudash.store.rankreader import meta_status
 from gpudash.store.reader import RankReader, RunReader, is_run_dir
 from gpudash.store.runid import list_nested_run_dirs
 from gpudash.store.schema import MEMORY_PARTS
@@ -98,8 +103,15 @@ class RunsCollector:
             paths = sorted(self._paths.items())
         fams = Families()
         now = time.time()
+        opened = 0
         for run_id, path in paths:
             try:
+                if listed_run(path) is not None:  # listed from an object store: opened only when live
+                    row = listed_run_row(run_id, path)
+                    if row["status"] != "live" or opened >= store_mirror.OPEN_RUNS:
+                        self._collect_listed(fams, run_id, path, row, now, skipped=row["status"] == "live")
+                        continue
+                    opened += 1
                 self._collect_run(fams, run_id, path, now)
             except RunError:
                 continue
@@ -113,6 +125,30 @@ class RunsCollector:
             fams.add("gpudash_series_dropped", f"Series of the run beyond the {promnames.MAX_SERIES_PER_RUN} served per run.",
                      {"run": run_id}, n, capped=False)
         yield from fams.families.values()
+
+    def _collect_listed(self, fams: Families, run_id: str, path: Path, row: dict[str, Any], now: float,
+                        skipped: bool) -> None:
+        """A run of an object store not opened for the scrape (finished or crashed, or live beyond the
+        :data:`gpudash.store.mirror.OPEN_RUNS` opened at once): what its listing says, its segments unread.
+        Each rank's liveness and heartbeat, and the run's steps (as its facts count them); its other values
+        wait for the run to be opened (its page, or while it is live)."""
+        rank_meta = published_metas(path, [])
+        beats = [float(m.get("heartbeat") or 0) for m in rank_meta.values()]
+        if row["status"] != "live" and self.max_age_s is not None and now - max(beats, default=0.0) > self.max_age_s:
+            return
+        for rank, meta in sorted(rank_meta.items()):
+            lab = {"run": run_id, "rank": str(rank), "node": rank_nodes({rank: meta})[rank]}
+            fams.add("gpudash_run_live", "1 while the run's writer is alive, 0 once finished or crashed.", lab,
+                     row["status"] == "live" and meta_status(meta) == "live")
+            fams.add("gpudash_heartbeat_timestamp_seconds", "Last time the run's writer flushed (unix time).", lab,
+                     float(meta.get("heartbeat") or 0) or float("nan"))
+        for problem in row["problems"][:MAX_PROBLEMS]:
+            fams.add("gpudash_run_damaged", _DAMAGED_HELP, {"run": run_id, "problem": problem}, 1, capped=False)
+        if skipped:
+            fams.add("gpudash_scrape_errors", "Ranks that could not be read in this scrape.",
+                     {"run": run_id, "rank": "all", "error": "OverOpenRunsLimit"}, 1, capped=False)
+        if self.facts:
+            fams.add("gpudash_steps", "Steps recorded (last step index + 1).", {"run": run_id}, row["steps"])
 
     @staticmethod
     def _damaged(fams: Families, run_id: str, rank: str, exc: BaseException) -> None:

@@ -86,10 +86,20 @@ class ListingTally:
 
 def published_metas(run_dir: Path, problems: list[str]) -> dict[int, dict[str, Any]]:
     """Each rank's ``meta.json`` in ``run_dir/segments`` (regular files below the folder only, bounded in
-    size); what cannot be read is named in ``problems`` and left out."""
+    size; a run listed from an object store: as the listing read them, :mod:`gpudash.store.listed`); what
+    cannot be read is named in ``problems`` and left out."""
     from gpudash.store.bounded import read_below
+    from gpudash.store.listed import listed_run
 
     out: dict[int, dict[str, Any]] = {}
+    listed = listed_run(run_dir)
+    if listed is not None:
+        for msg in listed.problems:
+            if msg.startswith(f"{SEGMENTS_DIR}/") and msg not in problems:
+                problems.append(msg)
+        for listed_rank, data in sorted(listed.metas.items()):
+            _parse_meta(out, listed_rank, f"{SEGMENTS_DIR}/rank={listed_rank}/meta.json", data, problems)
+        return out
     try:
         folders = sorted(p.name for p in (run_dir / SEGMENTS_DIR).iterdir())
     except OSError:
@@ -100,14 +110,23 @@ def published_metas(run_dir: Path, problems: list[str]) -> dict[int, dict[str, A
             continue
         rel = f"{SEGMENTS_DIR}/{name}/meta.json"
         try:
-            doc = json.loads(read_below(run_dir, rel, LIST_META_BYTES))
+            data = read_below(run_dir, rel, LIST_META_BYTES)
         except FileNotFoundError:
             continue
-        except Exception as exc:  # noqa: BLE001 - too large, a link, not JSON: named, the other ranks listed
+        except Exception as exc:  # noqa: BLE001 - too large, a link: named, the other ranks listed
             problems.append(f"{rel}: unreadable ({str(exc)[:200] or type(exc).__name__})")
             continue
-        if isinstance(doc, dict):
-            out[rank] = doc
-        else:
-            problems.append(f"{rel}: not a JSON object")
+        _parse_meta(out, rank, rel, data, problems)
     return out
+
+
+def _parse_meta(out: dict[int, dict[str, Any]], rank: int, rel: str, data: bytes, problems: list[str]) -> None:
+    try:
+        doc = json.loads(data)
+    except Exception as exc:  # noqa: BLE001 - not JSON: named, the other ranks listed
+        problems.append(f"{rel}: unreadable ({str(exc)[:200] or type(exc).__name__})")
+        return
+    if isinstance(doc, dict):
+        out[rank] = doc
+    else:
+        problems.append(f"{rel}: not a JSON object")

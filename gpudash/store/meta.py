@@ -20,7 +20,7 @@ from gpudash.store.bounded import UnsafeFile, damage, read_regular
 from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE
 
-__all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "read_run_json"]
+__all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "parse_run_json", "read_run_json"]
 
 _MAX_INT = 2**63 - 1
 #: run.json larger than this is not read (gpudash writes a few kB).
@@ -169,12 +169,28 @@ def read_run_json(run_dir: Path, problems: list[str]) -> dict[str, Any]:
         return {}
 
     try:
-        data = json.loads(read_regular(Path(run_dir) / RUN_META_FILE, RUN_JSON_BYTES))
+        raw = read_regular(Path(run_dir) / RUN_META_FILE, RUN_JSON_BYTES)
     except FileNotFoundError:
         return {}
     except UnsafeFile as exc:
         return say(f"{RUN_META_FILE}: {exc}; using the per-rank meta")
     except (OSError, ValueError, RecursionError, MemoryError) as exc:
+        return say(f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {damage(exc)[:200]}); using the per-rank meta")
+    return parse_run_json(raw, problems)
+
+
+def parse_run_json(raw: bytes, problems: list[str]) -> dict[str, Any]:
+    """``run.json``'s bytes as checked facts (:func:`read_run_json`, for bytes already read: a run listed
+    from an object store)."""
+
+    def say(msg: str) -> dict[str, Any]:
+        if msg not in problems:
+            problems.append(msg)
+        return {}
+
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError, MemoryError) as exc:
         return say(f"{RUN_META_FILE}: unreadable ({type(exc).__name__}: {damage(exc)[:200]}); using the per-rank meta")
     if not isinstance(data, dict):
         return say(f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta")

@@ -20,6 +20,7 @@ from gpudash.errors import RunError
 from gpudash.store import bounded
 from gpudash.store.attempts import ATTEMPT_COLUMN, PER_STEP_TABLES, supersede, with_attempts
 from gpudash.store.bounded import damage
+from gpudash.store.listed import materialize
 from gpudash.store.meta import read_run_json
 from gpudash.store.mirror import SegmentMirror, origin_of, segment_mirror, unpublished_note
 from gpudash.store.objstore import RUN_META_BYTES, Store, is_url, open_store, run_name
@@ -64,6 +65,7 @@ class RunReader:
             self._open_url(self.url)
         else:
             self.path = Path(run_dir)
+            materialize(self.path)  # a run listed from an object store gets its folder as it is opened
             if not self.path.exists():
                 raise RunError(f"{self.path}: no such run directory (check the path; runs are folders)")
             if not self.path.is_dir():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gpudash.store.listed import listed_root, listed_runs, materialize
 from gpudash.store.reader import is_run_dir
 
 __all__ = ["InvalidRunId", "list_nested_run_dirs", "list_run_dirs", "resolve_run_dir", "valid_run_id"]
@@ -33,6 +34,7 @@ def resolve_run_dir(runs_dir: Path, run_id: str) -> Path:
     path = (root / run_id).resolve()
     if path.parent != root:
         raise InvalidRunId(f"run {run_id!r} resolves outside the runs directory")
+    materialize(path)  # a run listed from an object store gets its folder as it is opened
     if not path.is_dir() or not is_run_dir(path):
         raise InvalidRunId(f"no run named {run_id!r}")
     for child in path.iterdir():
@@ -43,7 +45,11 @@ def resolve_run_dir(runs_dir: Path, run_id: str) -> Path:
 
 
 def list_run_dirs(runs_dir: Path) -> list[tuple[str, Path]]:
-    """(run id, folder) for every run directly inside ``runs_dir`` that resolves inside it."""
+    """(run id, folder) for every run directly inside ``runs_dir`` that resolves inside it (a folder listed
+    from an object store: the runs listed, :mod:`gpudash.store.listed`, whose folders exist once opened)."""
+    listed = listed_root(runs_dir)
+    if listed is not None:
+        return [(run_id, listed / run_id) for run_id in sorted(listed_runs(listed) or {})]
     out = []
     try:
         children = sorted(runs_dir.iterdir())
@@ -61,6 +67,8 @@ def list_nested_run_dirs(runs_dir: Path) -> list[tuple[str, Path]]:
     """:func:`list_run_dirs`, plus the runs one folder down (id ``group/run``), each level held to
     the same rules: a group folder must resolve directly inside ``runs_dir``."""
     out = list_run_dirs(runs_dir)
+    if listed_root(runs_dir) is not None:
+        return out  # an object store's prefix: its runs, listed
     try:
         children = sorted(runs_dir.iterdir())
         root = runs_dir.resolve()

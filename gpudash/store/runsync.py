@@ -1,11 +1,13 @@
 """A folder of runs in an object store, listed without copying it (``gpudash serve s3://...``).
 
 :class:`RunsMirror` lists the prefix (one listing request) and, for every run directly under it (a
-folder holding ``run.json`` or ``segments/``), copies into a local folder only the run's small metadata:
-``run.json`` and each rank's ``meta.json``, each when it changed size or time. No segment is copied: the
-runs list (status, steps, peak memory, duration, ranks: :mod:`gpudash.analysis.listing`) is built from
-that metadata alone, and a run's segments are fetched from the store only when the run is opened (its
-page, ``/api``, ``/metrics``, ``load_run``): :func:`origin_of` tells the reader where the run really is,
+folder holding ``run.json`` or ``segments/``), reads only the run's small metadata: ``run.json`` and each
+rank's ``meta.json``, each when it changed size or time, all in flight at once. They are kept in memory
+(:mod:`gpudash.store.listed`), never on disk: the local folder the dashboard serves holds only the runs
+opened (:func:`gpudash.store.listed.materialize`). No segment is read to list: the runs list (status,
+steps, peak memory, duration, ranks: :mod:`gpudash.analysis.listing`) is built from that metadata alone,
+and a run's segments are fetched from the store only when the run is opened (its page, ``/api``, a live
+run's ``/metrics``, ``load_run``): :func:`origin_of` tells the reader where the run really is,
 and :func:`segment_mirror` keeps one private segment cache per opened run (a live run fetches only its
 new segments), the least recently used of at most :data:`gpudash.store.mirror.OPEN_RUNS` dropped with its files.
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.mirror import close_mirrors, forget_origin, open_mirrors, origin_of, segment_mirror, set_origin
-from gpudash.store.objstore import MAX_OBJECT_BYTES, Store, open_store, run_name
+from gpudash.store.objstore import Store, open_store, run_name
 from gpudash.store.schema import RUN_META_FILE
 from gpudash.store.segments import PUBLISHED_TABLES, SEGMENTS_DIR, parse_segment, rank_of_folder
 
@@ -29,14 +31,18 @@ __all__ = ["RunsMirror", "close_mirrors", "mirrored_name", "open_mirrors", "orig
 
 #: Metadata objects fetched at once while listing.
 FETCHERS = 32
-def _json_limit(local: str) -> int | None:
-    """The most bytes copied of a run's JSON file: what its reader accepts (segments: no limit here)."""
+#: Metadata objects read before the first hand-over of the listing to the dashboard (a first listing of
+#: many runs shows every run's name at once, and the newest runs' rows, the first page, whole after the
+#: first batch); each later batch twice the one before, at most 8 times this.
+LIST_BATCH = 128
+def _json_limit(local: str) -> int:
+    """The most bytes read of a run's JSON file: what its reader accepts."""
     from gpudash.store.meta import RUN_JSON_BYTES
     from gpudash.store.mirror import META_BYTES
 
     if local.endswith("/" + RUN_META_FILE):
         return RUN_JSON_BYTES
-    return META_BYTES if local.endswith(".json") else None
+    return META_BYTES
 
 
 def mirrored_name(key: str) -> tuple[str, str] | None:
@@ -67,8 +73,10 @@ class RunsMirror:
         self.local = local
         self.every_s = every_s
         self.errors: list[str] = []
-        self._seen: dict[str, Any] = {}  # local name -> the remote object's identity when copied
+        #: "RUN/NAME" -> (the object's identity when read, its bytes, or why it was not read)
+        self._seen: dict[str, tuple[Any, bytes | None, str | None]] = {}
         self._runs: set[str] = set()  # the runs the last listing found
+        self._origins: dict[str, str] = {}  # run id -> its URL, as told to gpudash.store.mirror
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: the id the prefix itself has when it is a run (``s3://b/runs/exp1`` holding ``run.json``)
@@ -76,9 +84,10 @@ class RunsMirror:
         local.mkdir(parents=True, exist_ok=True)
 
     def sync_once(self) -> int:
-        """Copy the metadata that changed (``run.json``, each rank's ``meta.json``; never a segment); returns
-        objects copied. A failing listing raises (the caller says so); one object that cannot be read is named
-        in :attr:`errors` (once) and the others are copied all the same."""
+        """Read the metadata that changed (``run.json``, each rank's ``meta.json``; never a segment) into
+        memory (:mod:`gpudash.store.listed`: nothing is written to disk to list a run); returns objects read.
+        A failing listing raises (the caller says so); one object that cannot be read is named in
+        :attr:`errors` (once), its run listed with what else it has, and it is retried next time."""
         self.store.fs.invalidate_cache(self.store.root)  # a live run's listing changes: never from a cache
         listing = self.store.fs.find(self.store.root, detail=True)
         root = self.store.root.rstrip("/") + "/"
@@ -101,62 +110,130 @@ class RunsMirror:
                 continue  # a segment: fetched when its run is opened, never to list
             local = f"{named[0]}/{named[1]}"
             size = int(info.get("size") or 0)
-            ident = (size, info.get("LastModified") or info.get("mtime") or info.get("ETag"))
-            wanted[local] = (key, ident, size)  # type: ignore[assignment]
+            ident = (size, str(info.get("LastModified") or info.get("mtime") or info.get("ETag")))
+            wanted[local] = (key, ident, size)
         if clash:  # a run under the prefix has the prefix's own name: that run is the one shown
             wanted = {k: v for k, v in wanted.items() if k not in own}
             runs[self.own_id] = f"{self.store.location}/{self.own_id}"
-        for run_id, url in runs.items():
-            folder = self.local / run_id / SEGMENTS_DIR  # a run that published only segments yet is a run
-            folder.mkdir(parents=True, exist_ok=True)
-            set_origin(self.local / run_id, url)
-        todo: list[tuple[str, str, int, int | None, Any]] = []
+        todo: list[tuple[str, str, int, int]] = []
         for local, (key, ident, size) in sorted(wanted.items()):
-            if self._seen.get(local) == ident:
+            held = self._seen.get(local)
+            if held is not None and held[0] == ident:
                 continue
             limit = _json_limit(local)
-            if limit is not None and size > limit:
-                # kept as a hole of the same size: the run is listed and its reader names the file as too
-                # large to read, instead of the run vanishing
-                self._write(local, None, size)
+            if size > limit:  # listed, and its reader names the file as too large (the run never vanishes)
+                self._seen[local] = (ident, None, f"{size:,} bytes, over the {limit:,} read at most; not read")
                 self._say(f"{self.store.location}/{key}: {size:,} bytes, over the {limit:,} read at most; "
                           "not copied (the run shows it as damaged)")
-                self._seen[local] = ident
                 continue
-            todo.append((local, key, size, limit, ident))
+            todo.append((local, key, size, limit))
         copied = 0
-        for (local, key, _size, _limit, ident), data in zip(todo, self._fetch(todo), strict=True):
-            if isinstance(data, FileNotFoundError):
-                continue  # removed since the listing
-            if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
-                self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
-                          f"{str(data)[:200]}); the other objects are copied, this one is retried")
-                continue
-            self._write(local, data, len(data))
-            self._seen[local] = ident
-            copied += 1
         for local in [n for n in self._seen if n not in wanted]:
-            (self.local / local).unlink(missing_ok=True)  # removed upstream
-            del self._seen[local]
-        for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list
+            del self._seen[local]  # removed upstream
+        # newest runs first (by the time the listing gives their objects): the first page of the list,
+        # newest first, is whole after the first batch; every run is named from the listing at once
+        newest: dict[str, str] = {}
+        for local, (_key, ident, _size) in wanted.items():
+            run_id = local.split("/", 1)[0]
+            newest[run_id] = max(newest.get(run_id, ""), str(ident[1]))
+        todo.sort(key=lambda item: (newest[item[0].split("/", 1)[0]], item[0]), reverse=True)
+        start, batch = 0, LIST_BATCH
+        known = {local.split("/", 1)[0] for local in self._seen}  # runs listed before: never said pending again
+        while start < len(todo):
+            if start or len(todo) > batch:
+                self._publish(runs, {item[0].split("/", 1)[0] for item in todo[start:]} - known)
+            chunk = todo[start:start + batch]
+            start, batch = start + batch, min(8 * LIST_BATCH, 2 * batch)  # fewer hand-overs as it goes on
+            for (local, key, _size, _limit), data in zip(chunk, self._fetch(chunk), strict=True):
+                if isinstance(data, FileNotFoundError):
+                    continue  # removed since the listing
+                if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
+                    self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
+                              f"{str(data)[:200]}); the other objects are copied, this one is retried")
+                    continue
+                self._seen[local] = (wanted[local][1], data, None)
+                copied += 1
+        self._publish(runs, set())
+        for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list (and its folder)
             import shutil
 
             forget_origin(self.local / run_id)
+            self._origins.pop(run_id, None)
             shutil.rmtree(self.local / run_id, ignore_errors=True)
         self._runs = set(runs)
         return copied
 
-    def _fetch(self, todo: list[tuple[str, str, int, int | None, Any]]) -> list[bytes | BaseException]:
+    def _publish(self, runs: dict[str, str], pending: set[str]) -> None:
+        """Hand the listing to the dashboard (:func:`gpudash.store.listed.set_listing`; ``pending``: runs whose
+        metadata is still being read); opened runs' folders get their new ``run.json``."""
+        from gpudash.store.listed import ListedRun, listed_run, materialize, set_listing
+
+        by_run: dict[str, list[tuple[str, tuple[Any, bytes | None, str | None]]]] = {}
+        for local, held in self._seen.items():
+            run_id, name = local.split("/", 1)
+            by_run.setdefault(run_id, []).append((name, held))
+        listed: dict[str, ListedRun] = {}
+        for run_id, url in runs.items():
+            run_json = None
+            hole = None
+            metas: dict[int, bytes] = {}
+            problems = []
+            stamp = []
+            for name, (ident, data, problem) in sorted(by_run.get(run_id, [])):
+                stamp.append((name, ident))
+                if problem is not None:
+                    problems.append(f"{name}: {problem}")
+                    if name == RUN_META_FILE:
+                        hole = int(ident[0])
+                elif name == RUN_META_FILE:
+                    run_json = data
+                else:
+                    rank = rank_of_folder(name.split("/")[1])
+                    if rank is not None and data is not None:
+                        metas[rank] = data
+            listed[run_id] = ListedRun(url=url, run_json=run_json, metas=metas, problems=tuple(problems),
+                                       stamp=tuple(stamp), run_json_size=hole,
+                                       pending=run_id in pending)
+            if self._origins.get(run_id) != url:  # once a run (each resolves its path)
+                set_origin(self.local / run_id, url)
+                self._origins[run_id] = url
+        try:
+            opened = sorted({p.name for p in self.local.iterdir()} & set(runs))
+        except OSError:
+            opened = []
+        set_listing(self.local, listed)
+        for run_id in opened:
+            if listed_run(self.local / run_id) is not None:
+                materialize(self.local / run_id)  # an opened run: its run.json as now listed
+
+    def _fetch(self, todo: list[tuple[str, str, int, int]]) -> list[bytes | BaseException]:
         """The objects' bytes (or what reading each raised), many requests in flight at once: a listing
-        of a thousand runs waits for the slowest few requests, not for the sum of them all."""
+        of a thousand runs waits for the slowest few requests, not for the sum of them all. An object
+        store with an asynchronous driver (s3fs, gcsfs, adlfs) gets them all in one batch of ranged
+        reads on its event loop (:data:`FETCHERS` at once); another, from a pool of threads."""
         if not todo:
             return []
+        fs = self.store.fs
+        if self.store.remote and getattr(fs, "async_impl", False):
+            root = self.store.root.rstrip("/")
+            fulls = [f"{root}/{key}" for _local, key, _size, _limit in todo]
+            got = fs.cat_ranges(fulls, [0] * len(todo), [limit + 1 for *_x, limit in todo], on_error="return",
+                                batch_size=FETCHERS)
+            out: list[bytes | BaseException] = []
+            for (_local, key, _size, limit), data in zip(todo, got, strict=True):
+                if isinstance(data, BaseException):
+                    out.append(data)
+                elif len(data) > limit:  # replaced by a larger object since the listing
+                    out.append(OSError(f"{key} is over the {limit:,} bytes read at most; not read"))
+                else:
+                    out.append(bytes(data))
+            return out
         from concurrent.futures import ThreadPoolExecutor
 
-        def one(item: tuple[str, str, int, int | None, Any]) -> bytes | BaseException:
-            _local, key, size, limit, _ident = item
+        def one(item: tuple[str, str, int, int]) -> bytes | BaseException:
+            _local, key, size, limit = item
             try:  # the size the listing gave: one request an object
-                return self.store.get(key, limit=MAX_OBJECT_BYTES if limit is None else limit, size=size)
+                return self.store.get(key, limit=limit, size=size)
             except Exception as exc:  # noqa: BLE001 - returned: said per object by the caller
                 return exc
 
@@ -175,15 +252,6 @@ class RunsMirror:
         if own is not None and not key.startswith(f"{self.own_id}/"):
             return own
         return None
-
-    def _write(self, local: str, data: bytes | None, size: int) -> None:
-        """``local`` in the mirror folder, whole (a temporary name, then a rename), never through a link;
-        ``data`` None: a sparse file of ``size`` bytes (an object too large to copy, named by the reader)."""
-        from gpudash.store.atomic import write_atomic
-
-        dest = self.local / local
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(dest, data, root=self.local, size=size)
 
     def _say(self, msg: str) -> None:
         if msg in self.errors:
@@ -220,6 +288,9 @@ class RunsMirror:
             self._sync_logged()
 
     def stop(self) -> None:
+        from gpudash.store.listed import drop_listing
+
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        drop_listing(self.local)

@@ -23,6 +23,8 @@ from gpudash.commands import serve
 from gpudash.server.metrics import metrics_registry
 from gpudash.server.runcache import shared_cache
 from gpudash.store import load_run
+from gpudash.store.listed import listed_run
+from gpudash.store.runid import list_run_dirs
 from gpudash.store.runsync import RunsMirror
 
 
@@ -69,7 +71,8 @@ def test_an_object_the_mirror_cannot_read_is_named_and_the_rest_copied(tmp_path:
 
     monkeypatch.setattr(mirror.store, "get", get)
     assert mirror.sync_once() == 5
-    assert (tmp_path / "local" / "c" / "run.json").exists() and not (tmp_path / "local" / "a" / "run.json").exists()
+    c, a = listed_run(tmp_path / "local" / "c"), listed_run(tmp_path / "local" / "a")
+    assert c is not None and c.run_json is not None and a is not None and a.run_json is None  # a: listed all the same
     assert [e for e in mirror.errors if "runs/a/run.json" in e and "archived" in e], mirror.errors
     assert mirror.sync_once() == 0 and len(mirror.errors) == 1  # retried every time, said once
 
@@ -84,13 +87,13 @@ def test_the_prefix_served_is_the_one_asked_for(tmp_path: Path) -> None:
     try:
         assert mirror.store.location == f"{bucket}/runs"
         for _ in range(200):
-            if (mirror.local / "good" / "run.json").exists():
+            if listed_run(mirror.local / "good") is not None:
                 break
             time.sleep(0.05)
+        listed = {run_id for run_id, _path in list_run_dirs(mirror.local)}
         mirror.stop()
-        local = {p.relative_to(mirror.local).as_posix() for p in mirror.local.rglob("*") if p.is_file()}
-        assert "good/run.json" in local
-        assert not [p for p in local if "secret" in p or "toplevel" in p or "private" in p], local
+        assert "good" in listed
+        assert not [p for p in listed if "secret" in p or "toplevel" in p or "private" in p], listed
     finally:
         mirror.stop()
 
@@ -143,10 +146,10 @@ def test_the_first_listing_runs_in_the_background(tmp_path: Path, monkeypatch: p
         release.set()
         assert listed.wait(30)
         for _ in range(200):
-            if (tmp_path / "local" / "good" / "run.json").exists():
+            if listed_run(tmp_path / "local" / "good") is not None:
                 break
             time.sleep(0.05)
-        assert (tmp_path / "local" / "good" / "run.json").exists()
+        assert listed_run(tmp_path / "local" / "good") is not None
     finally:
         release.set()
         mirror.stop()

@@ -4,6 +4,9 @@ copied), a run's segments fetched when it is opened, into a bounded cache shared
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,12 +45,18 @@ def _gets(store_fs: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     the listing's and each opened run's store share it)."""
     seen: list[str] = []
     real = store_fs.cat_file  # type: ignore[attr-defined]
+    real_async = store_fs._cat_file  # type: ignore[attr-defined]  # s3fs's batched reads (the listing's)
 
     def cat_file(path: str, *a: object, **k: object) -> object:
         seen.append(str(path))
         return real(path, *a, **k)
 
+    async def cat_file_async(path: str, *a: object, **k: object) -> object:
+        seen.append(str(path))
+        return await real_async(path, *a, **k)
+
     monkeypatch.setattr(store_fs, "cat_file", cat_file)
+    monkeypatch.setattr(store_fs, "_cat_file", cat_file_async)
     return seen
 
 
@@ -71,8 +80,7 @@ def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tm
     gets = _gets(mirror.store.fs, monkeypatch)
     assert mirror.sync_once() == 4  # run.json and meta.json of each run: nothing else
     assert len(gets) == 4 and not [g for g in gets if g.endswith(".parquet")], gets
-    local = {p.relative_to(mirror.local).as_posix() for p in mirror.local.rglob("*") if p.is_file()}
-    assert local == {"a/run.json", "a/segments/rank=0/meta.json", "b/run.json", "b/segments/rank=0/meta.json"}
+    assert list(mirror.local.iterdir()) == []  # listed in memory: nothing on local disk before a run is opened
     assert origin_of(mirror.local / "a") == "s3://runs/team/a" and origin_of(tmp_path) is None
 
     listing = page.list_page(mirror.local)
@@ -83,6 +91,7 @@ def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tm
     assert page.list_page(mirror.local, status="finished").matching == 2  # the filter reads the same metadata
     assert page.list_page(mirror.local, query="b").matching == 1
     assert mirror.sync_once() == 0  # nothing changed: nothing fetched again
+    assert list(mirror.local.iterdir()) == []  # the list read: still nothing on disk
 
     # opened: its segments are fetched now, and the loaded run's facts say what its row said
     opened = page.run_summary("a", mirror.local / "a")
@@ -90,6 +99,8 @@ def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tm
     assert not [g for g in gets if "/team/b/segments/" in g and g.endswith(".parquet")]
     for key in ("status", "steps", "ranks", "peak_bytes", "name", "started"):
         assert opened[key] == row[key], key
+    # the opened run's folder only (and the segment cache, a hidden folder beside it)
+    assert [p.name for p in mirror.local.iterdir() if not p.name.startswith(".")] == ["a"]
     assert opened["duration_s"] == pytest.approx(row["duration_s"])
     run = load_run(mirror.local / "b")
     try:
@@ -140,3 +151,110 @@ def test_opened_runs_share_one_bounded_segment_cache(s3: str, tmp_path: Path, mo
     finally:
         first.close()
         other.close()
+
+
+def _meta(store_url: str, run: str, **meta: object) -> None:
+    open_store(store_url).put(f"{run}/segments/rank=0/meta.json", json.dumps(meta).encode())
+
+
+def _made_live(url: str) -> None:
+    """The finished run at ``url`` as a live one: its meta says live, its heartbeat fresh (this process)."""
+    store = open_store(url)
+    meta = json.loads(store.get("segments/rank=0/meta.json"))
+    meta.update(status="live", heartbeat=time.time(), pid=os.getpid(), host=socket.gethostname())
+    meta.pop("ended_at", None)
+    store.put("segments/rank=0/meta.json", json.dumps(meta).encode())
+
+
+def test_new_and_finished_runs_appear_on_the_next_listing_and_live_follows_the_heartbeat(s3: str,
+                                                                                        tmp_path: Path) -> None:
+    _bucket("runs")
+    url = "s3://runs/flow"
+    now = time.time()
+    open_store(url).put("r1/run.json", json.dumps({"name": "r1", "created_at": now - 60}).encode())
+    _meta(url, "r1", status="live", heartbeat=now, started_at=now - 60, last_step=3, pid=os.getpid(),
+          host=socket.gethostname())
+    _meta(url, "stale", status="live", heartbeat=now - 3600, started_at=now - 4000, last_step=9)
+    mirror = RunsMirror(url, tmp_path / "local")
+    mirror.sync_once()
+    rows = {r["id"]: r for r in page.list_page(mirror.local).rows}
+    # a live run whose writer stopped beating reads crashed, with no new listing needed
+    assert rows["r1"]["status"] == "live" and rows["stale"]["status"] == "crashed", rows
+    _meta(url, "r1", status="finished", heartbeat=now + 1, started_at=now - 60, last_step=5, ended_at=now + 1)
+    open_store(url).put("r2/run.json", json.dumps({"name": "r2", "created_at": now}).encode())
+    _meta(url, "r2", status="finished", heartbeat=now, started_at=now, last_step=0)
+    assert page.list_page(mirror.local).matching == 2  # not listed again yet: the list is what was listed
+    mirror.sync_once()
+    listing = page.list_page(mirror.local)
+    rows = {r["id"]: r for r in listing.rows}
+    assert listing.matching == 3 and rows["r2"]["status"] == "finished" and rows["r2"]["steps"] == 1
+    assert rows["r1"]["status"] == "finished" and rows["r1"]["steps"] == 6
+    assert page.list_page(mirror.local, status="live").matching == 0
+    assert list(mirror.local.iterdir()) == []
+
+
+def test_metrics_and_alerts_on_a_bucket_open_only_the_live_runs(s3: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import generate_latest
+
+    from gpudash.alerts.watch import ServeAlerts
+    from gpudash.options import AlertOptions
+    from gpudash.server.metrics import metrics_registry
+
+    _bucket("runs")
+    _recorded("s3://runs/team/a", 4)
+    for run in ("b", "live"):
+        _copy_run("s3://runs/team/a", f"s3://runs/team/{run}")
+    _made_live("s3://runs/team/live")
+    mirror = RunsMirror("s3://runs/team", tmp_path / "local")
+    gets = _gets(mirror.store.fs, monkeypatch)
+    mirror.sync_once()
+    text = generate_latest(metrics_registry(mirror.local)).decode()
+    read = {g.split("/team/")[1].split("/")[0] for g in gets if g.endswith(".parquet")}
+    assert read == {"live"}, read  # the finished runs' segments are never read for /metrics
+    assert [p.name for p in mirror.local.iterdir() if not p.name.startswith(".")] == ["live"]
+    for run in ("a", "b"):  # what their listing says: not live, their heartbeat, their steps
+        assert f'gpudash_run_live{{node="{socket.gethostname()}",rank="0",run="{run}"}} 0.0' in text, text
+        assert f'gpudash_steps{{run="{run}"}} 4.0' in text
+    assert 'gpudash_run_live{' in text and 'run="live"} 1.0' in text
+    assert 'gpudash_step{' in text and 'run="live"' in text  # opened: its newest rows
+
+    monkeypatch.setattr(mirror_mod, "OPEN_RUNS", 1)
+    alerts = ServeAlerts(mirror.local, AlertOptions(webhook="http://127.0.0.1:9/hook", desktop=False, terminal=False, poll_s=60.0), "http://x")
+    try:
+        assert [run_id for run_id, _path in alerts._candidates()] == ["live"]
+    finally:
+        alerts.stop()
+
+
+def test_a_first_listing_of_many_runs_names_them_all_at_once_and_reads_the_newest_first(
+        s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _bucket("runs")
+    url = "s3://runs/many"
+    for i in range(4):
+        open_store(url).put(f"r{i}/run.json", json.dumps({"name": f"r{i}", "created_at": 1000.0 + i}).encode())
+        _meta(url, f"r{i}", status="finished", heartbeat=1000.0 + i, started_at=1000.0 + i, last_step=i)
+        time.sleep(1.05)  # S3 times are whole seconds: r3 is the newest
+    monkeypatch.setattr(runsync, "LIST_BATCH", 4)
+    mirror = RunsMirror(url, tmp_path / "local")
+    seen: list[dict[str, str]] = []
+    real = mirror._fetch
+
+    def fetch(todo: list[tuple[str, str, int, int]]) -> list[bytes | BaseException]:
+        seen.append({r["id"]: r["status"] for r in page.list_page(mirror.local).rows})
+        return real(todo)
+
+    monkeypatch.setattr(mirror, "_fetch", fetch)
+    mirror.sync_once()
+    # before the first batch: all four named, none read; after it: the two newest whole, the rest said pending
+    assert seen[0] == {f"r{i}": "listing" for i in range(4)}, seen
+    assert seen[1] == {"r3": "finished", "r2": "finished", "r1": "listing", "r0": "listing"}, seen
+    rows = page.list_page(mirror.local).rows
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(3, -1, -1)]
+    assert {r["status"] for r in rows} == {"finished"} and all(not r["problems"] for r in rows)
+    for i in range(4):  # each publishes again (a live run does every few seconds): never said pending again
+        _meta(url, f"r{i}", status="finished", heartbeat=2000.0 + i, started_at=1000.0 + i, last_step=i + 1)
+    seen.clear()
+    monkeypatch.setattr(runsync, "LIST_BATCH", 1)
+    assert mirror.sync_once() == 4
+    assert len(seen) == 3 and all(set(s.values()) == {"finished"} for s in seen), seen

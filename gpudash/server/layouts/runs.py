@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
-from gpudash.analysis.listing import listed_row
+from gpudash.analysis.listing import listed_run_row
 from gpudash.analysis.progress import Progress
 from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.errors import RunError
@@ -26,7 +26,8 @@ from gpudash.server.layouts.progressbar import progress_cell
 from gpudash.server.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.server.runcache import run_stamp as _run_stamp
 from gpudash.store.bounded import damage
-from gpudash.store.listing import published_metas
+from gpudash.store.listed import listed_run
+from gpudash.store.meta import parse_run_json
 from gpudash.store.mirror import origin_of
 from gpudash.store.reader import read_run_json
 from gpudash.store.run import merged_meta, run_start
@@ -160,7 +161,10 @@ class RunEntry:
 
 def _run_json(path: Path) -> dict[str, Any]:
     """``run.json`` read as the store reads it (regular file, bounded size, facts checked and trimmed);
-    what is wrong with it is said by the run's summary."""
+    what is wrong with it is said by the run's summary. A run listed from an object store: as listed."""
+    listed = listed_run(path)
+    if listed is not None:
+        return parse_run_json(listed.run_json, []) if listed.run_json is not None else {}
     return read_run_json(path, [])
 
 
@@ -171,9 +175,7 @@ def _has_rank_files(stamp: tuple[Any, ...]) -> bool:
 def listed_summary(run_id: str, path: Path) -> dict[str, Any]:
     """The row of a run listed from an object store and not opened (:func:`gpudash.analysis.listing.listed_row`:
     its ``run.json`` and ranks' ``meta.json`` only), with ``meta`` (the merged meta)."""
-    problems: list[str] = []
-    run_json = read_run_json(path, problems)
-    row = listed_row(run_id, run_json, published_metas(path, problems), problems)
+    row = listed_run_row(run_id, path)
     row["device"] = device_label(row["meta"])
     return row
 
@@ -230,7 +232,7 @@ def scan_runs(runs_dir: Path) -> list[RunEntry]:
             meta = _run_json(path)
             entry = RunEntry(id=run_id, path=path, stamp=stamp, name=str(meta.get("name") or run_id),
                              started=run_start(meta))
-            if entry.started is None and _has_rank_files(stamp):
+            if entry.started is None and (_has_rank_files(stamp) or listed_run(path) is not None):
                 read_meta(entry)  # the start time is only in the rank files
             _ENTRIES[path] = entry
         elif entry.status == "live":
