@@ -140,3 +140,20 @@ def test_leak_frames_are_typed_and_stored_as_before() -> None:
     assert d["frames"] == [{"stack": "keep.py:7 main", "delta_bytes": 4096, "before_step": 10, "after_step": 40}]
     back = Leak.from_dict(d)
     assert back == lk and back is not None and back.frames[0].stack == "keep.py:7 main"
+
+
+def test_a_watch_that_fails_says_so_once_and_takes_no_more_rows(tmp_path: Path) -> None:
+    with Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0.05, handle_signals=False) as m:
+        watch = m._leaks
+        watch.window.tap("meta", None)  # type: ignore[arg-type]  # something it cannot take (never raised)
+        assert watch.window.error is not None
+        for _ in range(3):
+            with m.step():
+                pass
+        watch._thread.join(30.0)  # its next look finds the error and stops the watch
+        assert not watch._thread.is_alive() and m.recorder.tap is None
+    run = load_run(tmp_path / "r")
+    try:
+        assert str(run.meta.get("unavailable_leak_watch")).startswith("stopped after an error")
+    finally:
+        run.close()

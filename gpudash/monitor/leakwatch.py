@@ -197,14 +197,19 @@ class LeakWatch:
                 t0 = time.thread_time()
                 self.look()
             except Exception as exc:  # noqa: BLE001 - the watch stops; training goes on
+                self._untap()
                 self.monitor.unavailable("leak_watch", f"stopped after an error: {type(exc).__name__}: {exc}")
                 return
             cost = time.thread_time() - t0  # the judging's own CPU, not the wait for the writer or a busy machine
 
-    def stop(self) -> None:
+    def _untap(self) -> None:
+        """The recorder hands this watch no more rows."""
         recorder = self.monitor.recorder
         if recorder.tap == self.window.tap:
             recorder.tap = None
+
+    def stop(self) -> None:
+        self._untap()
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
