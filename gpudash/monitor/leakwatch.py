@@ -49,7 +49,8 @@ MIN_LOOK_S = 0.2
 LOOK_SHARE = 0.02
 """A look's own CPU time is at most this share of the time between looks (it holds the GIL while it judges)."""
 _TICK_S = 0.1
-"""How often the thread checks the step count (reads one int: nothing on the training thread)."""
+"""How often the thread checks the step count and copies the numbers of the rows handed over since (so the rows
+it holds by reference stay a tick's worth, not a look's; nothing on the training thread)."""
 
 
 def _warm() -> None:
@@ -189,6 +190,12 @@ class LeakWatch:
     def _loop(self) -> None:
         last, last_step, cost = time.monotonic(), 0, 0.0
         while not self._stop.wait(min(self.poll_s, _TICK_S)):
+            try:
+                self.window.take()
+            except Exception as exc:  # noqa: BLE001 - the watch stops; training goes on
+                self._untap()
+                self.monitor.unavailable("leak_watch", f"stopped after an error: {type(exc).__name__}: {exc}")
+                return
             now = time.monotonic()
             if not self._due(now, last, last_step, cost):
                 continue

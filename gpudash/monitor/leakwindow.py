@@ -2,7 +2,7 @@
 
 The recorder hands every row it queues to :meth:`LeakWindow.tap` (on the thread that records it: the training
 thread for steps and memory, the host sampler's for host samples), which stores a reference in a fixed ring
-(one store: no copy, no lock; the writer holds the same row until its next flush anyway). At each look the
+(one store: no copy, no lock; the writer holds the same row until its next flush anyway). Every tick (0.1 s) the
 watch's thread copies the few numbers the leak rule reads (:data:`gpudash.analysis.leak_rule.RULE_COLUMNS`, and
 the capacity's) into fixed arrays made with the window and lets go of the rows, so the window keeps nothing else
 and what it holds never grows after it is made. Nothing is read back from the run's file and nothing waits for
@@ -113,6 +113,12 @@ class LeakWindow:
         """The run's first step (None before the first step's row, or when it was no number)."""
         step = self.rings["steps"].first
         return float(step) if isinstance(step, (int, float, np.number)) and not isinstance(step, bool) else None
+
+    def take(self) -> None:
+        """Copy the numbers of the rows handed over since the last call and let go of the rows (the watch's
+        thread, every tick: the rows held stay a tick's worth however long a look waits)."""
+        for ring in self.rings.values():
+            ring.take()
 
     def columns(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Memory, host and steps, as the rule reads them."""
