@@ -267,7 +267,7 @@ def leak(out: Path, gpu: bool, timeout: float) -> dict[str, Any]:
         if live:
             lk = live[0]
             row.update(source=lk.source, live_per_step_bytes=lk.per_step_bytes, found_at_step=lk.last_step,
-                       category=lk.category, frames=[(f.get("stack", "").split("\n")[0], f.get("delta_bytes"))
+                       category=lk.category, frames=[(f.stack.split("\n")[0], f.delta_bytes)
                                                      for f in lk.frames][:3], full_at_step=lk.full_at_step)
             if kept:
                 row["ratio_to_kept"] = lk.per_step_bytes / kept

@@ -63,8 +63,10 @@ def test_a_growing_allocation_is_named_with_its_frames_while_the_loop_runs(tmp_p
         assert len(events) == 1
         live = recorded_leaks(run)[0]
         assert live.source == "allocated_bytes" and abs(live.per_step_bytes - MiB) < 0.01 * MiB
-        assert live.frames and "keep.py" in live.frames[0]["stack"], live.frames
-        assert live.frames[0]["delta_bytes"] > 0 and live.frames[0]["before_step"] < live.frames[0]["after_step"]
+        assert live.frames and "keep.py" in live.frames[0].stack, live.frames
+        top = live.frames[0]
+        assert top.delta_bytes > 0 and top.before_step is not None and top.after_step is not None
+        assert top.before_step < top.after_step
         assert len(run.snapshots) <= 4  # bounded
         facts = run_facts(run)
         assert facts.leak is not None and facts.leak.frames == live.frames  # the fact carries the live frames

@@ -20,7 +20,10 @@ import pandas as pd
 from gpudash.store.run import Run
 from gpudash.units import GiB
 
-__all__ = ["Capacity", "capacity", "capacity_bytes", "device_bytes"]
+__all__ = ["MEMORY_COLUMNS", "Capacity", "capacity", "capacity_bytes", "device_bytes"]
+
+MEMORY_COLUMNS = ("device_total_bytes",)
+"""The memory rows' columns a capacity is read from (the live leak watch keeps them in its window)."""
 
 
 class Capacity(NamedTuple):
@@ -59,8 +62,9 @@ def capacity(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> Cap
 
 def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:
     """The device's total memory: as the allocator reported it in ``memory``, else as the environment did."""
-    if memory is not None and "device_total_bytes" in memory:
-        if (b := _num(pd.to_numeric(memory["device_total_bytes"], errors="coerce").max())) is not None:
+    (total,) = MEMORY_COLUMNS
+    if memory is not None and total in memory:
+        if (b := _num(pd.to_numeric(memory[total], errors="coerce").max())) is not None:
             return b
     return _num(meta.get("device_capacity_bytes")) or _num(meta.get("device_total_bytes"))
 

@@ -160,17 +160,15 @@ class Monitor:
             self.add_step_hooks(end=self._record_cuda_device)
         for collector in default_collectors(options):
             self.add_collector(collector)
-        # the leak watch starts on a thread of its own once the first step has ended (or after one look's
-        # wait): what it imports (pandas) took 0.5-1 s of the first training step under `gpudash run`, and
-        # even on its own thread it takes the GIL from that step; it reads the rank file from its first row,
-        # so it misses nothing by starting later
+        # the leak watch: its window takes the rows as they are recorded (from the first), its thread judges them
         self._leak_watch: Any = None
-        self._abandoned = False
-        self._watch_start: threading.Thread | None = None
         if options.leak_poll_s > 0:
-            self._watch_start = threading.Thread(target=self._start_leak_watch, name="gpudash-leak-start",
-                                                 daemon=True)
-            self._watch_start.start()
+            try:
+                from gpudash.monitor.leakwatch import LeakWatch
+
+                self._leak_watch = LeakWatch(self, options.leak_poll_s)
+            except Exception as exc:  # noqa: BLE001 - the run goes on without it, and says so
+                self.unavailable("leak_watch", f"failed to start: {type(exc).__name__}: {exc}")
         self._alerts: Any = _NO_ALERTS
         if options.alerts is not None and self.rank == 0:  # rank 0 watches every rank's files
             # here, not on that thread: the watcher starts at the end of what is recorded so far
@@ -179,32 +177,9 @@ class Monitor:
             self._alerts = start_alerts(self) or _NO_ALERTS
         self._exits = ExitHandlers(self.close, handle_signals=options.handle_signals)
 
-    def _start_leak_watch(self) -> None:
-        deadline = time.monotonic() + self.options.leak_poll_s
-        while self.step_index < 1 and not self._abandoned and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if self._abandoned:
-            return
-        try:
-            from gpudash.monitor.leakwatch import LeakWatch
-
-            watch = LeakWatch(self, self.options.leak_poll_s)
-        except Exception as exc:  # noqa: BLE001 - the run goes on without it, and says so
-            self.unavailable("leak_watch", f"failed to start: {type(exc).__name__}: {exc}")
-            return
-        with self._lock:
-            abandoned = self._abandoned
-            if not abandoned:
-                self._leak_watch = watch
-        if abandoned:  # the Monitor closed without waiting for it
-            watch.stop()
-
     @property
     def _leaks(self) -> Any:
-        """The leak watch (None when off), once it has started (waits for it)."""
-        start = self._watch_start
-        if start is not None and start is not threading.current_thread():
-            start.join(60.0)
+        """The leak watch (None when off)."""
         return self._leak_watch
 
     # ---- the recording interface collectors use (gpudash.collectors.api.Recording) -------
@@ -382,9 +357,7 @@ class Monitor:
                 c.stop()
             except Exception:  # noqa: BLE001 - closing must always reach the writer
                 pass
-        with self._lock:
-            self._abandoned = True  # a leak watch not started yet never starts
-        leaks = self._leaks  # (waits for one starting now)
+        leaks = self._leak_watch
         if leaks is not None:
             leaks.stop()
         # the last look (a crash alert) is recorded before the writer closes

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,12 @@ class Recorder:
                 gone = [k for k in VOLATILE_META if k in before and k not in start]
                 self._conn.executemany("DELETE FROM meta WHERE key = ?", [(k,) for k in gone])
         self._tables = TableWriter(self._conn, self._report, meta=start, attempt=self.attempt)
+        #: the meta this attempt started with (what later ``put_meta`` calls add to)
+        self.start_meta = start
+        #: called with (table, row) for every record queued and with ("meta", items) for run-level facts, on
+        #: the recording thread, before the row is the writer's: in-process readers (the leak watch's window)
+        #: get rows without reading them back; it must be cheap and must not block
+        self.tap: Callable[[str, dict[str, Any]], None] | None = None
         self._dropped_stored = 0
         self._rollups_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
@@ -204,12 +211,18 @@ class Recorder:
         oldest record when full."""
         if len(self._buf) >= self.capacity:
             self.dropped += 1
+        tap = self.tap
+        if tap is not None:
+            tap(table, row)
         row[_TABLE] = table
         self._buf.append(row)
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
         items = redact_meta(items)  # nothing that looks like a credential is recorded (gpudash.store.redact)
+        tap = self.tap
+        if tap is not None:
+            tap("meta", items)
         with self._meta_lock:
             self._meta_pending.update(items)
 

@@ -20,10 +20,10 @@ def leak_line(leak: Leak | None) -> html.Div:
     if leak.seen:
         parts.append(html.Div(leak.seen, className="muted"))
     if leak.frames:
-        rows = [html.Li([html.Code(str(f.get("stack", "")).split("\n", 1)[0]),
-                         html.Span(f" +{human_bytes(float(f.get('delta_bytes') or 0))}", className="muted")])
+        rows = [html.Li([html.Code(f.stack.split("\n", 1)[0]),
+                         html.Span(f" +{human_bytes(f.delta_bytes)}", className="muted")])
                 for f in leak.frames]
-        steps = (leak.frames[0].get("before_step"), leak.frames[0].get("after_step"))
+        steps = (leak.frames[0].before_step, leak.frames[0].after_step)
         parts += [html.Div(f"grown between the snapshots of steps {steps[0]} and {steps[1]}:", className="muted"),
                   html.Ul(rows, id="run-leak-frames")]
     return html.Div(parts, id="run-leak", className="run-leak note")
