@@ -91,7 +91,7 @@ import torch
 from gpudash.options import MonitorOptions
 from gpudash.zerocode.agent import Agent
 
-agent = Agent(sys.argv[1], {"options": MonitorOptions(leak_poll_s=0.0, handle_signals=False)})
+agent = Agent(sys.argv[1], {"options": MonitorOptions(handle_signals=False)})
 agent.install(torch)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-import pandas as pd
-
-from gpudash.store.run import Run
 from gpudash.units import GiB
+
+if TYPE_CHECKING:  # the live leak watch imports this module: recording loads no pandas (nor the reader)
+    import pandas as pd
+
+    from gpudash.store.run import Run
 
 __all__ = ["MEMORY_COLUMNS", "Capacity", "capacity", "capacity_bytes", "device_bytes"]
 
@@ -64,6 +66,8 @@ def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) ->
     """The device's total memory: as the allocator reported it in ``memory``, else as the environment did."""
     (total,) = MEMORY_COLUMNS
     if memory is not None and total in memory:
+        import pandas as pd
+
         if (b := _num(pd.to_numeric(memory[total], errors="coerce").max())) is not None:
             return b
     return _num(meta.get("device_capacity_bytes")) or _num(meta.get("device_total_bytes"))
@@ -71,5 +75,5 @@ def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) ->
 
 def capacity_bytes(run: Run | Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:
     """:func:`capacity`'s bytes, of a :class:`Run` or of a ``meta`` and its ``memory`` rows."""
-    found = capacity(run.meta, run.memory) if isinstance(run, Run) else capacity(run, memory)
+    found = capacity(run, memory) if isinstance(run, Mapping) else capacity(run.meta, run.memory)
     return found.bytes if found else None
