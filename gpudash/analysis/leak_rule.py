@@ -36,7 +36,7 @@ __all__ = ["BLOCKS", "LEAK_EVENT", "MIN_GROWTH_BYTES", "MIN_GROWTH_SHARE", "MIN_
            "TRAIL_STEPS", "WARMUP_STEPS", "Columns", "Growth", "Leak", "LeakFrame", "floor_growth", "judge",
            "leak_text"]
 
-Columns = Mapping[str, np.ndarray]
+Columns = Mapping[str, "np.ndarray"]  # (a string: the dashboard builds its app before numpy loads)
 """One table's rows as numbers, column by column (rows in the order they were recorded; NaN: not recorded)."""
 
 LEAK_EVENT = "leak"

@@ -52,6 +52,10 @@ def staging_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"gpudash-{prefix}-", dir=staging_base()))
 
 
+MAX_CACHE_MB = 1 << 40
+"""The largest cache size the flag takes (an exbibyte: beyond any disk; a number past it is a typo)."""
+
+
 def parse_cache_mb(text: str, where: str = "--cache-mb") -> int:
     """Bytes of a cache size given in MB (a positive number); ``ValueError`` with one line naming the fix."""
     try:
@@ -60,6 +64,9 @@ def parse_cache_mb(text: str, where: str = "--cache-mb") -> int:
         raise ValueError(f"{where} {text!r}: not a number of MB (e.g. {where} 512)") from None
     if not mb > 0 or mb == float("inf"):
         raise ValueError(f"{where} {text!r}: must be a positive number of MB (e.g. {where} 512)")
+    if mb > MAX_CACHE_MB:
+        raise ValueError(f"{where} {text!r}: more than any disk holds (at most {MAX_CACHE_MB:,} MB, e.g. "
+                         f"{where} 512)")
     return max(1, int(mb * (1 << 20)))
 
 

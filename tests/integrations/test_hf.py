@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from gpudash import load_run  # noqa: E402
 from gpudash.analysis.facts import run_facts  # noqa: E402
 from gpudash.integrations.hf import GpudashCallback  # noqa: E402
+from gpudash.monitor.timing import NOWHERE  # noqa: E402
 
 STEPS = 6
 
@@ -145,7 +146,7 @@ def test_evaluation_is_outside_every_step(tmp_path: Path) -> None:
         # listed before GpudashCallback: sees the state at the end of the evaluation
         def on_evaluate(self, args: object, state: object, control: object, **kw: object) -> None:
             seen.append(monitor.step_index if (monitor := cb.monitor) is not None else -1)
-            assert monitor is not None and monitor._row is None  # no step is open while evaluating
+            assert monitor is not None and monitor._row is NOWHERE  # no step is open while evaluating
 
     cb = GpudashCallback(run_dir, host_hz=0, handle_signals=False)
     trainer = transformers.Trainer(model=_tiny_llama(), args=targs, train_dataset=_Tokens(16, 8, 128),

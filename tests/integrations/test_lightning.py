@@ -12,6 +12,7 @@ L = pytest.importorskip("lightning.pytorch")
 
 from gpudash import load_run  # noqa: E402
 from gpudash.integrations.lightning import GpudashCallback  # noqa: E402
+from gpudash.monitor.timing import NOWHERE  # noqa: E402
 
 STEPS = 5
 
@@ -92,7 +93,7 @@ def test_validation_is_outside_every_step(tmp_path: Path) -> None:
     class WithVal(Tiny):
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             mon = cb.monitor
-            assert mon is None or mon._row is None  # no step is open while validating (None: sanity check)
+            assert mon is None or mon._row is NOWHERE  # no step is open while validating (None: sanity check)
             checked.append(mon is not None)
             loss = torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
             if mon is not None:
