@@ -2,11 +2,13 @@
 
 The publisher folds the rows it exports into a small ``listing`` object (:class:`ListingTally`): the rank's
 last step, the first and last time a step ended (and the first step's start), and the largest value of each
-``*_bytes`` column of its memory table. Only the rows new since the last publish are read (by rowid), so
+``*_bytes`` column of its memory table (and the largest per-row sum of its memory categories, the peak of a run
+that measured no peak: :func:`gpudash.analysis.facts.peak_memory`). Only the rows new since the last publish are read (by rowid), so
 the cost per publish is that of the new rows, whatever the run's length. The runs list reads it back with
 :func:`published_metas` (each rank's ``meta.json`` in a run folder) and :mod:`gpudash.analysis.listing`
 turns it into the row shown; a run published before this existed has no ``listing`` and shows what its
-meta holds (status, last step, times).
+meta holds (status, last step, times). A local run not summarised yet is listed the same way, its ranks'
+meta tables tallied where they lie (:func:`rank_listings`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from gpudash.store.schema import quote_ident
+from gpudash.store.schema import MEMORY_PARTS, quote_ident
 from gpudash.store.segments import LISTING_KEY, SEGMENTS_DIR, rank_of_folder
 
-__all__ = ["LISTING_KEY", "ListingTally", "published_metas"]
+__all__ = ["LISTING_KEY", "PARTS_KEY", "ListingTally", "published_metas", "rank_listings"]
 
 #: The largest ``meta.json`` read to list a run (gpudash writes a few kB).
 LIST_META_BYTES = 4 << 20
+#: The listing's key for the largest per-row sum of the memory categories (:data:`MEMORY_PARTS`).
+PARTS_KEY = "max_parts_sum"
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
@@ -41,7 +45,8 @@ class ListingTally:
 
     def __init__(self) -> None:
         self.after: dict[str, int] = {"steps": 0, "memory": 0}
-        self.out: dict[str, Any] = {"last_step": None, "first_time": None, "last_time": None, "max": {}}
+        self.out: dict[str, Any] = {"last_step": None, "first_time": None, "last_time": None, "max": {},
+                                    PARTS_KEY: None}
 
     def _fold(self, key: str, value: Any, pick: Any) -> None:
         v = _num(value)
@@ -67,14 +72,20 @@ class ListingTally:
         mem = [c for c in _columns(conn, "memory") if c.endswith("_bytes")][:64]
         if mem:
             sql = ", ".join(f"max({quote_ident(c)})" for c in mem)
+            # a category that is not a number counts 0, as the loaded run's facts count it
+            nums = [f"(CASE WHEN typeof({quote_ident(c)}) IN ('integer', 'real') THEN {quote_ident(c)} END)"
+                    for c in mem if c in MEMORY_PARTS]
+            parts = (f"CASE WHEN coalesce({', '.join(nums)}, NULL) IS NULL THEN NULL ELSE "
+                     f"{' + '.join(f'coalesce({n}, 0)' for n in nums)} END") if nums else "NULL"
             try:
-                row = conn.execute(f"SELECT max(rowid), {sql} FROM memory WHERE rowid > ?",
+                row = conn.execute(f"SELECT max(rowid), max({parts}), {sql} FROM memory WHERE rowid > ?",
                                    (self.after["memory"],)).fetchone()
             except sqlite3.Error:
                 row = None
             if row and row[0] is not None:
                 self.after["memory"] = int(row[0])
-                for c, v in zip(mem, row[1:], strict=True):
+                self._fold(PARTS_KEY, row[1], max)
+                for c, v in zip(mem, row[2:], strict=True):
                     n = _num(v)
                     if n is not None:
                         old = self.out["max"].get(c)
@@ -82,6 +93,12 @@ class ListingTally:
         if isinstance(self.out["last_step"], float) and self.out["last_step"].is_integer():
             self.out["last_step"] = int(self.out["last_step"])
         return {**self.out, "max": dict(self.out["max"])}
+
+
+def rank_listings(ranks: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    """Each rank's meta with its listing tallied from its file as it lies (``ranks``: rank -> an open
+    :class:`gpudash.store.rankreader.RankReader`): a local run listed as a published one is."""
+    return {rank: {**rr.meta(), LISTING_KEY: ListingTally().update(rr.conn)} for rank, rr in sorted(ranks.items())}
 
 
 def published_metas(run_dir: Path, problems: list[str]) -> dict[int, dict[str, Any]]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpudash.server.background import summariser
 from gpudash.server.layouts import runs
 from gpudash.store import summarystore
 
@@ -134,7 +136,7 @@ def thousand(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list[str]]:
     """Counts real summaries and meta-table reads (nothing cached in memory or on disk at the start)."""
-    calls: dict[str, list[str]] = {"summary": [], "meta": []}
+    calls: dict[str, list[str]] = {"summary": [], "meta": [], "waited": []}
     monkeypatch.setenv(summarystore.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(runs, "_CACHE", type(runs._CACHE)())
     monkeypatch.setattr(runs, "_ENTRIES", {})
@@ -142,6 +144,8 @@ def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list
 
     def summary(run_id: str, path: Path) -> dict[str, Any]:
         calls["summary"].append(run_id)
+        if threading.current_thread() is threading.main_thread():
+            calls["waited"].append(run_id)  # summarised while the list request waited
         return real_summary(run_id, path)
 
     def meta(path: Path) -> Any:
@@ -153,21 +157,35 @@ def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list
     return calls
 
 
+#: The columns a row from a run's metadata shows as its summary will.
+_SAME = ("id", "name", "status", "device", "started", "duration_s", "steps", "peak_bytes", "ranks", "end_reason")
+
+
 def test_the_first_page_of_1000_runs_summarises_only_its_rows(thousand: Path, summaries: dict[str, list[str]]) -> None:
     listing = runs.list_page(thousand)
     assert listing.total == listing.matching == 1000 and listing.pages == 20
     assert [r["id"] for r in listing.rows] == [f"run{i:04d}" for i in range(999, 949, -1)]  # newest first
-    assert sorted(summaries["summary"]) == sorted(r["id"] for r in listing.rows)  # the page's rows, once each
+    # a cold list waits for the first SYNC_SUMMARIES rows only; the page's others come from their metadata
+    assert summaries["waited"] == [f"run{i:04d}" for i in range(999, 999 - runs.SYNC_SUMMARIES, -1)]
     assert summaries["meta"] == []  # no filter: the rest of the list needs only run.json and file stamps
     row = listing.rows[0]
     assert row["name"] == "exp-0999" and row["status"] == "finished" and row["steps"] > 0
     assert row["facts"]["status"] == row["status"]  # every number comes from the facts
+    pending = listing.rows[runs.SYNC_SUMMARIES:]
+    assert all(r.get("pending") and r["facts"] is None for r in pending)
+    assert all(not r.get("pending") for r in listing.rows[:runs.SYNC_SUMMARIES])
+    assert summariser().wait(120)  # the background summarised the rest of the page, each once
+    assert sorted(summaries["summary"]) == sorted(r["id"] for r in listing.rows)
     summaries["summary"].clear()
-    again = runs.list_page(thousand)  # the 1 s live refresh
-    assert summaries["summary"] == [] and runs.row_signature(again.rows) == runs.row_signature(listing.rows)
+    again = runs.list_page(thousand)  # the 1 s live refresh: every row summarised now, none again
+    assert summaries["summary"] == [] and not any(r.get("pending") for r in again.rows)
+    for before, now in zip(listing.rows, again.rows, strict=True):  # the metadata's row said what the facts say
+        assert [before[k] for k in _SAME] == [now[k] for k in _SAME]
+    assert runs.row_signature(runs.list_page(thousand).rows) == runs.row_signature(again.rows)
     second = runs.list_page(thousand, page=1)
     assert [r["id"] for r in second.rows] == [f"run{i:04d}" for i in range(949, 899, -1)]
-    assert len(summaries["summary"]) == 50
+    assert summariser().wait(120)
+    assert len(summaries["summary"]) == 50  # 10 at once, 40 in the background
     assert runs.page_label(second) == "51–100 of 1000 · page 2 of 20"
 
 
