@@ -9,6 +9,11 @@ the cost per publish is that of the new rows, whatever the run's length. The run
 turns it into the row shown; a run published before this existed has no ``listing`` and shows what its
 meta holds (status, last step, times). A local run not summarised yet is listed the same way, its ranks'
 meta tables tallied where they lie (:func:`rank_listings`).
+
+The rank that put the run's ``run.json`` also carries a copy of it in its listing (:func:`embedded_run_json`,
+when it is at most :data:`RUN_JSON_COPY_BYTES`): a bucket's lister then reads one object per run, not two
+(:func:`run_json_copy`; :mod:`gpudash.store.runsync` checks the copy against the listed ``run.json`` object
+and reads that one where they differ, or where a run was published before the copy existed).
 """
 
 from __future__ import annotations
@@ -21,12 +26,17 @@ from typing import Any
 from gpudash.store.schema import MEMORY_PARTS, quote_ident
 from gpudash.store.segments import LISTING_KEY, SEGMENTS_DIR, rank_of_folder
 
-__all__ = ["LISTING_KEY", "PARTS_KEY", "ListingTally", "published_metas", "rank_listings"]
+__all__ = ["LISTING_KEY", "PARTS_KEY", "RUN_JSON_COPY_KEY", "ListingTally", "embedded_run_json", "published_metas",
+           "rank_listings", "run_json_copy"]
 
 #: The largest ``meta.json`` read to list a run (gpudash writes a few kB).
 LIST_META_BYTES = 4 << 20
 #: The listing's key for the largest per-row sum of the memory categories (:data:`MEMORY_PARTS`).
 PARTS_KEY = "max_parts_sum"
+#: The listing's key for the copy of ``run.json`` (its ``size`` in bytes and its ``text``).
+RUN_JSON_COPY_KEY = "run_json"
+#: The largest ``run.json`` copied into a ``meta.json`` (gpudash writes a few kB; a larger one is read itself).
+RUN_JSON_COPY_BYTES = 64 << 10
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
@@ -93,6 +103,38 @@ class ListingTally:
         if isinstance(self.out["last_step"], float) and self.out["last_step"].is_integer():
             self.out["last_step"] = int(self.out["last_step"])
         return {**self.out, "max": dict(self.out["max"])}
+
+
+def embedded_run_json(data: bytes) -> dict[str, Any] | None:
+    """What a rank's listing carries of the ``run.json`` it put (``data``, as put): ``{"run_json": {"size",
+    "text"}}``; None for one too large to copy, or not UTF-8 text (then it is read itself)."""
+    if len(data) > RUN_JSON_COPY_BYTES:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return {RUN_JSON_COPY_KEY: {"size": len(data), "text": text}}
+
+
+def run_json_copy(meta_json: bytes) -> tuple[int, bytes] | None:
+    """(size, bytes) of the ``run.json`` copy a rank's ``meta.json`` carries in its listing, None when it
+    carries none (a run published by an older gpudash, a rank that did not put ``run.json``) or a damaged one."""
+    if len(meta_json) > LIST_META_BYTES:
+        return None
+    try:
+        doc = json.loads(meta_json)
+    except (ValueError, RecursionError):
+        return None
+    listing = doc.get(LISTING_KEY) if isinstance(doc, dict) else None
+    copy = listing.get(RUN_JSON_COPY_KEY) if isinstance(listing, dict) else None
+    if not isinstance(copy, dict) or not isinstance(copy.get("text"), str) or not isinstance(copy.get("size"), int):
+        return None
+    try:
+        data = copy["text"].encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: not what gpudash wrote
+        return None
+    return (copy["size"], data) if len(data) == copy["size"] <= RUN_JSON_COPY_BYTES else None
 
 
 def rank_listings(ranks: dict[int, Any]) -> dict[int, dict[str, Any]]:

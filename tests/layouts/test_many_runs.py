@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -236,3 +237,44 @@ def test_a_live_run_is_summarised_again_only_when_it_changes_or_stops(tmp_path: 
     writer["status"] = "crashed"  # the writer died: no file changes, the heartbeat goes stale
     runs.list_page(folder)
     assert counted == ["run0001"]
+
+
+# ---- a row from metadata states what the run's facts state (one fact, one place) ---------------------------
+
+SAMPLES_DIR = SAMPLE.parent
+
+
+def test_a_row_from_metadata_is_the_facts_of_the_summary_and_info(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A cold list answers every run from its metadata (no summary waited for); its status, steps, peak memory,
+    duration and ranks are those ``/api/runs/<id>/summary`` and ``gpudash info --json`` give, and the row the
+    background summary gives the next listing: the facts, and nothing else."""
+    from gpudash.cli import main
+    from gpudash.server.app import create_app
+    from gpudash.server.runcache import shared_cache
+
+    monkeypatch.setenv(summarystore.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(runs, "_CACHE", type(runs._CACHE)())
+    monkeypatch.setattr(runs, "_ENTRIES", {})
+    monkeypatch.setattr(runs, "SYNC_SUMMARIES", 0)
+    shared_cache().clear()
+    root = tmp_path / "runs"
+    names = ["healthy", "oom-crash", "oom-recovered", "strategy-bf16"]  # GPU-like and CPU peaks, a crash
+    for name in names:
+        shutil.copytree(SAMPLES_DIR / name, root / name)
+    client = create_app(root).server.test_client()
+    cold = {r["id"]: r for r in client.get("/api/runs").get_json()["runs"]}
+    assert sorted(cold) == sorted(names) and all(r["pending"] and r["facts"] is None for r in cold.values())
+    assert summariser().wait(120)
+    warm = {r["id"]: r for r in client.get("/api/runs").get_json()["runs"]}
+    for name in names:
+        summary = client.get(f"/api/runs/{name}/summary").get_json()
+        capsys.readouterr()
+        assert main(["info", str(root / name), "--json"]) == 0
+        facts = json.loads(capsys.readouterr().out)["facts"]
+        want = [facts["status"], facts["steps"], facts["headline"]["peak_memory_bytes"],
+                facts["headline"]["duration_s"], facts["ranks"]]
+        assert want[1] > 0 and want[2] is not None and want[3] is not None
+        for where in (cold[name], summary, warm[name]):
+            assert [where["status"], where["steps"], where["peak_bytes"], where["duration_s"], where["ranks"]] == want
+        assert not warm[name].get("pending") and warm[name]["facts"] == summary["facts"]
