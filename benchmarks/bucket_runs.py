@@ -288,8 +288,9 @@ def main() -> None:
                      f"{m['port_s']:.2f} s (imports, the app); then the listing and the metadata, "
                      f"{m['complete_s'] - m['port_s']:.2f} s to every row whole ({per_run_s * 1000:.2f} ms a run): one listing of the "
                      f"prefix ({cost['listing_s']:.2f} s for {cost['objects']:,} objects, pages of 1,000 one after "
-                     f"the other, {cost['listing_s'] / cost['objects'] * 1e6:.0f} µs an object) and 2 small GETs a "
-                     f"run ({cost['get_s'] * 1000:.1f} ms each alone, {FETCHERS} in flight at once).")
+                     f"the other, {cost['listing_s'] / cost['objects'] * 1e6:.0f} µs an object) and one small GET a "
+                     f"run (its rank's meta.json, which carries run.json's copy; {cost['get_s'] * 1000:.1f} ms "
+                     f"alone, {FETCHERS} in flight at once).")
         lines.append(f"CPU time until every row was whole: the server {m['server_cpu_s']:.1f} s (start-up "
                      f"included), moto's S3 server and this benchmark's polling {m['moto_cpu_s']:.1f} s: on a quiet "
                      "machine with two free CPUs the wall time would be near the larger of the two.")
