@@ -55,7 +55,7 @@ class Worker:
                 self._busy = True
             try:
                 fn()
-            except Exception:  # noqa: BLE001, S110 - a failed summary is asked for again by the next listing
+            except Exception:  # noqa: BLE001 - a failed summary is asked for again by the next listing
                 pass
             finally:
                 with self._cond:
