@@ -224,6 +224,7 @@ def pending_summary(run_id: str, path: Path) -> dict[str, Any] | None:
         if not metas:
             return None
         row = listed_row(run_id, read_run_json(path, problems), metas, problems)
+        row["problems"] = problems  # not a published run's: no rank left records unpublished
     row["device"] = device_label(row.pop("meta"))
     row["pending"] = True
     return row
