@@ -64,9 +64,10 @@ class ListingTally:
             old = self.out[key] if key != "max" else None
             self.out[key] = v if old is None else pick(old, v)
 
-    def update(self, conn: sqlite3.Connection) -> dict[str, Any]:
-        """Fold the new rows in; the listing (a JSON-ready copy). A table that cannot be read is skipped."""
-        cols = _columns(conn, "steps")
+    def update(self, conn: sqlite3.Connection, real: set[str] | None = None) -> dict[str, Any]:
+        """Fold the new rows in; the listing (a JSON-ready copy). A table that cannot be read is skipped, as is
+        one not in ``real`` when given (a file gpudash did not write: its views are someone else's code)."""
+        cols = _columns(conn, "steps") if real is None or "steps" in real else []
         if {"step", "time"} <= set(cols):
             start = "time - coalesce(duration_s, 0)" if "duration_s" in cols else "time"
             try:
@@ -79,7 +80,8 @@ class ListingTally:
                 self._fold("last_step", row[1], max)
                 self._fold("last_time", row[2], max)
                 self._fold("first_time", row[3], min)
-        mem = [c for c in _columns(conn, "memory") if c.endswith("_bytes")][:64]
+        mem = [c for c in _columns(conn, "memory") if c.endswith("_bytes")][:64] if real is None or "memory" in real \
+            else []
         if mem:
             sql = ", ".join(f"max({quote_ident(c)})" for c in mem)
             # a category that is not a number counts 0, as the loaded run's facts count it
@@ -140,7 +142,8 @@ def run_json_copy(meta_json: bytes) -> tuple[int, bytes] | None:
 def rank_listings(ranks: dict[int, Any]) -> dict[int, dict[str, Any]]:
     """Each rank's meta with its listing tallied from its file as it lies (``ranks``: rank -> an open
     :class:`gpudash.store.rankreader.RankReader`): a local run listed as a published one is."""
-    return {rank: {**rr.meta(), LISTING_KEY: ListingTally().update(rr.conn)} for rank, rr in sorted(ranks.items())}
+    return {rank: {**rr.meta(), LISTING_KEY: ListingTally().update(rr.conn, rr.tables())}
+            for rank, rr in sorted(ranks.items())}
 
 
 def published_metas(run_dir: Path, problems: list[str]) -> dict[int, dict[str, Any]]:

@@ -85,3 +85,13 @@ def test_an_object_read_at_its_listed_size_is_still_bounded() -> None:
     store.put("r/run.json", b"x" * 50)  # replaced by a larger object after the listing said 13 bytes
     with pytest.raises(UnsafeFile, match="over the 20 bytes read at most"):
         store.get("r/run.json", limit=20, size=13)
+
+
+def test_a_files_views_are_never_run_to_tally_it() -> None:
+    """A local run's rank file is tallied only from its real tables: a view named like one is someone else's code."""
+    conn = _db()
+    conn.execute("INSERT INTO steps VALUES (3, 10.0, 1.0)")
+    conn.execute("DROP TABLE memory")
+    conn.execute("CREATE VIEW memory AS SELECT 1e15 AS reserved_bytes")
+    out = ListingTally().update(conn, {"steps"})
+    assert out["last_step"] == 3 and out["max"] == {} and out[PARTS_KEY] is None
