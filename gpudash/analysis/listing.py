@@ -17,7 +17,7 @@ from typing import Any
 
 from gpudash.analysis.memory import MEASURED_PEAK_COLUMNS
 from gpudash.store.listed import listed_run
-from gpudash.store.listing import LISTING_KEY, published_metas
+from gpudash.store.listing import LISTING_KEY, PARTS_KEY, published_metas
 from gpudash.store.meta import parse_run_json, read_run_json
 from gpudash.store.mirror import unpublished_note
 from gpudash.store.rankreader import meta_status
@@ -83,6 +83,9 @@ def listed_row(run_id: str, run_json: dict[str, Any], rank_meta: dict[int, dict[
         if found:
             peak = max(found)
             break
+    if peak is None:  # no peak, reserved or allocated bytes measured (a CPU run): the largest sum of its parts
+        sums = [v for v in (_num(x.get(PARTS_KEY)) for x in listings) if v is not None]
+        peak = max(sums) if sums else None
     started = run_start(meta, rank_meta)
     firsts = [v for v in (_num(x.get("first_time")) for x in listings) if v is not None]
     ends = [v for v in (_num(x.get("last_time")) for x in listings) if v is not None]

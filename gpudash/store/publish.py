@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.store.attempts import last_step
-from gpudash.store.listing import LISTING_KEY, ListingTally
+from gpudash.store.listing import LISTING_KEY, ListingTally, embedded_run_json
 from gpudash.store.localdisk import staging_dir
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
@@ -77,6 +77,8 @@ class SegmentPublisher:
         self.outbox = live_dir / "outbox"
         self.outbox.mkdir(parents=True, exist_ok=True)
         self._run_json = run_json
+        #: the run.json this publisher put, as its meta.json carries it (:func:`embedded_run_json`)
+        self._run_json_copy: dict[str, Any] | None = None
         self.published_at = 0.0
         #: bytes put on the store so far (segments and meta), and of them the segments'
         self.bytes_put = 0
@@ -232,7 +234,10 @@ class SegmentPublisher:
         """Do what waits, in order; False at the first failure (retried later)."""
         try:
             if self._run_json is not None and not self.store.exists(RUN_META_FILE):
-                self._put(RUN_META_FILE, self._run_json.read_bytes())
+                data = self._run_json.read_bytes()
+                self._put(RUN_META_FILE, data)
+                # its copy rides in the rank's meta.json: a runs list reads one object per run, not two
+                self._run_json_copy = embedded_run_json(data)
             self._run_json = None
             if self._bases is None:
                 self._bases = self._earlier_attempts()
@@ -259,6 +264,8 @@ class SegmentPublisher:
                 now = time.time()
                 doc = {**meta, "heartbeat": now, "publish_interval": self.interval, "published_at": now,
                        "segments": True}
+                if self._run_json_copy is not None and isinstance(doc.get(LISTING_KEY), dict):
+                    doc[LISTING_KEY] = {**doc[LISTING_KEY], **self._run_json_copy}
                 self._put(rank_meta_name(self.rank), json.dumps(doc, default=str).encode())
                 self._meta_done = seq
         except Exception as exc:  # noqa: BLE001 - any failure of the store is a state, retried

@@ -2,7 +2,9 @@
 
 :class:`RunsMirror` lists the prefix (one listing request) and, for every run directly under it (a
 folder holding ``run.json`` or ``segments/``), reads only the run's small metadata: ``run.json`` and each
-rank's ``meta.json``, each when it changed size or time, all in flight at once. They are kept in memory
+rank's ``meta.json``, each when it changed size or time, all in flight at once. A ``meta.json`` that carries a copy
+of its run's ``run.json`` (:func:`gpudash.store.listing.run_json_copy`: the same size, put no later) stands in for
+it: a run published by this gpudash costs one read, not two. They are kept in memory
 (:mod:`gpudash.store.listed`), never on disk: the local folder the dashboard serves holds only the runs
 opened (:func:`gpudash.store.listed.materialize`). No segment is read to list: the runs list (status,
 steps, peak memory, duration, ranks: :mod:`gpudash.analysis.listing`) is built from that metadata alone,
@@ -92,6 +94,7 @@ class RunsMirror:
         listing = self.store.fs.find(self.store.root, detail=True)
         root = self.store.root.rstrip("/") + "/"
         wanted: dict[str, tuple[str, Any, int]] = {}
+        times: dict[str, Any] = {}  # "RUN/NAME" -> when the store last wrote it (as the listing says)
         runs: dict[str, str] = {}  # run id -> its URL in the store
         own: set[str] = set()  # the prefix's own files (it is a run itself)
         clash = False
@@ -112,6 +115,7 @@ class RunsMirror:
             size = int(info.get("size") or 0)
             ident = (size, str(info.get("LastModified") or info.get("mtime") or info.get("ETag")))
             wanted[local] = (key, ident, size)
+            times[local] = info.get("LastModified") or info.get("mtime")
         if clash:  # a run under the prefix has the prefix's own name: that run is the one shown
             wanted = {k: v for k, v in wanted.items() if k not in own}
             runs[self.own_id] = f"{self.store.location}/{self.own_id}"
@@ -137,6 +141,10 @@ class RunsMirror:
             run_id = local.split("/", 1)[0]
             newest[run_id] = max(newest.get(run_id, ""), str(ident[1]))
         todo.sort(key=lambda item: (newest[item[0].split("/", 1)[0]], item[0]), reverse=True)
+        ranks: dict[str, list[str]] = {}  # run id -> its ranks' meta.json ("RUN/NAME")
+        for local in wanted:
+            if local.endswith("/meta.json"):
+                ranks.setdefault(local.split("/", 1)[0], []).append(local)
         start, batch = 0, LIST_BATCH
         known = {local.split("/", 1)[0] for local in self._seen}  # runs listed before: never said pending again
         while start < len(todo):
@@ -144,15 +152,10 @@ class RunsMirror:
                 self._publish(runs, {item[0].split("/", 1)[0] for item in todo[start:]} - known)
             chunk = todo[start:start + batch]
             start, batch = start + batch, min(8 * LIST_BATCH, 2 * batch)  # fewer hand-overs as it goes on
-            for (local, key, _size, _limit), data in zip(chunk, self._fetch(chunk), strict=True):
-                if isinstance(data, FileNotFoundError):
-                    continue  # removed since the listing
-                if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
-                    self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
-                              f"{str(data)[:200]}); the other objects are copied, this one is retried")
-                    continue
-                self._seen[local] = (wanted[local][1], data, None)
-                copied += 1
+            # each rank's meta.json first; a run.json only where no meta.json carries its copy
+            copied += self._read([item for item in chunk if item[0].endswith("/meta.json")], wanted)
+            copied += self._read([item for item in chunk if not item[0].endswith("/meta.json")
+                                  and not self._from_copy(item[0], wanted, times, ranks)], wanted)
         self._publish(runs, set())
         for run_id in self._runs - set(runs):  # a run deleted from the store leaves the list (and its folder)
             import shutil
@@ -162,6 +165,45 @@ class RunsMirror:
             shutil.rmtree(self.local / run_id, ignore_errors=True)
         self._runs = set(runs)
         return copied
+
+    def _read(self, todo: list[tuple[str, str, int, int]], wanted: dict[str, tuple[str, Any, int]]) -> int:
+        """Fetch ``todo`` into what is held; the number of objects read."""
+        copied = 0
+        for (local, key, _size, _limit), data in zip(todo, self._fetch(todo) if todo else [], strict=True):
+            if isinstance(data, FileNotFoundError):
+                continue  # removed since the listing
+            if isinstance(data, BaseException):  # archived, denied, ...: one object never stops the rest
+                self._say(f"{self.store.location}/{key}: cannot read it ({type(data).__name__}: "
+                          f"{str(data)[:200]}); the other objects are copied, this one is retried")
+                continue
+            self._seen[local] = (wanted[local][1], data, None)
+            copied += 1
+        return copied
+
+    def _from_copy(self, local: str, wanted: dict[str, tuple[str, Any, int]], times: dict[str, Any],
+                   ranks: dict[str, list[str]]) -> bool:
+        """Hold the run's ``run.json`` (``local``) from the copy a rank's ``meta.json`` carries, when one does
+        and it is that object: the same size, and the ``meta.json`` written no earlier than it (a ``run.json``
+        changed since, or a run of an older gpudash: False, it is read itself)."""
+        from gpudash.store.listing import run_json_copy
+
+        run_id = local.split("/", 1)[0]
+        written = times.get(local)
+        if written is None:
+            return False
+        for name in ranks.get(run_id, []):
+            data = self._seen[name][1] if name in self._seen else None
+            copy = None if data is None else run_json_copy(data)
+            if copy is None or copy[0] != wanted[local][2]:
+                continue
+            try:
+                later = times.get(name) is not None and times[name] >= written
+            except TypeError:  # times the listing gives in two forms: not compared, the run.json is read
+                later = False
+            if later:
+                self._seen[local] = (wanted[local][1], copy[1], None)
+                return True
+        return False
 
     def _publish(self, runs: dict[str, str], pending: set[str]) -> None:
         """Hand the listing to the dashboard (:func:`gpudash.store.listed.set_listing`; ``pending``: runs whose

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpudash.server.background import summariser
 from gpudash.server.layouts import runs
 from gpudash.store import summarystore
 
@@ -134,7 +137,7 @@ def thousand(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list[str]]:
     """Counts real summaries and meta-table reads (nothing cached in memory or on disk at the start)."""
-    calls: dict[str, list[str]] = {"summary": [], "meta": []}
+    calls: dict[str, list[str]] = {"summary": [], "meta": [], "waited": []}
     monkeypatch.setenv(summarystore.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(runs, "_CACHE", type(runs._CACHE)())
     monkeypatch.setattr(runs, "_ENTRIES", {})
@@ -142,6 +145,8 @@ def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list
 
     def summary(run_id: str, path: Path) -> dict[str, Any]:
         calls["summary"].append(run_id)
+        if threading.current_thread() is threading.main_thread():
+            calls["waited"].append(run_id)  # summarised while the list request waited
         return real_summary(run_id, path)
 
     def meta(path: Path) -> Any:
@@ -153,21 +158,35 @@ def summaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list
     return calls
 
 
+#: The columns a row from a run's metadata shows as its summary will.
+_SAME = ("id", "name", "status", "device", "started", "duration_s", "steps", "peak_bytes", "ranks", "end_reason")
+
+
 def test_the_first_page_of_1000_runs_summarises_only_its_rows(thousand: Path, summaries: dict[str, list[str]]) -> None:
     listing = runs.list_page(thousand)
     assert listing.total == listing.matching == 1000 and listing.pages == 20
     assert [r["id"] for r in listing.rows] == [f"run{i:04d}" for i in range(999, 949, -1)]  # newest first
-    assert sorted(summaries["summary"]) == sorted(r["id"] for r in listing.rows)  # the page's rows, once each
+    # a cold list waits for the first SYNC_SUMMARIES rows only; the page's others come from their metadata
+    assert summaries["waited"] == [f"run{i:04d}" for i in range(999, 999 - runs.SYNC_SUMMARIES, -1)]
     assert summaries["meta"] == []  # no filter: the rest of the list needs only run.json and file stamps
     row = listing.rows[0]
     assert row["name"] == "exp-0999" and row["status"] == "finished" and row["steps"] > 0
     assert row["facts"]["status"] == row["status"]  # every number comes from the facts
+    pending = listing.rows[runs.SYNC_SUMMARIES:]
+    assert all(r.get("pending") and r["facts"] is None for r in pending)
+    assert all(not r.get("pending") for r in listing.rows[:runs.SYNC_SUMMARIES])
+    assert summariser().wait(120)  # the background summarised the rest of the page, each once
+    assert sorted(summaries["summary"]) == sorted(r["id"] for r in listing.rows)
     summaries["summary"].clear()
-    again = runs.list_page(thousand)  # the 1 s live refresh
-    assert summaries["summary"] == [] and runs.row_signature(again.rows) == runs.row_signature(listing.rows)
+    again = runs.list_page(thousand)  # the 1 s live refresh: every row summarised now, none again
+    assert summaries["summary"] == [] and not any(r.get("pending") for r in again.rows)
+    for before, now in zip(listing.rows, again.rows, strict=True):  # the metadata's row said what the facts say
+        assert [before[k] for k in _SAME] == [now[k] for k in _SAME]
+    assert runs.row_signature(runs.list_page(thousand).rows) == runs.row_signature(again.rows)
     second = runs.list_page(thousand, page=1)
     assert [r["id"] for r in second.rows] == [f"run{i:04d}" for i in range(949, 899, -1)]
-    assert len(summaries["summary"]) == 50
+    assert summariser().wait(120)
+    assert len(summaries["summary"]) == 50  # 10 at once, 40 in the background
     assert runs.page_label(second) == "51–100 of 1000 · page 2 of 20"
 
 
@@ -218,3 +237,44 @@ def test_a_live_run_is_summarised_again_only_when_it_changes_or_stops(tmp_path: 
     writer["status"] = "crashed"  # the writer died: no file changes, the heartbeat goes stale
     runs.list_page(folder)
     assert counted == ["run0001"]
+
+
+# ---- a row from metadata states what the run's facts state (one fact, one place) ---------------------------
+
+SAMPLES_DIR = SAMPLE.parent
+
+
+def test_a_row_from_metadata_is_the_facts_of_the_summary_and_info(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A cold list answers every run from its metadata (no summary waited for); its status, steps, peak memory,
+    duration and ranks are those ``/api/runs/<id>/summary`` and ``gpudash info --json`` give, and the row the
+    background summary gives the next listing: the facts, and nothing else."""
+    from gpudash.cli import main
+    from gpudash.server.app import create_app
+    from gpudash.server.runcache import shared_cache
+
+    monkeypatch.setenv(summarystore.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(runs, "_CACHE", type(runs._CACHE)())
+    monkeypatch.setattr(runs, "_ENTRIES", {})
+    monkeypatch.setattr(runs, "SYNC_SUMMARIES", 0)
+    shared_cache().clear()
+    root = tmp_path / "runs"
+    names = ["healthy", "oom-crash", "oom-recovered", "strategy-bf16"]  # GPU-like and CPU peaks, a crash
+    for name in names:
+        shutil.copytree(SAMPLES_DIR / name, root / name)
+    client = create_app(root).server.test_client()
+    cold = {r["id"]: r for r in client.get("/api/runs").get_json()["runs"]}
+    assert sorted(cold) == sorted(names) and all(r["pending"] and r["facts"] is None for r in cold.values())
+    assert summariser().wait(120)
+    warm = {r["id"]: r for r in client.get("/api/runs").get_json()["runs"]}
+    for name in names:
+        summary = client.get(f"/api/runs/{name}/summary").get_json()
+        capsys.readouterr()
+        assert main(["info", str(root / name), "--json"]) == 0
+        facts = json.loads(capsys.readouterr().out)["facts"]
+        want = [facts["status"], facts["steps"], facts["headline"]["peak_memory_bytes"],
+                facts["headline"]["duration_s"], facts["ranks"]]
+        assert want[1] > 0 and want[2] is not None and want[3] is not None
+        for where in (cold[name], summary, warm[name]):
+            assert [where["status"], where["steps"], where["peak_bytes"], where["duration_s"], where["ranks"]] == want
+        assert not warm[name].get("pending") and warm[name]["facts"] == summary["facts"]

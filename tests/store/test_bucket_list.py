@@ -78,8 +78,9 @@ def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tm
     _copy_run("s3://runs/team/a", "s3://runs/team/b")
     mirror = RunsMirror("s3://runs/team", tmp_path / "local")
     gets = _gets(mirror.store.fs, monkeypatch)
-    assert mirror.sync_once() == 4  # run.json and meta.json of each run: nothing else
-    assert len(gets) == 4 and not [g for g in gets if g.endswith(".parquet")], gets
+    # one object per run: its meta.json, which carries its run.json's copy (nothing else, no segment)
+    assert mirror.sync_once() == 2
+    assert len(gets) == 2 and all(g.endswith("/segments/rank=0/meta.json") for g in gets), gets
     assert list(mirror.local.iterdir()) == []  # listed in memory: nothing on local disk before a run is opened
     assert origin_of(mirror.local / "a") == "s3://runs/team/a" and origin_of(tmp_path) is None
 
@@ -248,7 +249,8 @@ def test_a_first_listing_of_many_runs_names_them_all_at_once_and_reads_the_newes
     mirror.sync_once()
     # before the first batch: all four named, none read; after it: the two newest whole, the rest said pending
     assert seen[0] == {f"r{i}": "listing" for i in range(4)}, seen
-    assert seen[1] == {"r3": "finished", "r2": "finished", "r1": "listing", "r0": "listing"}, seen
+    # (each batch reads its meta.json objects, then the run.json of the runs none carries a copy for)
+    assert {"r3": "finished", "r2": "finished", "r1": "listing", "r0": "listing"} in seen, seen
     rows = page.list_page(mirror.local).rows
     assert [r["id"] for r in rows] == [f"r{i}" for i in range(3, -1, -1)]
     assert {r["status"] for r in rows} == {"finished"} and all(not r["problems"] for r in rows)
@@ -258,3 +260,43 @@ def test_a_first_listing_of_many_runs_names_them_all_at_once_and_reads_the_newes
     monkeypatch.setattr(runsync, "LIST_BATCH", 1)
     assert mirror.sync_once() == 4
     assert len(seen) == 3 and all(set(s.values()) == {"finished"} for s in seen), seen
+
+
+def test_one_read_per_run_its_run_json_copy_checked_redacted_and_bounded(s3: str, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's meta.json carries its run's run.json (the publisher's copy of what it put): listed from it alone.
+    A run.json changed since (another size) is read itself, as is one whose copy is damaged or over the bound;
+    what the copy says goes through the same checks and redaction as run.json read itself."""
+    from gpudash.store.listing import LISTING_KEY, RUN_JSON_COPY_BYTES, RUN_JSON_COPY_KEY
+
+    _bucket("runs")
+    url = "s3://runs/copies"
+    secret = "hf_" + "a" * 34
+
+    def put(run: str, run_json: bytes, copy: dict[str, object] | None) -> None:
+        open_store(url).put(f"{run}/run.json", run_json)
+        time.sleep(0.01)
+        listing = {"last_step": 4} if copy is None else {"last_step": 4, RUN_JSON_COPY_KEY: copy}
+        _meta(url, run, status="finished", started_at=1000.0, last_step=4, **{LISTING_KEY: listing})
+
+    body = json.dumps({"name": "same", "created_at": 1000.0, "argv": ["train.py", "--hf-token", secret]}).encode()
+    put("same", body, {"size": len(body), "text": body.decode()})
+    put("old", json.dumps({"name": "old"}).encode(), None)  # published before the copy existed
+    put("lying", b'{"name": "lying"}', {"size": 3, "text": '{"name": "other"}'})  # a damaged copy
+    big = json.dumps({"name": "big", "note": "x" * RUN_JSON_COPY_BYTES}).encode()
+    put("big", big, {"size": len(big), "text": big.decode()})  # over the bound: not trusted
+    mirror = RunsMirror(url, tmp_path / "local")
+    gets = _gets(mirror.store.fs, monkeypatch)
+    assert mirror.sync_once() == 4 + 3
+    assert sorted(g.split("/copies/")[1] for g in gets if g.endswith("run.json")) == [
+        "big/run.json", "lying/run.json", "old/run.json"]
+    rows = {r["id"]: page.listed_summary(r["id"], mirror.local / r["id"]) for r in page.list_page(mirror.local).rows}
+    assert {k: r["name"] for k, r in rows.items()} == {"same": "same", "old": "old", "lying": "lying", "big": "big"}
+    assert secret not in json.dumps(rows["same"]["meta"]) and "--hf-token" in rows["same"]["meta"]["argv"]
+    assert rows["same"]["steps"] == 5 and rows["same"]["status"] == "finished"
+
+    # renamed in the bucket later (another size): its copy no longer stands in for it
+    gets.clear()
+    open_store(url).put("same/run.json", json.dumps({"name": "renamed", "created_at": 1000.0}).encode())
+    assert mirror.sync_once() == 1 and [g for g in gets if g.endswith("same/run.json")]
+    assert page.listed_summary("same", mirror.local / "same")["name"] == "renamed"

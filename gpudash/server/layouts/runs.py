@@ -5,7 +5,12 @@ A folder may hold thousands of runs, so the list is built in two steps. Every ru
 entry (:func:`scan_runs`: its name and start time from ``run.json``, its files' stamp; its status
 and device from the rank files' meta tables only when a search or status filter needs them); the
 entries are searched, filtered, sorted and cut into pages, and only the rows of the page shown are
-summarised (:func:`cached_summary`: the run loaded once, its facts kept in memory and on disk)."""
+summarised (:func:`cached_summary`: the run loaded once, its facts kept in memory and on disk).
+
+A cold list does not wait for a whole page of runs to load: at most :data:`SYNC_SUMMARIES` of its rows are
+summarised while it waits; the others are rows from their metadata (:func:`pending_summary`: the same
+columns, derived by :func:`gpudash.analysis.listing.listed_row` as a bucket's runs are, ``"pending": True``),
+summarised by a background thread (:mod:`gpudash.server.background`) so the next refresh shows their facts."""
 
 from __future__ import annotations
 
@@ -16,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from dash import dcc, html
-from gpudash.analysis.listing import listed_run_row
+from gpudash.analysis.listing import listed_row, listed_run_row
 from gpudash.analysis.progress import Progress
 from gpudash.analysis.rates import fmt_mfu, fmt_rate
 from gpudash.errors import RunError
+from gpudash.server.background import summariser
 from gpudash.server.layouts.common import fmt_s, note
 from gpudash.server.layouts.links import href
 from gpudash.server.layouts.progressbar import progress_cell
@@ -27,16 +33,18 @@ from gpudash.server.runcache import WAIT_S, RunBusy, shared_cache
 from gpudash.server.runcache import run_stamp as _run_stamp
 from gpudash.store.bounded import damage
 from gpudash.store.listed import listed_run
+from gpudash.store.listing import rank_listings
 from gpudash.store.meta import parse_run_json
 from gpudash.store.mirror import origin_of
 from gpudash.store.reader import read_run_json
 from gpudash.store.run import merged_meta, run_start
 from gpudash.store.runid import list_run_dirs
 from gpudash.store.schema import rank_from_db_name
+from gpudash.store.segments import SEGMENTS_DIR
 from gpudash.store.summarystore import summary_store
 from gpudash.units import human_bytes
 
-__all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "listed_summary", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
+__all__ = ["PER_PAGE", "REFRESH_MS", "STATUS_FILTERS", "RunEntry", "RunsPage", "list_page", "listed_summary", "pending_summary", "SYNC_SUMMARIES", "page_of", "scan_runs", "runs_count", "cached_summary", "device_label", "filter_runs", "list_runs", "row_signature", "shown_signature",
            "page_label", "read_meta", "run_stamp", "run_summary", "runs_page", "runs_table"]
 
 #: The runs page's status filter: (value, label).
@@ -46,6 +54,9 @@ STATUS_FILTERS = (("all", "all runs"), ("live", "live"), ("finished", "finished"
 REFRESH_MS = 1000
 #: Rows on one page of the runs list (only these are summarised).
 PER_PAGE = 50
+#: Runs one list request summarises while it waits; a page's other runs never summarised are shown from their
+#: metadata and summarised in the background (a cold first page of 50 runs answers in well under 2 s).
+SYNC_SUMMARIES = 10
 
 
 def device_label(meta: dict[str, Any]) -> str:
@@ -99,14 +110,18 @@ _CACHE: OrderedDict[Path, tuple[tuple[Any, ...], dict[str, Any]]] = OrderedDict(
 
 
 def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None,
-                   status: str | None = None) -> dict[str, Any]:
+                   status: str | None = None, sync: list[int] | None = None) -> dict[str, Any]:
     """:func:`run_summary`, kept per run until one of its files changes (a list of many finished runs
     must not keep the run cache busy loading them again); finished and crashed runs' summaries are also
     kept on disk (:mod:`gpudash.store.summarystore`), so a restarted server lists them at once.
 
     ``stamp`` / ``status``: the run's stamp and cheap status when the caller has them (:class:`RunEntry`).
     A live run whose files did not change is summarised again only when its status moved (its writer
-    stopped: the heartbeat went stale)."""
+    stopped: the heartbeat went stale).
+
+    ``sync``: how many more runs the caller waits to summarise (``[n]``, counted down; None: no limit). A run
+    never summarised in this process, with none kept on disk, past that count is its :func:`pending_summary`,
+    summarised in the background (a run summarised before, now changed, is summarised at once)."""
     if origin_of(path) is not None and shared_cache().current(path) is None:
         listed = listed_summary(run_id, path)  # in an object store and not opened: its metadata, no segment
         listed.pop("meta", None)
@@ -119,6 +134,13 @@ def cached_summary(run_id: str, path: Path, stamp: tuple[Any, ...] | None = None
             return dict(hit[1], id=run_id)
     out = summary_store().get(path, stamp)
     if out is None:
+        if sync is not None and sync[0] <= 0 and hit is None:
+            pending = pending_summary(run_id, path)
+            if pending is not None:
+                summariser().ask(path, lambda: cached_summary(run_id, path))
+                return pending
+        if sync is not None:
+            sync[0] -= 1
         out = run_summary(run_id, path)
         if out.pop("retry", False):
             return dict(out, id=run_id)  # busy elsewhere: asked again next time, never kept
@@ -177,6 +199,34 @@ def listed_summary(run_id: str, path: Path) -> dict[str, Any]:
     its ``run.json`` and ranks' ``meta.json`` only), with ``meta`` (the merged meta)."""
     row = listed_run_row(run_id, path)
     row["device"] = device_label(row["meta"])
+    return row
+
+
+def pending_summary(run_id: str, path: Path) -> dict[str, Any] | None:
+    """The row of a local run not summarised yet, from its metadata (``run.json``, its ranks' meta tables
+    and a tally of their steps and memory, :func:`gpudash.store.listing.rank_listings`; a run published as
+    segments: its ``meta.json``): :func:`gpudash.analysis.listing.listed_row`, the columns its facts give
+    once summarised, with ``"pending": True``. None when its files cannot be opened (its summary says why)."""
+    if (path / SEGMENTS_DIR).is_dir():
+        row = listed_run_row(run_id, path)
+    else:
+        problems: list[str] = []
+        try:
+            reader, lock = shared_cache().reader(path)
+            if not lock.acquire(timeout=WAIT_S):
+                return None
+            try:
+                metas = rank_listings(reader.ranks)
+            finally:
+                lock.release()
+        except Exception:  # noqa: BLE001 - RunError, a damaged file: summarised at once, which says why
+            return None
+        if not metas:
+            return None
+        row = listed_row(run_id, read_run_json(path, problems), metas, problems)
+        row["problems"] = problems  # not a published run's: no rank left records unpublished
+    row["device"] = device_label(row.pop("meta"))
+    row["pending"] = True
     return row
 
 
@@ -272,7 +322,7 @@ def page_of(rows: list[dict[str, Any]], query: str | None = None, status: str | 
 def list_page(runs_dir: Path, query: str | None = None, status: str | None = None, page: int = 0,
               per_page: int | None = None) -> RunsPage:
     """Page ``page`` of the runs list, newest first, after the search and status filter; only its rows are
-    summarised (:func:`cached_summary`)."""
+    summarised (:func:`cached_summary`), at most :data:`SYNC_SUMMARIES` of them while the caller waits."""
     entries = scan_runs(runs_dir)
     if (status and status != "all") or str(query or "").strip():
         for e in entries:
@@ -282,9 +332,10 @@ def list_page(runs_dir: Path, query: str | None = None, status: str | None = Non
     by_id = {e.id: e for e in entries}
     shown, page, pages, matching = page_of([e.row() for e in entries], query, status, page, per_page)
     rows = []
+    sync = [SYNC_SUMMARIES]
     for r in shown:
         e = by_id[r["id"]]
-        rows.append(cached_summary(e.id, e.path, e.stamp, e.status))
+        rows.append(cached_summary(e.id, e.path, e.stamp, e.status, sync))
     return RunsPage(rows=rows, page=page, pages=pages, matching=matching, total=len(entries),
                     first=page * per_page)
 
