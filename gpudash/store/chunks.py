@@ -130,9 +130,8 @@ class ChunkWriter:
         self._values = CHUNK_VALUES if values is None else values
         self._pending: dict[str, _Pending] = {}
         self._saved: dict[str, _Pending] = {}
-        # a second block per table, for the rows after a chunk: allocated with the first one (the monitor's
-        # memory is taken before the run's first steps, not grown over its first chunk); a block whose chunk
-        # was written becomes the spare once that transaction has committed (a rollback goes back to it)
+        # a table's block whose chunk was written, for its next rows once that transaction has committed (a
+        # rollback goes back to it): one block a table, taken at its first rows, not grown over a chunk's rows
         self._spare: dict[str, np.ndarray] = {}
         self._retired: dict[str, np.ndarray] = {}
         conn.execute(
@@ -167,14 +166,11 @@ class ChunkWriter:
             self._write(table, pend)
 
     def _give_block(self, table: str, pend: _Pending, ncols: int) -> None:
-        """A block of a chunk's rows of ``ncols`` columns for ``pend`` (the table's spare if it has that shape)."""
+        """A block of a chunk's rows of ``ncols`` columns for ``pend``: the table's block whose chunk is written
+        (once that transaction committed), a new one the first time or when the columns changed."""
         shape = (min(self._rows, -(-self._values // max(1, ncols))), ncols)
         block = pend.block if pend.block is not None and pend.block.shape == shape else self._spare.pop(table, None)
-        if block is None or block.shape != shape:
-            block = np.empty(shape)
-            if table not in self._spare or self._spare[table].shape != shape:
-                self._spare[table] = np.empty(shape)
-        pend.block = block
+        pend.block = block if block is not None and block.shape == shape else np.empty(shape)
 
     def write_all(self) -> None:
         """Write every table's waiting rows as a chunk (at close: a finished run reads no rows through SQL)."""
