@@ -70,20 +70,52 @@ def _merge(parts: list[tuple[list[str], np.ndarray]]) -> tuple[list[str], np.nda
 
 
 class _Pending:
-    """One table's rows inserted since its last chunk."""
+    """One table's rows inserted since its last chunk: in ``block`` (a matrix of a chunk's size, allocated
+    before its first row; its first ``rows`` rows hold them) while they come with the same columns and fit,
+    else as ``parts``."""
 
-    __slots__ = ("first", "rows", "values", "parts")
+    __slots__ = ("block", "first", "names", "parts", "rows", "values")
 
     def __init__(self, first: int) -> None:
         self.first = first  # rowid of the first row not in a chunk
         self.rows = 0
         self.values = 0
         self.parts: list[tuple[list[str], np.ndarray]] = []
+        self.block: np.ndarray | None = None
+        self.names: list[str] = []
 
     def copy(self) -> _Pending:
+        """What to go back to on a rollback (the block is shared: only rows past ``rows`` are written to it)."""
         out = _Pending(self.first)
         out.rows, out.values, out.parts = self.rows, self.values, list(self.parts)
+        out.block, out.names = self.block, self.names
         return out
+
+    def fits(self, columns: list[str], n: int) -> bool:
+        """Rows of ``columns`` can go into the block (rows since the last chunk all went there)."""
+        b = self.block
+        return (not self.parts and b is not None and self.rows + n <= len(b) and b.shape[1] == len(columns)
+                and (not self.rows or columns == self.names))
+
+    def add(self, columns: list[str], arr: np.ndarray) -> None:
+        n = len(arr)
+        if self.fits(columns, n):
+            assert self.block is not None
+            self.block[self.rows:self.rows + n] = arr
+            self.names = columns
+        else:
+            if not self.parts and self.rows:  # from now on as parts (the block is not written again)
+                assert self.block is not None
+                self.parts.append((self.names, self.block[:self.rows]))
+            self.parts.append((columns, arr))
+        self.rows += n
+        self.values += arr.size
+
+    def merged(self) -> tuple[list[str], np.ndarray]:
+        if not self.parts:
+            assert self.block is not None
+            return self.names, self.block[:self.rows]
+        return _merge(self.parts)
 
 
 class ChunkWriter:
@@ -98,6 +130,10 @@ class ChunkWriter:
         self._values = CHUNK_VALUES if values is None else values
         self._pending: dict[str, _Pending] = {}
         self._saved: dict[str, _Pending] = {}
+        # a table's block whose chunk was written, for its next rows once that transaction has committed (a
+        # rollback goes back to it): one block a table, taken at its first rows, not grown over a chunk's rows
+        self._spare: dict[str, np.ndarray] = {}
+        self._retired: dict[str, np.ndarray] = {}
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {_CT} (id INTEGER PRIMARY KEY, tbl TEXT, level INTEGER,"
             " first_rowid INTEGER, last_rowid INTEGER, columns TEXT, data BLOB, crc INTEGER)"
@@ -106,10 +142,13 @@ class ChunkWriter:
 
     def begin(self) -> None:
         self._saved = {t: p.copy() for t, p in self._pending.items()}
+        self._spare.update(self._retired)  # the transaction that wrote their chunks committed
+        self._retired = {}
 
     def rollback(self) -> None:
         self._pending = self._saved
         self._saved = {}
+        self._retired = {}  # the chunks were not written: their blocks hold the rows again
 
     def append(self, table: str, first_rowid: int, columns: list[str], arr: np.ndarray) -> None:
         """Rows ``first_rowid ..`` of ``table`` were inserted (``arr``: rows x ``columns``, float64)."""
@@ -120,11 +159,18 @@ class ChunkWriter:
             pend = self._pending[table] = self._resume(table, first_rowid)
         if pend.first + pend.rows != first_rowid:  # rows written by someone else since: start afresh
             pend = self._pending[table] = _Pending(first_rowid)
-        pend.parts.append((columns, arr))
-        pend.rows += len(arr)
-        pend.values += arr.size
+        if not pend.rows and not pend.parts:
+            self._give_block(table, pend, len(columns))
+        pend.add(columns, arr)
         if pend.rows >= self._rows or pend.values >= self._values:
             self._write(table, pend)
+
+    def _give_block(self, table: str, pend: _Pending, ncols: int) -> None:
+        """A block of a chunk's rows of ``ncols`` columns for ``pend``: the table's block whose chunk is written
+        (once that transaction committed), a new one the first time or when the columns changed."""
+        shape = (min(self._rows, -(-self._values // max(1, ncols))), ncols)
+        block = pend.block if pend.block is not None and pend.block.shape == shape else self._spare.pop(table, None)
+        pend.block = block if block is not None and block.shape == shape else np.empty(shape)
 
     def write_all(self) -> None:
         """Write every table's waiting rows as a chunk (at close: a finished run reads no rows through SQL)."""
@@ -133,7 +179,7 @@ class ChunkWriter:
                 self._write(table, pend)
 
     def _write(self, table: str, pend: _Pending) -> None:
-        cols, arr = _merge(pend.parts)
+        cols, arr = pend.merged()
         last = pend.first + pend.rows - 1
         data = encode(arr)
         self._conn.execute(
@@ -142,6 +188,8 @@ class ChunkWriter:
             (table, pend.first, last, json.dumps(cols), data, zlib.crc32(data)),
         )
         self._pending[table] = _Pending(last + 1)
+        if pend.block is not None:
+            self._retired[table] = pend.block
 
     def _resume(self, table: str, first_rowid: int) -> _Pending:
         """The first rows this writer inserts into ``table``: pick up the rows an earlier writer of
@@ -165,8 +213,7 @@ class ChunkWriter:
             return _Pending(first_rowid)  # rowids with holes: no contiguous chunk can cover them
         pend = _Pending(start)
         arr = np.array([[num(v) for v in r[1:]] for r in rows], dtype=float).reshape(len(rows), len(cols))
-        pend.parts.append((cols, arr))
-        pend.rows, pend.values = len(rows), arr.size
+        pend.add(cols, arr)
         return pend
 
 

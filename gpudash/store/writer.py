@@ -58,6 +58,11 @@ OPEN_ERRORS = (OSError, sqlite3.Error)
 #: Records per transaction: a backlog (a stall, a burst) is committed piece by piece, so one
 #: transaction never grows the write-ahead log past a few MB.
 _BATCH = 8192
+#: Queued records at which :meth:`Recorder.put` wakes the writer before its interval is up (the training thread
+#: only sets an event; it never waits): the queue's size is bounded by this count, not by what a fast loop
+#: logs in one interval (a loop of 1 ms steps queued its whole first 0.5 s, growing the watched process's
+#: memory for its first ~400 steps), so it reaches its steady size within the first few dozen steps.
+FLUSH_ROWS = 64
 #: Seconds between stores of the roll-ups and the ``heartbeat`` meta key (see the module doc).
 ROLLUP_INTERVAL_S = 10.0
 _TABLE = TABLE_TAG
@@ -91,15 +96,20 @@ class Recorder:
         capacity: int = 200_000,
         meta: dict[str, Any] | None = None,
         publish_to: str | None = None,
+        flush_rows: int = FLUSH_ROWS,
     ) -> None:
         if flush_interval <= 0:
             raise ValueError("flush_interval must be > 0 seconds")
         if capacity < 1:
             raise ValueError("capacity must be >= 1 record")
+        if flush_rows < 1:
+            raise ValueError("flush_rows must be >= 1 record")
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.flush_interval = flush_interval
         self.capacity = capacity
+        #: queued records at which put() wakes the writer (see FLUSH_ROWS)
+        self.flush_rows = min(flush_rows, capacity)
         self.dropped = 0
         #: values that could not be stored in any form (their cell is left empty; see errors)
         self.dropped_values = 0
@@ -208,14 +218,19 @@ class Recorder:
     # ---- training-thread API (no I/O) -------------------------------------------------
     def put(self, table: str, row: dict[str, Any]) -> None:
         """Queue one record (the row is the writer's from now on). Never blocks; drops the
-        oldest record when full."""
-        if len(self._buf) >= self.capacity:
-            self.dropped += 1
+        oldest record when full; wakes the writer when ``flush_rows`` records wait (unless writes
+        are failing for now: then they wait for the next retry, the queue bounded by ``capacity``)."""
+        buf = self._buf
         tap = self.tap
         if tap is not None:
             tap(table, row)
         row[_TABLE] = table
-        self._buf.append(row)
+        if len(buf) >= self.flush_rows:
+            if len(buf) >= self.capacity:
+                self.dropped += 1
+            if self._failing is None and not self._wake.is_set():
+                self._wake.set()
+        buf.append(row)
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""

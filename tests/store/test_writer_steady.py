@@ -1,0 +1,122 @@
+"""The writer's memory reaches its steady size early: a full queue wakes it before its interval, each numeric
+table's rows wait for their chunk in a block allocated up front; nothing is lost or changed by either."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpudash.store.chunks import ChunkWriter, read_chunks
+from gpudash.store.writer import Recorder
+
+
+def _wait_for(cond: object, what: str, limit: float = 60.0) -> None:
+    """Poll ``cond`` (a callable) until it holds; the limit only stops a broken writer from hanging the test."""
+    deadline = time.monotonic() + limit
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(what)
+        time.sleep(0.01)
+
+
+def test_a_queue_past_its_row_threshold_wakes_the_writer(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, flush_interval=3600, flush_rows=16)  # its timer would not fire within the test
+    try:
+        for i in range(15):
+            rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
+        assert not rec._wake.is_set() and len(rec._buf) == 15  # below the threshold: left for the timer
+        for i in range(15, 40):
+            rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
+        _wait_for(lambda: not rec._buf, "the writer was not woken by a queue past flush_rows")
+        with sqlite3.connect(tmp_path / "rank0.db") as conn:
+            _wait_for(lambda: conn.execute("SELECT count(*) FROM steps").fetchone()[0] >= 16,
+                      "the woken writer committed nothing")
+    finally:
+        rec.close()
+    with sqlite3.connect(tmp_path / "rank0.db") as conn:
+        steps = [s for (s,) in conn.execute("SELECT step FROM steps ORDER BY rowid")]
+    assert steps == list(range(40)) and rec.dropped == 0  # every record, in order, once
+
+
+def test_flush_rows_is_at_most_the_capacity_and_at_least_one(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path / "a", capacity=10, flush_rows=1000)
+    assert rec.flush_rows == 10
+    rec.close()
+    with pytest.raises(ValueError, match="flush_rows"):
+        Recorder(tmp_path / "b", flush_rows=0)
+
+
+def _chunked(conn: sqlite3.Connection, table: str) -> tuple[list[str], np.ndarray]:
+    cols, arr, _ = read_chunks(conn, table)
+    assert arr is not None
+    return cols, arr.T  # read as (columns, rows)
+
+
+def test_chunks_from_the_block_hold_the_rows_as_parts_did(tmp_path: Path) -> None:
+    """Rows in pieces of any size, a column that appears midway, a rolled-back transaction: the chunks
+    hold exactly the committed rows, whether they waited in the block or as parts."""
+    conn = sqlite3.connect(tmp_path / "c.db", isolation_level=None)
+    conn.execute("CREATE TABLE t (a REAL, b REAL, c REAL)")
+    cw = ChunkWriter(conn, rows=16)
+    rowid, want = 1, []
+
+    def add(names: list[str], n: int, *, commit: bool = True) -> None:
+        nonlocal rowid
+        arr = np.arange(rowid, rowid + n, dtype=float)[:, None] * np.arange(1, len(names) + 1, dtype=float)
+        cw.begin()
+        conn.execute("BEGIN")
+        cw.append("t", rowid, names, arr)
+        if not commit:
+            conn.execute("ROLLBACK")
+            cw.rollback()
+            return
+        conn.execute("COMMIT")
+        full = np.full((n, 3), np.nan)
+        for j, name in enumerate(names):
+            full[:, "abc".index(name)] = arr[:, j]
+        want.append(full)
+        rowid += n
+
+    for n in (3, 5, 8, 7):  # into the block; the third fills the first chunk exactly
+        add(["a", "b"], n)
+    add(["a", "b"], 4, commit=False)  # undone: the block's rows stay as they were
+    add(["a", "b"], 9, commit=False)  # undone after it wrote a chunk: the block holds its rows again
+    add(["a", "b"], 9)  # the chunk written for real, then the next rows into the same block
+    add(["a", "b"], 3)
+    add(["a", "b"], 20)  # more than a chunk's rows at once: as a part
+    add(["a", "b"], 6)
+    add(["a", "b", "c"], 5)  # a new column: the rest of this chunk as parts
+    add(["a", "b", "c"], 9)
+    add(["a", "b", "c"], 2)
+    cw.write_all()
+    cols, arr = _chunked(conn, "t")
+    expect = np.concatenate(want)
+    got = np.full((len(arr), 3), np.nan)
+    for j, name in enumerate(cols):
+        got[:, "abc".index(name)] = arr[:, j]
+    assert got.shape == expect.shape
+    assert np.array_equal(got, expect, equal_nan=True)
+    starts = [r for (r,) in conn.execute("SELECT first_rowid FROM colchunks ORDER BY first_rowid")]
+    assert starts[:3] == [1, 17, 33]  # a chunk every 16 rows (the 20 rows overshoot it, as before)
+    conn.close()
+
+
+def test_a_table_s_blocks_are_taken_before_its_rows_and_reused(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "c.db", isolation_level=None)
+    conn.execute("CREATE TABLE t (a REAL, b REAL)")
+    cw = ChunkWriter(conn, rows=8)
+    blocks: set[int] = set()
+    for i in range(12):  # 6 chunks of 8 rows, 4 rows a transaction
+        cw.begin()
+        cw.append("t", 1 + 4 * i, ["a", "b"], np.full((4, 2), float(i)))
+        pend = cw._pending["t"]
+        assert not pend.parts
+        if pend.rows:
+            assert pend.block is not None and pend.block.shape == (8, 2)
+            blocks.add(id(pend.block))
+    assert len(blocks) == 1  # one block, taken at the first rows, reused for every chunk
+    conn.close()
