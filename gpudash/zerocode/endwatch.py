@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpudash.collectors.procmem import VMSTAT, oom_kill_count
 from gpudash.store.endcause import close_rank, rank_state
 from gpudash.store.schema import OOM_KILLED, rank_from_db_name
 from gpudash.units import human_bytes
@@ -45,15 +46,9 @@ Baseline = tuple[int | None, str | None, int | None]
 """(the machine's OOM kills, the job's memory-cgroup counter file, its OOM kills) when the job started."""
 
 
-def vmstat_oom_kills(path: str = "/proc/vmstat") -> int | None:
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                if line.startswith(b"oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+def vmstat_oom_kills(path: str = VMSTAT) -> int | None:
+    """The machine's OOM-killer kills since boot (:func:`gpudash.collectors.procmem.oom_kill_count`)."""
+    return oom_kill_count(path)
 
 
 def _counter_file(pid: int, root: str = CGROUP_ROOT) -> str | None:

@@ -47,3 +47,32 @@ def s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
 
 def bucket(name: str) -> None:
     open_store(f"s3://{name}").fs.mkdir(name)
+
+
+def record_run(url: str, steps: int) -> None:
+    """A small run recorded straight into ``url`` (a store URL), one loss a step."""
+    from gpudash.monitor import Monitor
+
+    with Monitor(url, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
+        for i in range(steps):
+            with mon.step(samples=4):
+                mon.log(loss=1.0 / (i + 1))
+
+
+def copy_run(src: str, dest: str) -> None:
+    """Every object of the run at ``src`` put under ``dest`` (a run copied inside a bucket)."""
+    store = open_store(src)
+    for name in store.find(""):
+        open_store(dest).put(name, store.get(name))
+
+
+def forget_served() -> None:
+    """What a server process keeps of the runs it listed and opened, forgotten (a fresh server)."""
+    from gpudash.server.layouts import runs as page
+    from gpudash.server.runcache import shared_cache
+    from gpudash.store import runsync
+
+    page._CACHE.clear()
+    page._ENTRIES.clear()
+    shared_cache().clear()
+    runsync.close_mirrors()

@@ -16,28 +16,14 @@ pytest.importorskip("s3fs", reason="object-store tests need s3fs (pip install 'g
 pytest.importorskip("moto.server", reason="object-store tests need moto[server] (dev extra)")
 
 from helpers.s3 import bucket as _bucket
+from helpers.s3 import copy_run, forget_served, record_run
 
 from gpudash import load_run
-from gpudash.monitor import Monitor
 from gpudash.server.layouts import runs as page
-from gpudash.server.runcache import shared_cache
 from gpudash.store import mirror as mirror_mod
 from gpudash.store import runsync
 from gpudash.store.objstore import open_store
 from gpudash.store.runsync import RunsMirror, origin_of
-
-
-def _recorded(url: str, steps: int) -> None:
-    with Monitor(url, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
-        for i in range(steps):
-            with mon.step(samples=4):
-                mon.log(loss=1.0 / (i + 1))
-
-
-def _copy_run(src: str, dest: str) -> None:
-    store = open_store(src)
-    for name in store.find(""):
-        open_store(dest).put(name, store.get(name))
 
 
 def _gets(store_fs: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -62,20 +48,16 @@ def _gets(store_fs: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
-    page._CACHE.clear()
-    page._ENTRIES.clear()
-    shared_cache().clear()
-    runsync.close_mirrors()
+    forget_served()
     yield
-    shared_cache().clear()
-    runsync.close_mirrors()
+    forget_served()
 
 
 def test_a_bucket_is_listed_from_metadata_and_a_run_opened_on_demand(s3: str, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     _bucket("runs")
-    _recorded("s3://runs/team/a", 7)
-    _copy_run("s3://runs/team/a", "s3://runs/team/b")
+    record_run("s3://runs/team/a", 7)
+    copy_run("s3://runs/team/a", "s3://runs/team/b")
     mirror = RunsMirror("s3://runs/team", tmp_path / "local")
     gets = _gets(mirror.store.fs, monkeypatch)
     # one object per run: its meta.json, which carries its run.json's copy (nothing else, no segment)
@@ -131,8 +113,8 @@ def test_a_run_published_before_the_listing_existed_is_listed(s3: str, tmp_path:
 
 def test_opened_runs_share_one_bounded_segment_cache(s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _bucket("runs")
-    _recorded("s3://runs/team/a", 3)
-    _copy_run("s3://runs/team/a", "s3://runs/team/b")
+    record_run("s3://runs/team/a", 3)
+    copy_run("s3://runs/team/a", "s3://runs/team/b")
     monkeypatch.setattr(mirror_mod, "OPEN_RUNS", 1)
     mirror = RunsMirror("s3://runs/team", tmp_path / "local")
     mirror.sync_once()
@@ -203,9 +185,9 @@ def test_metrics_and_alerts_on_a_bucket_open_only_the_live_runs(s3: str, tmp_pat
     from gpudash.server.metrics import metrics_registry
 
     _bucket("runs")
-    _recorded("s3://runs/team/a", 4)
+    record_run("s3://runs/team/a", 4)
     for run in ("b", "live"):
-        _copy_run("s3://runs/team/a", f"s3://runs/team/{run}")
+        copy_run("s3://runs/team/a", f"s3://runs/team/{run}")
     _made_live("s3://runs/team/live")
     mirror = RunsMirror("s3://runs/team", tmp_path / "local")
     gets = _gets(mirror.store.fs, monkeypatch)

@@ -15,31 +15,18 @@ pytest.importorskip("s3fs", reason="object-store tests need s3fs (pip install 'g
 pytest.importorskip("moto.server", reason="object-store tests need moto[server] (dev extra)")
 
 from helpers.s3 import bucket as _bucket
+from helpers.s3 import copy_run, forget_served, record_run
 
 from gpudash import load_run
 from gpudash.errors import UserError
-from gpudash.monitor import Monitor
 from gpudash.server.layouts import runs as page
 from gpudash.server.runcache import shared_cache
-from gpudash.store import localdisk, runsync
+from gpudash.store import localdisk
 from gpudash.store import mirror as mirror_mod
 from gpudash.store.objstore import ENDPOINT_ENV, open_store
 from gpudash.store.ranged import read_published
 from gpudash.store.reader import RunReader
 from gpudash.store.runsync import RunsMirror, open_mirrors
-
-
-def _recorded(url: str, steps: int) -> None:
-    with Monitor(url, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
-        for i in range(steps):
-            with mon.step(samples=4):
-                mon.log(loss=1.0 / (i + 1))
-
-
-def _copy_run(src: str, dest: str) -> None:
-    store = open_store(src)
-    for name in store.find(""):
-        open_store(dest).put(name, store.get(name))
 
 
 def _counted(fs: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
@@ -58,21 +45,17 @@ def _counted(fs: object, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int
 
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
-    page._CACHE.clear()
-    page._ENTRIES.clear()
-    shared_cache().clear()
-    runsync.close_mirrors()
+    forget_served()
     yield
-    shared_cache().clear()
-    runsync.close_mirrors()
+    forget_served()
     localdisk.set_cache_limit(None)
 
 
 def _three_runs(tmp_path: Path) -> RunsMirror:
     _bucket("runs")
-    _recorded("s3://runs/team/a", 20)
-    _copy_run("s3://runs/team/a", "s3://runs/team/b")
-    _copy_run("s3://runs/team/a", "s3://runs/team/c")
+    record_run("s3://runs/team/a", 20)
+    copy_run("s3://runs/team/a", "s3://runs/team/b")
+    copy_run("s3://runs/team/a", "s3://runs/team/c")
     mirror = RunsMirror("s3://runs/team", tmp_path / "local")
     mirror.sync_once()
     return mirror
@@ -235,7 +218,7 @@ def test_duckdb_queries_the_bucket_directly(s3: str) -> None:
     from gpudash.store.duck import connect, segments_glob
 
     _bucket("runs")
-    _recorded("s3://runs/team/a", 12)
+    record_run("s3://runs/team/a", 12)
     con = connect("s3://runs/team/a")
     got = con.sql(f"SELECT rank, max(step), count(*) FROM read_parquet('{segments_glob('s3://runs/team/a', 'steps')}', "
                   "hive_partitioning = true, union_by_name = true) GROUP BY rank").fetchall()
@@ -255,7 +238,7 @@ def test_serve_with_a_cache_too_small_for_a_run_says_so_on_its_summary(s3: str, 
     from helpers.s3 import free_port
 
     _bucket("runs")
-    _recorded("s3://runs/team/a", 20)
+    record_run("s3://runs/team/a", 20)
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "gpudash", "serve", "s3://runs/team", "--port", str(port),
                                "--cache-mb", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

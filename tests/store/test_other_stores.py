@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+from helpers.s3 import forget_served, record_run
 
 from gpudash import load_run
 from gpudash.errors import RunError, UserError
-from gpudash.monitor import Monitor
 from gpudash.server.layouts import runs as page
-from gpudash.server.runcache import shared_cache
-from gpudash.store import mirror, publish, runsync, sharedfs
+from gpudash.store import mirror, publish, sharedfs
 from gpudash.store.objstore import open_store
 from gpudash.store.ranged import read_published
 from gpudash.store.runsync import RunsMirror
@@ -35,13 +34,9 @@ def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv(sharedfs.LOCAL_DIR_ENV, str(tmp_path / "local"))
     monkeypatch.setattr(publish, "PUBLISH_INTERVAL_S", 0.0)
     monkeypatch.setattr(mirror, "SYNC_S", 0.0)
-    page._CACHE.clear()
-    page._ENTRIES.clear()
-    shared_cache().clear()
-    runsync.close_mirrors()
+    forget_served()
     yield
-    shared_cache().clear()
-    runsync.close_mirrors()
+    forget_served()
     MemoryFileSystem.store.clear()
     _Stand.store.clear()
 
@@ -52,19 +47,12 @@ def _stand_in(monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
     monkeypatch.setitem(registry, protocol, cls)
 
 
-def _recorded(url: str, steps: int) -> None:
-    with Monitor(url, flush_interval=0.05, host_hz=0.0, handle_signals=False) as mon:
-        for i in range(steps):
-            with mon.step(samples=4):
-                mon.log(loss=1.0 / (i + 1))
-
-
 @pytest.mark.parametrize("protocol", ["memory", "gs", "az"])
 def test_a_run_in_another_store_is_recorded_listed_opened_and_range_read(protocol: str, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     if protocol != "memory":
         _stand_in(monkeypatch, protocol)
-    _recorded(f"{protocol}://team/runs/a", 9)
+    record_run(f"{protocol}://team/runs/a", 9)
     store = open_store(f"{protocol}://team/runs/a")
     assert type(store.fs).protocol in (protocol, (protocol,)) or protocol in type(store.fs).protocol
     listing = RunsMirror(f"{protocol}://team/runs", tmp_path / "listed")
