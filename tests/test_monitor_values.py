@@ -137,6 +137,7 @@ def _reach_oldest_generation_per_step(tmp: Path, value: Any, steps: int = 2000) 
 
     # writer waits; no leak watch: its thread's reads (every 16 steps) would be counted as the hot path's
     mon = Monitor(tmp, handle_signals=False, flush_interval=600.0, host_hz=0, device_hz=0, leak_poll_s=0)
+    mon.recorder.flush_rows = 1 << 30  # nor woken by queued rows: its flushes' own objects are not the hot path's
     model = torch.nn.Linear(4, 4)
     mon.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
 

@@ -72,6 +72,22 @@ _time = time.time
 WALL_EVERY = 256
 
 
+def wall_offset() -> float:
+    """``time.time() - time.perf_counter()``, read between two perf readings close together (a thread
+    preempted between the two clocks' reads would shift every step's time by the wait: the closest of three
+    tries, usually the first)."""
+    best_gap, best = float("inf"), 0.0
+    for _ in range(3):
+        p0 = _perf()
+        w = _time()
+        p1 = _perf()
+        if p1 - p0 < best_gap:
+            best_gap, best = p1 - p0, w - (p0 + p1) / 2
+        if best_gap < 1e-4:
+            break
+    return best
+
+
 class Phase:
     """``monitor.phase(name)``: one per phase name, reused every time the phase opens."""
 
@@ -161,7 +177,7 @@ class Step:
             self._wall_in -= 1
         else:
             self._wall_in = WALL_EVERY - 1
-            self._wall = _time() - _perf()
+            self._wall = wall_offset()
         row["time"] = t1 + self._wall
         row["duration_s"] = t1 - self._t0
         if self.samples is not None:
