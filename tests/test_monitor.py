@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import gpudash
 from gpudash.collectors.categories import CategoryCollector
 
@@ -83,6 +85,34 @@ def test_a_hook_removed_mid_step_skips_no_other_hook(tmp_path: Path) -> None:
             with mon.step():
                 pass
     assert seen == [-1, 0, -2, 1, -3, 2]
+
+
+def test_a_due_hook_runs_at_the_steps_it_asks_for_only(tmp_path: Path) -> None:
+    """An ``end_due`` hook (a sampler) is called at the steps it returns, never at a failed one; one that raises is
+    removed and recorded, and the steps go on."""
+    called: list[int] = []
+
+    def every_third(step: int, row: dict[str, Any]) -> int:
+        called.append(step)
+        assert row["step"] == step and "duration_s" in row
+        return step + 3
+
+    def broken(step: int, row: dict[str, Any]) -> int:
+        raise RuntimeError("boom")
+
+    with gpudash.Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0) as mon:
+        mon.add_step_hooks(end_due=every_third)
+        mon.add_step_hooks(end_due=broken)
+        for i in range(10):
+            if i == 3:
+                with pytest.raises(ValueError), mon.step():  # the step it asked for fails: the next one is read
+                    raise ValueError("retry")
+            with mon.step():
+                pass
+    assert called == [0, 3, 6, 9]
+    run = gpudash.load_run(tmp_path / "r")
+    assert len(run.steps) == 10
+    assert (run.events["message"].str.startswith("broken:")).sum() == 1
 
 
 def test_events_meta_and_log_outside_a_step(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Collector", "PhaseEndHook", "PhaseStartHook", "Recording", "StepEndHook", "StepStartHook"]
+__all__ = ["Collector", "PhaseEndHook", "PhaseStartHook", "Recording", "StepDueHook", "StepEndHook",
+           "StepStartHook"]
 
 StepStartHook = Callable[[int], None]
 """Called with the step index as a step begins."""
@@ -28,6 +29,10 @@ StepEndHook = Callable[[int, dict[str, Any]], "bool | None"]
 End hooks read the row, never change it. One that returns True holds the row and hands it to
 :meth:`Recording.put_step` itself later (the CUDA timer, once the step's GPU times are known);
 otherwise the Monitor writes it when the hooks are done."""
+StepDueHook = Callable[[int, dict[str, Any]], int]
+"""An end hook for some steps only (a sampler): called with the step index and its row at the end of the first
+successful step at or after the step it last asked for, it returns the next step it wants. Steps before that pay
+one comparison, not a call. Reads the row, never changes it."""
 PhaseStartHook = Callable[[str], None]
 """Called with the phase name as ``monitor.phase(name)`` opens."""
 PhaseEndHook = Callable[[str], None]
@@ -78,7 +83,8 @@ class Recording(Protocol):
         ...
 
     def add_step_hooks(self, start: StepStartHook | None = None, end: StepEndHook | None = None,
-                       phase_end: PhaseEndHook | None = None, phase_start: PhaseStartHook | None = None) -> None:
+                       phase_end: PhaseEndHook | None = None, phase_start: PhaseStartHook | None = None,
+                       end_due: StepDueHook | None = None) -> None:
         """Register training-thread hooks (see the hook types above)."""
         ...
 

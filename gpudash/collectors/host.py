@@ -71,9 +71,9 @@ class HeldSampler:
         self.every = 1
         self.cost = 0.0
 
-    def on_step_end(self, step: int, row: dict[str, Any]) -> None:
-        if step < self.next or "failed" in row:
-            return
+    def on_step_end(self, step: int, row: dict[str, Any]) -> int:
+        """A sample at the end of ``step`` (an ``end_due`` hook: the Monitor calls it at the steps it asks for,
+        never at a failed one); returns the next step to sample."""
         t0 = time.perf_counter()
         used = self._in_use()
         cost = time.perf_counter() - t0
@@ -84,6 +84,7 @@ class HeldSampler:
         self.every = (min(HELD_MAX_EVERY, max(1, math.ceil(self.cost / (HELD_BUDGET * dur)))) if dur > 0
                       else HELD_MAX_EVERY)
         self.next = step + self.every
+        return self.next
 
 
 class HostCollector:
@@ -109,7 +110,7 @@ class HostCollector:
         period = 1.0 / self.hz
         if in_use is not None:
             self.held = HeldSampler(in_use, monitor)
-            monitor.add_step_hooks(end=self.held.on_step_end)
+            monitor.add_step_hooks(end_due=self.held.on_step_end)
         from gpudash.collectors.procmem import ProcMem, open_pinned
         from gpudash.collectors.rapl import open_rapl
         by_process = ProcMem(proc)

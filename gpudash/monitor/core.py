@@ -27,14 +27,14 @@ from gpudash.monitor.exits import ExitHandlers, exception_status
 from gpudash.monitor.memory_rows import MemoryRow
 from gpudash.monitor.names import StoredNames
 from gpudash.monitor.resume import NO_RESUME, NoResume, ResumeNote
-from gpudash.monitor.timing import NOWHERE, Phase, Step
+from gpudash.monitor.timing import NEVER, NOWHERE, HookedPhase, Phase, Step, innermost
 from gpudash.options import MonitorOptions
 from gpudash.store.objstore import is_url, local_staging, run_name
 from gpudash.store.schema import column_name
 from gpudash.store.writer import OPEN_ERRORS, Recorder, write_run_meta
 
 if TYPE_CHECKING:
-    from gpudash.collectors.api import Collector, PhaseEndHook, PhaseStartHook, StepEndHook, StepStartHook
+    from gpudash.collectors.api import Collector, PhaseEndHook, PhaseStartHook, StepDueHook, StepEndHook, StepStartHook
 
 __all__ = ["Monitor"]
 
@@ -109,7 +109,6 @@ class Monitor:
         self.name = name or (run_name(self.url) if self.url else self.run_dir.name)
         self.step_index = 0
         self.total_steps: int | None = None
-        self.current_phase: str | None = None
         self._row: dict[str, Any] = NOWHERE  # the open step's row (phases add to it); NOWHERE between steps
         self._pending: dict[str, Any] = {}  # what is logged between steps: the next step's row
         self._into = self._pending  # where log() writes: the open step's row, else _pending
@@ -118,6 +117,8 @@ class Monitor:
         self._end_hooks: list[StepEndHook] = []
         self._phase_start_hooks: list[PhaseStartHook] = []
         self._phase_end_hooks: list[PhaseEndHook] = []
+        self._due_hooks: dict[StepDueHook, int] = {}  # end hooks for some steps: the step each asked for next
+        self._due = NEVER  # the first of those steps
         self._unavailable: set[str] = set()
         self._closed = False
         self._lock = threading.Lock()
@@ -192,9 +193,11 @@ class Monitor:
         self.collectors.append(collector)
 
     def add_step_hooks(self, start: StepStartHook | None = None, end: StepEndHook | None = None,
-                       phase_end: PhaseEndHook | None = None, phase_start: PhaseStartHook | None = None) -> None:
+                       phase_end: PhaseEndHook | None = None, phase_start: PhaseStartHook | None = None,
+                       end_due: StepDueHook | None = None) -> None:
         """Register training-thread hooks; they must be cheap and must not block. An ``end`` hook
-        that returns True holds the row and hands it to :meth:`put_step` itself."""
+        that returns True holds the row and hands it to :meth:`put_step` itself; an ``end_due`` hook runs
+        at the end of the steps it asks for (it returns the next one: a sampler's steps between cost nothing)."""
         # the lists are replaced, never changed in place: a hook added or removed while the step runs
         # its hooks takes effect at the next step, and no hook of this one is skipped
         if start is not None:
@@ -205,12 +208,43 @@ class Monitor:
             self._phase_start_hooks = [*self._phase_start_hooks, phase_start]
         if phase_end is not None:
             self._phase_end_hooks = [*self._phase_end_hooks, phase_end]
+        if end_due is not None:
+            self._due_hooks = {**self._due_hooks, end_due: self.step_index}
+            self._due = min(self._due_hooks.values())
+        self._retype_phases()
 
     def _remove_hook(self, hook: Any) -> None:
         self._start_hooks = [h for h in self._start_hooks if h != hook]
         self._end_hooks = [h for h in self._end_hooks if h != hook]
         self._phase_start_hooks = [h for h in self._phase_start_hooks if h != hook]
         self._phase_end_hooks = [h for h in self._phase_end_hooks if h != hook]
+        if hook in self._due_hooks:
+            self._due_hooks = {h: at for h, at in self._due_hooks.items() if h != hook}
+            self._due = min(self._due_hooks.values(), default=NEVER)
+        self._retype_phases()
+
+    def run_due_hooks(self, step: int, row: dict[str, Any]) -> None:
+        """The end of a step some ``end_due`` hook asked for (:class:`Step` calls this only then)."""
+        due = dict(self._due_hooks)
+        for hook, at in self._due_hooks.items():
+            if step >= at:
+                try:
+                    due[hook] = max(step + 1, int(hook(step, row)))
+                except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                    due.pop(hook, None)
+                    self.collector_failed(hook, exc)
+        self._due_hooks = {h: at for h, at in due.items() if h in self._due_hooks}
+        self._due = min(self._due_hooks.values(), default=NEVER)
+
+    def _phase_class(self) -> type[Phase]:
+        return HookedPhase if self._phase_start_hooks or self._phase_end_hooks else Phase
+
+    def _retype_phases(self) -> None:
+        """Phases run the hook lists only while there are phase hooks (most runs have none)."""
+        cls = self._phase_class()
+        for ph in self._phases.values():
+            if type(ph) is not cls:
+                ph.__class__ = cls
 
     def put(self, table: str, row: dict[str, Any]) -> None:
         """Queue one record for ``table`` (never blocks). Step rows go through :meth:`put_step`."""
@@ -262,8 +296,13 @@ class Monitor:
         except KeyError:
             return self._new_phase(name)
 
+    @property
+    def current_phase(self) -> str | None:
+        """The innermost open ``monitor.phase(...)``, or None."""
+        return innermost(self._phases.values())
+
     def _new_phase(self, name: str) -> Phase:
-        ph = Phase(self, name)
+        ph = self._phase_class()(self, name)
         if len(self._phases) >= MAX_PHASES:  # ever-new names: timed, not remembered (bounded memory)
             return ph
         self._phases[name] = ph

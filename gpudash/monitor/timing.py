@@ -17,6 +17,7 @@ values logged between steps collect in a dict that becomes the next step's row a
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from gpudash.monitor.names import StoredNames
     from gpudash.store.writer import Recorder
 
-__all__ = ["NOWHERE", "Phase", "Step"]
+__all__ = ["NEVER", "NOWHERE", "HookedPhase", "Phase", "Step", "innermost"]
 
 
 class _Nowhere(dict):  # type: ignore[type-arg]
@@ -40,6 +41,9 @@ class _Nowhere(dict):  # type: ignore[type-arg]
         pass
 
 
+#: A step no run reaches: when no ``end_due`` hook waits
+NEVER = 1 << 62
+
 #: The row between steps: a phase timed there (or a second exit of one step) records nothing.
 NOWHERE: dict[str, Any] = _Nowhere()
 
@@ -47,7 +51,6 @@ NOWHERE: dict[str, Any] = _Nowhere()
 class Monitor(Protocol):
     """What the timers use of :class:`gpudash.monitor.core.Monitor` (which imports this module)."""
 
-    current_phase: str | None
     step_index: int
     recorder: Recorder
     _row: dict[str, Any]
@@ -57,12 +60,15 @@ class Monitor(Protocol):
     _end_hooks: list[StepEndHook]
     _phase_start_hooks: list[PhaseStartHook]
     _phase_end_hooks: list[PhaseEndHook]
+    _due: int
     _names: StoredNames
     _memory: MemoryRow
 
     def put_step(self, row: dict[str, Any]) -> None: ...
 
     def collector_failed(self, where: Any, exc: BaseException) -> None: ...
+
+    def run_due_hooks(self, step: int, row: dict[str, Any]) -> None: ...
 
 _perf = time.perf_counter
 _time = time.time
@@ -89,46 +95,79 @@ def wall_offset() -> float:
 
 
 class Phase:
-    """``monitor.phase(name)``: one per phase name, reused every time the phase opens."""
+    """``monitor.phase(name)``: one per phase name, reused every time the phase opens. A run with no phase
+    hooks (most) times its phases with this class: a clock reading in, one out, one dict store;
+    :class:`HookedPhase` (the same object, its class switched by the Monitor) runs the hooks too."""
 
-    __slots__ = ("_m", "name", "key", "_t0", "_prev")
+    __slots__ = ("_m", "name", "key", "_t0")
 
     def __init__(self, monitor: Monitor, name: str) -> None:
         self._m = monitor
         self.name = name
         self.key = column_name(f"{name}_s")
         self._t0 = 0.0
-        self._prev: str | None = None
+
+    @property
+    def opened_at(self) -> float:
+        """When the phase opened (``perf_counter``), 0.0 while it is closed."""
+        return self._t0
 
     def __enter__(self) -> Phase:
-        m = self._m
-        self._prev = m.current_phase
-        m.current_phase = self.name
-        if m._phase_start_hooks:
-            for hook in m._phase_start_hooks:
-                try:
-                    hook(self.name)
-                except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
-                    m.collector_failed(hook, exc)
         self._t0 = _perf()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        dt = _perf() - self._t0
-        m = self._m
-        if m._phase_end_hooks:  # (most runs have none: no loop set up for nothing)
-            for hook in m._phase_end_hooks:
-                try:
-                    hook(self.name)
-                except Exception as exc:  # noqa: BLE001
-                    m.collector_failed(hook, exc)
-        row = m._row  # (NOWHERE between steps)
+        t1 = _perf()
+        row = self._m._row  # (NOWHERE between steps)
         key = self.key
         if key in row:  # a phase opened again in the step adds up
-            row[key] += dt
+            row[key] += t1 - self._t0
         else:
-            row[key] = dt
-        m.current_phase = self._prev
+            row[key] = t1 - self._t0
+        self._t0 = 0.0
+
+
+class HookedPhase(Phase):
+    """A phase of a Monitor with phase hooks: runs them as it opens and closes (the Monitor switches its phases'
+    class when hooks come or go, so a run without hooks never looks at the lists)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Phase:
+        m = self._m
+        for hook in m._phase_start_hooks:
+            try:
+                hook(self.name)
+            except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                m.collector_failed(hook, exc)
+        self._t0 = _perf()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        t1 = _perf()
+        m = self._m
+        for hook in m._phase_end_hooks:
+            try:
+                hook(self.name)
+            except Exception as exc:  # noqa: BLE001
+                m.collector_failed(hook, exc)
+        row = m._row
+        key = self.key
+        if key in row:
+            row[key] += t1 - self._t0
+        else:
+            row[key] = t1 - self._t0
+        self._t0 = 0.0
+
+
+def innermost(phases: Iterable[Phase]) -> str | None:
+    """The name of the innermost open phase of ``phases`` (the one opened last), None when none is open."""
+    best, name = 0.0, None
+    for ph in phases:
+        t0 = ph.opened_at
+        if t0 > best:
+            best, name = t0, ph.name
+    return name
 
 
 class Step:
@@ -168,7 +207,6 @@ class Step:
             return
         m._row = NOWHERE
         m._into = m._pending
-        m.current_phase = None
         step = m.step_index
         if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
             m._names.rename_own(row)
@@ -201,6 +239,8 @@ class Step:
                     taken = True
             except Exception as exc:  # noqa: BLE001
                 m.collector_failed(hook, exc)
+        if step >= m._due:
+            m.run_due_hooks(step, row)
         memory = m._memory
         if memory.row is not None:  # (checked here: most steps have no memory record)
             m.recorder.put("memory", memory.take())

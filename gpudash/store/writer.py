@@ -126,6 +126,7 @@ class Recorder:
         self._buf: deque[_Record] = deque(maxlen=capacity)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._woken = False
         self._flushed = threading.Condition()
         self._req_seq = 0  # flush requests made / served (see flush())
         self._done_seq = 0
@@ -219,18 +220,24 @@ class Recorder:
     def put(self, table: str, row: dict[str, Any]) -> None:
         """Queue one record (the row is the writer's from now on). Never blocks; drops the
         oldest record when full; wakes the writer when ``flush_rows`` records wait (unless writes
-        are failing for now: then they wait for the next retry, the queue bounded by ``capacity``)."""
-        buf = self._buf
+        are failing for now: then they wait for the next retry, the queue bounded by ``capacity``).
+        Every step calls this: the common case is one check and one append."""
         tap = self.tap
         if tap is not None:
             tap(table, row)
         row[_TABLE] = table
+        buf = self._buf
         if len(buf) >= self.flush_rows:
-            if len(buf) >= self.capacity:
-                self.dropped += 1
-            if self._failing is None and not self._wake.is_set():
-                self._wake.set()
+            self._crowded()
         buf.append(row)
+
+    def _crowded(self) -> None:
+        """``flush_rows`` records wait: count the one the next append drops (when full), wake the writer once."""
+        if len(self._buf) >= self.capacity:
+            self.dropped += 1
+        if self._failing is None and not self._woken:
+            self._woken = True
+            self._wake.set()
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
@@ -301,6 +308,7 @@ class Recorder:
         while True:
             self._wake.wait(self.flush_interval)
             self._wake.clear()
+            self._woken = False  # (set by put when rows crowd: the next crowd wakes the writer again)
             stopping = self._stop.is_set()
             with self._flushed:
                 serving = self._req_seq

@@ -3,9 +3,14 @@ how often is set by the read's own cost against the step time (never a timer), a
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpudash.collectors.host import HELD_MAX_EVERY, HeldSampler, malloc_used
+from gpudash.monitor import Monitor
 
 
 class _Rec:
@@ -16,21 +21,37 @@ class _Rec:
         self.rows.setdefault(step, {}).update(values)
 
 
-def test_every_step_of_a_slow_loop_is_read_at_its_end() -> None:
+def _monitor(tmp_path: Path, rec: _Rec, in_use: Any) -> tuple[Monitor, HeldSampler]:
+    mon = Monitor(tmp_path / "run", host_hz=0, leak_poll_s=0, handle_signals=False)
+    held = HeldSampler(in_use, rec)  # type: ignore[arg-type]
+    mon.add_step_hooks(end_due=held.on_step_end)  # as HostCollector registers it
+    return mon, held
+
+
+def test_every_step_of_a_slow_loop_is_read_at_its_end(tmp_path: Path) -> None:
     rec, n = _Rec(), iter(range(1000, 2000))
-    held = HeldSampler(lambda: next(n), rec)  # type: ignore[arg-type]
-    for step in range(20):
-        held.on_step_end(step, {"duration_s": 1.0})
-    held.on_step_end(20, {"duration_s": 1.0, "failed": 1})
+    mon, _ = _monitor(tmp_path, rec, lambda: next(n))
+    with mon:
+        for _ in range(20):
+            with mon.step():
+                time.sleep(0.002)  # the read costs far less than 1 % of such a step
+        with pytest.raises(RuntimeError), mon.step():  # a failed step (an OOM the loop retries) is not read
+            raise RuntimeError("boom")
     assert sorted(rec.rows) == list(range(20)) and rec.rows[3] == {"malloc_used_bytes": 1003}
 
 
-def test_a_loop_of_tiny_steps_is_read_rarely() -> None:
+def test_a_loop_of_tiny_steps_is_read_rarely(tmp_path: Path) -> None:
     rec = _Rec()
-    held = HeldSampler(lambda: 1, rec)  # type: ignore[arg-type]
-    for step in range(3 * HELD_MAX_EVERY):
-        held.on_step_end(step, {"duration_s": 1e-12})  # the read costs far more than 1 % of such a step
-    assert sorted(rec.rows) == [0, HELD_MAX_EVERY, 2 * HELD_MAX_EVERY]
+    def slow_read() -> int:
+        time.sleep(0.002)  # a read costing far more than 1 % of the empty steps below
+        return 1
+
+    mon, held = _monitor(tmp_path, rec, slow_read)
+    with mon:
+        for _ in range(3 * HELD_MAX_EVERY):
+            with mon.step():
+                pass
+    assert sorted(rec.rows) == [0, HELD_MAX_EVERY, 2 * HELD_MAX_EVERY] and held.every == HELD_MAX_EVERY
 
 
 def test_malloc_used_reads_this_process_where_glibc_has_mallinfo2() -> None:
