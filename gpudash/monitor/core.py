@@ -331,14 +331,21 @@ class Monitor:
 
     def log(self, **scalars: Any) -> None:
         """Record scalars for the current step (or the next one, outside a step).
-        Tensors are fine: they are detached here and read by the writer thread."""
+        Tensors are fine: a one-value CPU tensor is read here (no device to wait for; the tensor is let go at
+        once), any other is detached here and read by the writer thread (a GPU value never waits on the
+        training thread)."""
         row = self._into
         if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
             row.update(scalars)
             return
         for k, v in scalars.items():
             detach = getattr(v, "detach", None)
-            row[k] = detach() if detach is not None else v
+            if detach is None:
+                row[k] = v
+            elif getattr(v, "is_cpu", False) and v.numel() == 1:
+                row[k] = v.item()
+            else:
+                row[k] = detach()
 
     def log_memory(self, **values: Any) -> None:
         """Add byte counts (e.g. ``offload_bytes``) to this step's memory record."""

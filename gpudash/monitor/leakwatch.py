@@ -49,8 +49,10 @@ MIN_LOOK_S = 0.2
 LOOK_SHARE = 0.02
 """A look's own CPU time is at most this share of the time between looks (it holds the GIL while it judges)."""
 _TICK_S = 0.1
-"""How often the thread checks the step count and copies the numbers of the rows handed over since (so the rows
-it holds by reference stay a tick's worth, not a look's; nothing on the training thread)."""
+"""How often at most the thread checks the step count and copies the numbers of the rows handed over since (so the
+rows it holds by reference stay a tick's worth, not a look's; nothing on the training thread). It also does so as
+soon as the writer has drained its queue (``Recorder.drained``): the window then holds a row no longer than the
+writer's queue does, so what the watch adds to the watched process's memory is nothing beyond the queue's."""
 
 
 def _warm() -> None:
@@ -189,7 +191,12 @@ class LeakWatch:
 
     def _loop(self) -> None:
         last, last_step, cost = time.monotonic(), 0, 0.0
-        while not self._stop.wait(min(self.poll_s, _TICK_S)):
+        drained = self.monitor.recorder.drained
+        while True:
+            drained.wait(min(self.poll_s, _TICK_S))
+            drained.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.window.take()
             except Exception as exc:  # noqa: BLE001 - the watch stops; training goes on
@@ -218,6 +225,7 @@ class LeakWatch:
     def stop(self) -> None:
         self._untap()
         self._stop.set()
+        self.monitor.recorder.drained.set()  # the thread waits on it: wake it to stop
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
         if self._reader is not None:

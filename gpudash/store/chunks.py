@@ -91,18 +91,16 @@ class _Pending:
         out.block, out.names = self.block, self.names
         return out
 
-    def fits(self, columns: list[str], n: int) -> bool:
-        """Rows of ``columns`` can go into the block (rows since the last chunk all went there)."""
+    def fits(self, n: int) -> bool:
+        """``n`` more rows go into the block (rows since the last chunk all went there)."""
         b = self.block
-        return (not self.parts and b is not None and self.rows + n <= len(b) and b.shape[1] == len(columns)
-                and (not self.rows or columns == self.names))
+        return not self.parts and b is not None and self.rows + n <= len(b)
 
     def add(self, columns: list[str], arr: np.ndarray) -> None:
         n = len(arr)
-        if self.fits(columns, n):
+        if self.fits(n):
             assert self.block is not None
-            self.block[self.rows:self.rows + n] = arr
-            self.names = columns
+            self._into_block(columns, arr)
         else:
             if not self.parts and self.rows:  # from now on as parts (the block is not written again)
                 assert self.block is not None
@@ -110,6 +108,29 @@ class _Pending:
             self.parts.append((columns, arr))
         self.rows += n
         self.values += arr.size
+
+    def _into_block(self, columns: list[str], arr: np.ndarray) -> None:
+        """Rows of ``columns`` into the block's next rows. Columns come and go between flushes (a step that
+        measured activations has two more): the block's columns are every one seen since the last chunk, a
+        row's missing ones NaN (as the table reads them), and a new column widens the block (rarely; no rows
+        kept aside as pieces, so what the writer holds between chunks stays one block)."""
+        b, r, n = self.block, self.rows, len(arr)
+        assert b is not None
+        if not r:
+            self.names = list(columns)
+        if columns == self.names and b.shape[1] == len(columns):
+            b[r:r + n] = arr
+            return
+        new = [c for c in columns if c not in self.names]
+        if new:
+            names = [*self.names, *new]
+            wide = np.empty((len(b), len(names)))
+            wide[:r, :b.shape[1]] = b[:r]
+            wide[:r, b.shape[1]:] = np.nan
+            self.block, self.names, b = wide, names, wide
+        at = {c: j for j, c in enumerate(self.names)}
+        b[r:r + n] = np.nan
+        b[r:r + n, [at[c] for c in columns]] = arr
 
     def merged(self) -> tuple[list[str], np.ndarray]:
         if not self.parts:

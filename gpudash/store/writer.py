@@ -127,6 +127,8 @@ class Recorder:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._woken = False
+        #: set after each flush (the queue drained): the leak watch lets go of the rows it holds then
+        self.drained = threading.Event()
         self._flushed = threading.Condition()
         self._req_seq = 0  # flush requests made / served (see flush())
         self._done_seq = 0
@@ -318,6 +320,7 @@ class Recorder:
                 self._flush_once(final=stopping, everything=stopping or asked or publishing)
             except BaseException as exc:  # noqa: BLE001 - the writer outlives anything a record does
                 self._report(f"writer: unexpected {type(exc).__name__}: {exc}")
+            self.drained.set()
             self._touch_wal()
             if publishing:
                 self._publish()

@@ -89,8 +89,12 @@ def test_chunks_from_the_block_hold_the_rows_as_parts_did(tmp_path: Path) -> Non
     add(["a", "b"], 3)
     add(["a", "b"], 20)  # more than a chunk's rows at once: as a part
     add(["a", "b"], 6)
-    add(["a", "b", "c"], 5)  # a new column: the rest of this chunk as parts
+    add(["a", "b", "c"], 5)  # a new column: the block widens
     add(["a", "b", "c"], 9)
+    add(["a", "b", "c"], 2)
+    add(["a", "b"], 4)  # a column missing from these rows: NaN there
+    add(["c", "a"], 3, commit=False)  # undone after a change of columns
+    add(["c", "a"], 3)
     add(["a", "b", "c"], 2)
     cw.write_all()
     cols, arr = _chunked(conn, "t")
@@ -119,4 +123,26 @@ def test_a_table_s_blocks_are_taken_before_its_rows_and_reused(tmp_path: Path) -
             assert pend.block is not None and pend.block.shape == (8, 2)
             blocks.add(id(pend.block))
     assert len(blocks) == 1  # one block, taken at the first rows, reused for every chunk
+    conn.close()
+
+
+def test_rows_whose_columns_come_and_go_stay_in_one_block(tmp_path: Path) -> None:
+    """Issue 41: memory rows gain two columns on the steps that measure activations; those rows and the ones
+    around them wait for their chunk in the table's block (widened once), not as pieces that grow the writer's
+    memory with every flush until the chunk."""
+    conn = sqlite3.connect(tmp_path / "c.db", isolation_level=None)
+    conn.execute("CREATE TABLE memory (step REAL, held REAL, act REAL)")
+    cw = ChunkWriter(conn, rows=64)
+    for i in range(30):
+        names = ["step", "held", "act"] if i % 7 == 3 else ["step", "held"]
+        cw.begin()
+        cw.append("memory", 1 + 2 * i, names, np.full((2, len(names)), float(i)))
+        pend = cw._pending["memory"]
+        assert not pend.parts and pend.block is not None
+    cw.write_all()
+    cols, arr = _chunked(conn, "memory")
+    assert cols == ["step", "held", "act"]
+    act = arr[:, 2]  # (rows, columns)
+    assert np.array_equal(act[np.isfinite(act)], np.repeat([3.0, 10.0, 17.0, 24.0], 2))
+    assert np.array_equal(arr[:, 0], np.repeat(np.arange(30.0), 2))
     conn.close()
