@@ -185,3 +185,20 @@ def test_unwritable_run_dir_is_one_clear_error(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     with pytest.raises(gpudash.RunError, match="cannot record a run here.*writable run directory"):
         gpudash.Monitor(blocker / "run")
+
+
+def test_a_one_value_cpu_tensor_is_read_as_it_is_logged(tmp_path: Path) -> None:
+    """Issue 41: a CPU loss tensor logged is read at once (no device to wait for): the queued row holds a float,
+    not the tensor (and its storage) until the writer's next flush. Other tensors are detached and read there."""
+    torch = pytest.importorskip("torch")
+    seen: list[dict[str, Any]] = []
+    with gpudash.Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0) as mon:
+        mon.recorder.tap = lambda table, row: seen.append(row) if table == "steps" else None
+        w = torch.ones(3, requires_grad=True)
+        with mon.step():
+            loss = (w * 2).sum()
+            mon.log(loss=loss, vec=torch.arange(2.0), half=torch.tensor(0.5, dtype=torch.bfloat16))
+    row = seen[0]
+    assert type(row["loss"]) is float and row["loss"] == 6.0 and type(row["half"]) is float
+    assert isinstance(row["vec"], torch.Tensor) and not row["vec"].requires_grad
+    assert gpudash.load_run(tmp_path / "r").steps["loss"].tolist() == [6.0]

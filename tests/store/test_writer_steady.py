@@ -146,3 +146,41 @@ def test_rows_whose_columns_come_and_go_stay_in_one_block(tmp_path: Path) -> Non
     assert np.array_equal(act[np.isfinite(act)], np.repeat([3.0, 10.0, 17.0, 24.0], 2))
     assert np.array_equal(arr[:, 0], np.repeat(np.arange(30.0), 2))
     conn.close()
+
+
+def _sqlite_memory_used() -> int | None:
+    import ctypes
+
+    import _sqlite3
+
+    try:
+        fn = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
+def test_a_written_chunk_is_not_kept_by_sqlite(tmp_path: Path) -> None:
+    """Issue 41: a prepared statement SQLite keeps holds the values it last ran with; the chunk insert's were a
+    table's 4,096 rows as one blob (~260 KB here) held in the watched process for the rest of the run."""
+    if _sqlite_memory_used() is None:
+        pytest.skip("this Python's sqlite3 does not export sqlite3_memory_used")
+    rec = Recorder(tmp_path, flush_interval=3600)
+    try:
+        cols = [f"c{j}" for j in range(8)]
+        for i in range(4000):
+            rec.put("memory", {"step": i, "time": float(i), **{c: float(i * j) for j, c in enumerate(cols)}})
+        assert rec.flush()
+        before = _sqlite_memory_used()
+        for i in range(4000, 4200):  # past the chunk's 4,096 rows: the chunk is written
+            rec.put("memory", {"step": i, "time": float(i), **{c: float(i * j) for j, c in enumerate(cols)}})
+        assert rec.flush()
+        after = _sqlite_memory_used()
+        with sqlite3.connect(tmp_path / "rank0.db") as conn:
+            blob = conn.execute("SELECT max(length(data)) FROM colchunks WHERE tbl = 'memory'").fetchone()[0]
+    finally:
+        rec.close()
+    assert before is not None and after is not None
+    assert blob and blob > 200_000  # the chunk was written ...
+    assert after - before < blob // 4, (before, after, blob)  # ... and SQLite let go of it
