@@ -149,9 +149,8 @@ def test_rows_whose_columns_come_and_go_stay_in_one_block(tmp_path: Path) -> Non
 
 
 def _sqlite_memory_used() -> int | None:
-    import ctypes
-
     import _sqlite3
+    import ctypes
 
     try:
         fn = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
