@@ -183,7 +183,9 @@ def check(facts: Any, rules: GateRules, base: Any = None, run: str = "run", base
 
     out: list[Outcome] = []
     if not facts.steps:  # nothing to judge: a run without a step never passes a gate
-        why = facts.no_steps_reason or "nothing was recorded"
+        # why, when known: what gpudash run said, else how the run ended (the OOM killer can take a process
+        # before its first steps leave the writer's queue)
+        why = facts.no_steps_reason or facts.end_reason or "nothing was recorded"
         return [Outcome("steps", False, f"{run} recorded no step: {why}", value=0.0, limit=1.0)]
     h, bh = facts.headline, (base.headline if base is not None else {})
 

@@ -177,14 +177,22 @@ def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, st
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if rc == -signal.SIGKILL and not is_url(run_dir) and endwatch.settle(run_dir, base):
-        # the job recorded steps and was killed before its processes could say so at their exit: their state
-        # files would read "nothing trained"; the run folder says what happened
-        if env.get(outcome.ENV_STATE):
-            shutil.rmtree(env[outcome.ENV_STATE], ignore_errors=True)
-        say(f"{name} was killed by the kernel's OOM killer (SIGKILL; the OOM-kill counter went up or memory was "
-            "nearly full): recorded as the run's end cause")
-        return rc
+    if rc == -signal.SIGKILL and not is_url(run_dir):
+        # the job was killed before its processes could say so at their exit: their state files would read
+        # "nothing trained"; the run folder says what happened (its open ranks closed, or, killed before it
+        # opened one, a record of that)
+        said = None
+        if endwatch.settle(run_dir, base):
+            said = ("killed by the kernel's OOM killer (SIGKILL; the OOM-kill counter went up or memory was "
+                    "nearly full): recorded as the run's end cause")
+        else:
+            before = endwatch.record_killed_before_a_step(run_dir, base)
+            said = f"{before}; recorded as the run's end cause" if before else None
+        if said is not None:
+            if env.get(outcome.ENV_STATE):
+                shutil.rmtree(env[outcome.ENV_STATE], ignore_errors=True)
+            say(f"{name} was {said}")
+            return rc
     outcome.job_done(str(run_dir), env.get(outcome.ENV_STATE), exit_code=rc)
     if rc == -signal.SIGKILL:  # no traceback, nothing recorded by the job itself: say what usually sends it
         say(f"{name} was killed by SIGKILL: the kernel's OOM killer, when the machine's memory ran out "

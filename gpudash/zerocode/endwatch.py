@@ -14,7 +14,10 @@ could not catch) while
 * its last host sample saw the machine's available memory under :data:`NEARLY_FULL` of the total,
 
 is closed as ``crashed`` with ``end_cause: oom_killed`` and an ``end_reason`` that says which of these was seen,
-so the summary, report, ``info`` and ``check`` name the OOM killer instead of a silent death. Anything else is
+so the summary, report, ``info`` and ``check`` name the OOM killer instead of a silent death. A job the kernel
+took before it opened its run (no rank database, an OOM-kill counter up) gets a run folder that says so (its
+only record the ``no_steps`` event, closed as crashed by the OOM killer): a run that records nothing says why.
+The steps a killed process made in its writer's last interval (half a second) die with it. Anything else is
 left as it is (the readers still infer a death from a stale heartbeat). Local run folders only (an object-store
 run's rank database is a staging copy); no pidfd (Linux < 5.3, macOS): no watcher, the rows still say what they
 can (:mod:`gpudash.analysis.hostmem`).
@@ -36,7 +39,8 @@ from gpudash.store.endcause import close_rank, rank_state
 from gpudash.store.schema import OOM_KILLED, rank_from_db_name
 from gpudash.units import human_bytes
 
-__all__ = ["NEARLY_FULL", "OOM_KILLED", "Baseline", "cgroup_oom_kills", "main", "settle", "spawn", "vmstat_oom_kills"]
+__all__ = ["NEARLY_FULL", "OOM_KILLED", "Baseline", "cgroup_oom_kills", "counter_evidence", "killed_before_a_step",
+           "main", "record_killed_before_a_step", "settle", "spawn", "vmstat_oom_kills"]
 
 #: the last host sample's available memory under this share of the total: memory nearly full
 NEARLY_FULL = 0.05
@@ -97,10 +101,7 @@ def _alive(pid: int) -> bool:
 def settle(run_dir: str | os.PathLike[str], base: Baseline, now: float | None = None) -> list[int]:
     """Close, as killed by the OOM killer, each rank of the run whose record was left open when there is evidence
     of it (see the module doc); the ranks closed."""
-    kills0, where, cg0 = base
-    kills, cg = vmstat_oom_kills(), cgroup_oom_kills(where)
-    cg_up = cg - cg0 if cg is not None and cg0 is not None else 0
-    vm_up = kills - kills0 if kills is not None and kills0 is not None else 0
+    counters = counter_evidence(base)
     closed = []
     for db in sorted(Path(run_dir).glob("rank*.db")):
         rank = rank_from_db_name(db.name)
@@ -116,21 +117,60 @@ def settle(run_dir: str | os.PathLike[str], base: Baseline, now: float | None = 
         if isinstance(pid, int) and _alive(pid):
             continue  # still running (a wrapper was killed, not this process)
         full = avail is not None and total and avail < NEARLY_FULL * total
-        if cg_up > 0:
-            why = f"its memory cgroup's OOM-kill counter went up by {cg_up} while the job ran ({where})"
-        elif vm_up > 0:
-            why = f"the machine's OOM-kill counter went up by {vm_up} while the job ran (/proc/vmstat)"
+        if counters is not None:
+            why, kills = counters
         elif full:
             why = f"the machine had {human_bytes(avail or 0)} of {human_bytes(total or 0)} available at the last sample"
+            kills = 0
         else:
             continue
         reason = (f"killed by the kernel's OOM killer (SIGKILL, no traceback): the process ended without "
                   f"closing its record and {why}")
         at = time.time() if now is None else now
         if close_rank(db, {"status": "crashed", "end_reason": reason, "end_cause": OOM_KILLED, "ended_at": at,
-                           "oom_kills_during_run": max(cg_up, vm_up)}):
+                           "oom_kills_during_run": kills}):
             closed.append(rank)
     return closed
+
+
+def counter_evidence(base: Baseline) -> tuple[str, int] | None:
+    """(what was seen, the kills) when the OOM-kill counter of the job's memory cgroup, or else the machine's,
+    went up since ``base``; None when neither did (or neither can be read)."""
+    kills0, where, cg0 = base
+    kills, cg = vmstat_oom_kills(), cgroup_oom_kills(where)
+    cg_up = cg - cg0 if cg is not None and cg0 is not None else 0
+    vm_up = kills - kills0 if kills is not None and kills0 is not None else 0
+    if cg_up > 0:
+        return f"its memory cgroup's OOM-kill counter went up by {cg_up} while the job ran ({where})", cg_up
+    if vm_up > 0:
+        return f"the machine's OOM-kill counter went up by {vm_up} while the job ran (/proc/vmstat)", vm_up
+    return None
+
+
+def killed_before_a_step(run_dir: str | os.PathLike[str], base: Baseline) -> tuple[str, int] | None:
+    """(the reason, the kills) for a job gone before it opened its run (no rank database: no step recorded)
+    while an OOM-kill counter went up: the kernel took it (a job that ends any other way writes its own
+    ``no_steps`` record at exit); None otherwise."""
+    if any(Path(run_dir).glob("rank*.db")):
+        return None
+    counters = counter_evidence(base)
+    if counters is None:
+        return None
+    return (f"killed by the kernel's OOM killer (SIGKILL, no traceback) before it recorded a step: "
+            f"{counters[0]}"), counters[1]
+
+
+def record_killed_before_a_step(run_dir: str | os.PathLike[str], base: Baseline) -> str | None:
+    """Write the run of a job :func:`killed_before_a_step` (its only record: the ``no_steps`` event, closed as
+    ``crashed`` with ``end_cause: oom_killed``); the reason written, or None when that was not the end."""
+    found = killed_before_a_step(run_dir, base)
+    if found is None:
+        return None
+    from gpudash.zerocode.outcome import write_no_steps  # the store's writer: only now, after the job
+
+    why, kills = found
+    write_no_steps(str(run_dir), why, crashed={"end_cause": OOM_KILLED, "oom_kills_during_run": kills})
+    return why
 
 
 def spawn(run_dir: str | os.PathLike[str]) -> bool:
@@ -179,7 +219,9 @@ def main(args: list[str]) -> None:
     poller.register(fd, select.POLLIN)
     while not poller.poll():
         pass
+    base = (raw[0], raw[1], raw[2])
     try:
-        settle(run_dir, (raw[0], raw[1], raw[2]))
+        if not settle(run_dir, base):
+            record_killed_before_a_step(run_dir, base)
     except Exception as exc:  # noqa: BLE001 - the run keeps what its rows say
         print(f"gpudash: could not record how the job ended ({type(exc).__name__}: {exc})", file=sys.stderr)

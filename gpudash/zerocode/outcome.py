@@ -98,9 +98,10 @@ def no_steps_reason(states: list[dict[str, Any]], torch_unseen: bool = False) ->
     return (UNSEEN if torch_unseen else NEVER_IMPORTED), False
 
 
-def _write_no_steps(run_dir: str, why: str) -> None:
+def write_no_steps(run_dir: str, why: str, crashed: dict[str, Any] | None = None) -> None:
     """A run folder whose only record is the ``no_steps`` event: written with the store's own writer (a Monitor
-    would import torch into a process that is exiting)."""
+    would import torch into a process that is exiting). ``crashed``: the job was killed (its end-cause meta);
+    the run is closed as crashed with ``why`` as its end reason."""
     import time
     import uuid
     from pathlib import Path
@@ -117,9 +118,9 @@ def _write_no_steps(run_dir: str, why: str) -> None:
                            "gpudash_version": __version__, "argv": sys.argv})
     rec = Recorder(local, rank=0, meta={"name": name, "world_size": 1, "argv": sys.argv,
                                         "config": {"recorded_by": "gpudash run"}}, publish_to=url)
-    rec.put_meta(no_steps_reason=why)
+    rec.put_meta(no_steps_reason=why, **(crashed or {}))
     rec.put("events", {"time": time.time(), "step": 0, "kind": "no_steps", "message": why, "data": None})
-    rec.close("finished", why)
+    rec.close("crashed" if crashed is not None else "finished", why)
 
 
 def job_done(run_dir: str | None = None, folder: str | None = None, exit_code: int | None = None,
@@ -143,7 +144,7 @@ def job_done(run_dir: str | None = None, folder: str | None = None, exit_code: i
         why += f" (the command exited with code {exit_code})"
     if not written and run_dir:
         try:
-            _write_no_steps(run_dir, why)
+            write_no_steps(run_dir, why)
         except Exception as exc:  # noqa: BLE001 - the message below still says why
             _say(f"could not write the no_steps event into {run_dir} ({type(exc).__name__}: {exc})")
     _say(f"no step recorded: {why}")

@@ -84,6 +84,29 @@ def test_no_evidence_and_a_closed_record_are_left_alone(tmp_path: Path) -> None:
     assert _meta(done)["status"] == "finished"
 
 
+def test_a_job_killed_before_its_first_step_gets_a_run_that_says_so(tmp_path: Path) -> None:
+    """No rank database (the kernel took the job before it opened its run) and its cgroup's counter went up: the
+    run folder is written as crashed, killed by the OOM killer, and ``gpudash check`` names that as why there
+    is no step. The counter file stands in for a cgroup's ``memory.events`` (``oom_kill N``)."""
+    events = tmp_path / "memory.events"
+    events.write_text("oom 0\noom_kill 0\n")
+    base = (None, str(events), 0)
+    run = tmp_path / "run"
+    assert endwatch.record_killed_before_a_step(run, base) is None  # nothing went up: not an OOM kill
+    assert not run.exists()
+    events.write_text("oom 1\noom_kill 1\n")
+    why = endwatch.record_killed_before_a_step(run, base)
+    assert why is not None and "before it recorded a step" in why and "went up by 1" in why
+    loaded = load_run(run)
+    assert loaded.status == "crashed" and loaded.rank_meta[0]["end_cause"] == OOM_KILLED
+    assert endwatch.record_killed_before_a_step(run, base) is None  # a run folder with a rank: settled already
+    from gpudash.analysis.facts import run_facts
+    from gpudash.commands.check import GateRules, check
+
+    [outcome] = check(run_facts(loaded), GateRules(no_oom=True), run="run")
+    assert not outcome.passed and outcome.rule == "steps" and "killed by the kernel's OOM killer" in outcome.text
+
+
 def _limited_cgroup(tmp_name: str, limit: int) -> tuple[Path, str]:
     """A child memory cgroup limited to ``limit`` bytes (v2 where its memory controller is delegated, else v1);
     pytest.skip with the reason where this machine allows neither."""
@@ -130,15 +153,28 @@ while True:  # past the cgroup's limit: the kernel's OOM killer takes the proces
 """
 
 
+#: the kernel takes the process before its first step: a run that records no step says why
+SCRIPT_NO_STEP = """
+import torch
+hog = []
+while True:
+    hog.append(bytearray(32 << 20))
+    hog[-1][::4096] = b"x" * len(hog[-1][::4096])
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["exec", "wrapper"])
-def test_a_real_cgroup_oom_kill_is_the_runs_end_cause(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize("how,source", [("exec", SCRIPT), ("wrapper", SCRIPT), ("exec", SCRIPT_NO_STEP),
+                                        ("wrapper", SCRIPT_NO_STEP)],
+                         ids=["exec", "wrapper", "exec-no-step", "wrapper-no-step"])
+def test_a_real_cgroup_oom_kill_is_the_runs_end_cause(tmp_path: Path, how: str, source: str) -> None:
     """exec: gpudash run becomes the job (the watcher records it); wrapper: a shell runs the job and gpudash run
-    waits for it (it records it itself)."""
+    waits for it (it records it itself). The steps a process made in its last half second may die with it in
+    the writer's queue (SIGKILL leaves no time): ``gpudash check`` names the OOM killer either way."""
     group, version = _limited_cgroup(f"gpudash-test-{os.getpid()}", 1 << 30)
     try:
         script = tmp_path / "hog.py"
-        script.write_text(SCRIPT)
+        script.write_text(source)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                             if p])
