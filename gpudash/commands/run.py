@@ -181,14 +181,10 @@ def _wait(child: subprocess.Popen[bytes], run_dir: Path | str, env: dict[str, st
         # the job was killed before its processes could say so at their exit: their state files would read
         # "nothing trained"; the run folder says what happened (its open ranks closed, or, killed before it
         # opened one, a record of that)
-        said = None
-        if endwatch.settle(run_dir, base):
-            said = ("killed by the kernel's OOM killer (SIGKILL; the OOM-kill counter went up or memory was "
-                    "nearly full): recorded as the run's end cause")
-        else:
-            before = endwatch.record_killed_before_a_step(run_dir, base)
-            said = f"{before}; recorded as the run's end cause" if before else None
-        if said is not None:
+        said = ("killed by the kernel's OOM killer (SIGKILL; the OOM-kill counter went up or memory was nearly "
+                "full)") if endwatch.settle(run_dir, base) else endwatch.record_killed_before_a_step(run_dir, base)
+        if said:
+            said += ": recorded as the run's end cause"
             if env.get(outcome.ENV_STATE):
                 shutil.rmtree(env[outcome.ENV_STATE], ignore_errors=True)
             say(f"{name} was {said}")

@@ -138,6 +138,14 @@ def _limited_cgroup(tmp_name: str, limit: int) -> tuple[Path, str]:
     pytest.skip("cannot make a memory-limited cgroup here (" + "; ".join(why) + ")")
 
 
+#: past the cgroup's limit: the kernel's OOM killer takes the process
+HOG = """
+hog = []
+while True:
+    hog.append(bytearray(32 << 20))
+    hog[-1][::4096] = b"x" * len(hog[-1][::4096])
+"""
+
 SCRIPT = """
 import torch
 model = torch.nn.Linear(8, 8)
@@ -146,21 +154,10 @@ for _ in range(5):
     model(torch.randn(4, 8)).sum().backward()
     opt.step()
     opt.zero_grad()
-hog = []
-while True:  # past the cgroup's limit: the kernel's OOM killer takes the process
-    hog.append(bytearray(32 << 20))
-    hog[-1][::4096] = b"x" * len(hog[-1][::4096])
-"""
-
+""" + HOG
 
 #: the kernel takes the process before its first step: a run that records no step says why
-SCRIPT_NO_STEP = """
-import torch
-hog = []
-while True:
-    hog.append(bytearray(32 << 20))
-    hog[-1][::4096] = b"x" * len(hog[-1][::4096])
-"""
+SCRIPT_NO_STEP = "import torch\n" + HOG
 
 
 @pytest.mark.slow
