@@ -115,6 +115,34 @@ WRITER_CACHE_KIB = 32
 WRITER_STATEMENTS = 0
 
 
+#: Rows one INSERT statement carries at most (see :func:`insert_rows`).
+ROWS_PER_STATEMENT = 1024
+#: Bound values one statement may carry where SQLite cannot say (``SQLITE_MAX_VARIABLE_NUMBER`` before 3.32).
+_OLD_VARIABLE_LIMIT = 999
+
+
+def insert_rows(conn: sqlite3.Connection, head: str, one: str, width: int, data: list[tuple[Any, ...]]) -> int:
+    """Insert ``data`` (rows of ``width`` values; ``one`` is a row's ``(?, ...)``) into the table of ``head``
+    (``INSERT INTO t (cols) VALUES ``) with statements of many rows each; the rowid of the first row inserted.
+
+    Why not ``executemany``: it lets go of the GIL at each row (SQLite's step), and a thread that lets go of the
+    GIL while the training thread holds it (a loop of pure Python, numpy on small arrays) gets it back only at
+    the interpreter's switch interval (5 ms): one row per 5 ms, ~200 rows a second, while such a loop queues
+    thousands. A statement of ``ROWS_PER_STATEMENT`` rows lets go of it a few times for all of them. SQLite parses
+    each statement anew (the writer keeps no prepared statement, see :data:`WRITER_STATEMENTS`): ~2 µs a row of
+    18 values, with the GIL let go."""
+    getlimit, which = getattr(conn, "getlimit", None), getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", None)
+    limit = getlimit(which) if getlimit is not None and which is not None else _OLD_VARIABLE_LIMIT  # (3.11+)
+    per = max(1, min(ROWS_PER_STATEMENT, limit // max(width, 1)))
+    first = 0
+    for i in range(0, len(data), per):
+        part = data[i:i + per]
+        cur = conn.execute(head + ",".join([one] * len(part)), list(chain.from_iterable(part)))
+        if not i:  # rows of one statement take consecutive rowids, after the table's last: the last is known
+            first = int(cur.lastrowid or 0) - len(part) + 1
+    return first
+
+
 def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30,
                            cached_statements=WRITER_STATEMENTS)
@@ -284,13 +312,13 @@ class TableWriter:
                 except (TypeError, ValueError, OverflowError):
                     arrays.append(np.array([[num(row[j]) for j in idx] for row in slow], dtype=float)
                                   .reshape(len(slow), len(idx)))
-        first = (self._conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
         quoted = ", ".join(map(quote_ident, cols))
         marks = ", ".join("?" * len(cols))
         if self.attempt > 1:  # the attempt as a constant of the statement: nothing added per row in Python
             quoted += f", {ATTEMPT_COLUMN}"
             marks += f", {self.attempt}"
-        self._conn.executemany(f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ({marks})", data)
+        first = insert_rows(self._conn, f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ", f"({marks})",
+                            len(cols), data)
         if numeric:
             names = [cols[j] for j in idx]
             arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
