@@ -31,22 +31,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpudash.store.tables as tables
+from benchmarks.overhead import busy, scalars  # the same body and scalars as overhead.py's part 1
 from gpudash.collectors.host import malloc_used
 from gpudash.monitor import Monitor
 
-SCALARS = ("loss", "grad_norm", "lr", "loss_scale", "tokens_per_s", "batch", "mfu", "skipped")
 IN_USE = malloc_used()
 MAX_STEPS = 4_000_000
-
-
-def busy(us: float) -> None:
-    end = time.perf_counter() + us * 1e-6
-    while time.perf_counter() < end:
-        pass
-
-
-def scalars(i: int) -> dict[str, float]:
-    return {k: float(i % 97) * 0.01 + j for j, k in enumerate(SCALARS)}
 
 
 def gpudash_body(mon: Monitor, us: float, i: int) -> None:
