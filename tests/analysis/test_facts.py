@@ -109,16 +109,19 @@ def test_the_cache_rejudges_a_live_run_as_it_grows(tmp_path: Path) -> None:
 def test_dropped_records_are_a_fact(tmp_path: Path) -> None:
     """A full buffer drops the oldest records: the run's step count (last index + 1) then overstates the
     rows, so the facts say how many records were lost, and every surface that renders facts shows it."""
+    from helpers.stuck import stuck_writer
+
     from gpudash.analysis.facts import headline_rows
     from gpudash.monitor import Monitor
     from gpudash.store import load_run
 
     with Monitor(tmp_path / "r", buffer_records=100, flush_interval=60.0, host_hz=0.0, device_hz=0.0,
                  allocator=False, cuda_timing=False, handle_signals=False) as mon:
-        for _ in range(300):
-            with mon.step():
-                mon.log(loss=1.0)
-        dropped = mon.recorder.dropped
+        with stuck_writer(mon.recorder):
+            for _ in range(300):
+                with mon.step():
+                    mon.log(loss=1.0)
+            dropped = mon.recorder.dropped
     assert dropped >= 200
     run = load_run(tmp_path / "r")
     try:

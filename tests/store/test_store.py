@@ -5,13 +5,13 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.stuck import stuck_writer
 
 from gpudash.errors import RunError
 from gpudash.store import RunReader, chunks, load_run
@@ -144,12 +144,9 @@ def test_read_since_tails_a_growing_run(tmp_path: Path) -> None:
 
 def test_full_buffer_drops_oldest_and_counts(tmp_path: Path) -> None:
     rec = Recorder(tmp_path, flush_interval=60, capacity=100)
-    stuck = threading.Event()  # a writer that cannot write for now (a stalled disk): lending it the GIL is no help
-    flush_once = rec._flush_once
-    rec._flush_once = lambda **kw: (stuck.wait(), flush_once(**kw))[1]  # type: ignore[method-assign]
-    _write_steps(rec, 0, 1000, 0.0)
-    assert rec.dropped == 900
-    stuck.set()
+    with stuck_writer(rec):
+        _write_steps(rec, 0, 1000, 0.0)
+        assert rec.dropped == 900
     rec.close()
     run = load_run(tmp_path)
     assert run.steps["step"].tolist() == list(range(900, 1000))
