@@ -83,6 +83,18 @@ def test_a_pickle_of_empty_lists_is_stopped_while_it_is_read(tmp_path: Path) -> 
     assert made_from < len(data) / 2**20 / 2  # stopped well before the end of the file
 
 
+def test_the_pickle_is_stopped_where_the_resident_size_does_not_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that freed more than the pickle makes reuses those pages: its resident size stays flat while
+    the objects are made (a CI worker after a big test read the whole pickle above). Python's small blocks
+    still count them."""
+    import gpudash.store.snapshot_pickle as sp
+
+    monkeypatch.setattr(sp, "_rss_reader", lambda: (lambda: 1 << 30))  # resident size: never grows
+    data = b"\x80\x04]" + b"(" + b"]" * 8_000_000 + b"e."
+    with pytest.raises(RunError, match="refused: the pickle makes far more objects"):
+        read_snapshot_pickle(data, where="bomb.pickle", slack=16 * 2**20)
+
+
 def test_the_same_pickle_under_a_generous_bound_is_only_not_a_snapshot() -> None:
     data = pickle.dumps([[] for _ in range(100_000)], protocol=4)
     with pytest.raises(RunError, match="top level is list"):
