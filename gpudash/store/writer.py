@@ -280,17 +280,23 @@ class Recorder:
         before another ``lend_rows`` have queued. The writer sets the mark back when it has drained the queue.
         What a lend costs the loop is the writer's own time a record, which a loop that holds the GIL pays anyway
         once the writer gets the GIL; the queue, and the memory it holds, stay near ``lend_rows``."""
-        if n < LEND_RATE * (time.monotonic() - self._drained_at) or threading.get_ident() == self._thread.ident:
-            self._lend_at = n + self.lend_rows
+        self._lend_at = n + self.lend_rows  # (unless the writer runs in the time lent, below)
+        if (n < LEND_RATE * (time.monotonic() - self._drained_at) or self._stop.is_set()
+                or threading.get_ident() == self._thread.ident):
             return
         clock = self._writer_clock
-        before = time.clock_gettime(clock) if clock is not None else self._progress
-        time.sleep(LEND_S)
-        if clock is not None:
-            ran = time.clock_gettime(clock) - before >= LEND_S / 4 or self._writer_runnable()
-        else:
-            ran = self._progress != before
-        self._lend_at = self.lend_rows if ran else n + self.lend_rows
+        try:
+            before = time.clock_gettime(clock) if clock is not None else self._progress
+            time.sleep(LEND_S)
+            if clock is not None:
+                ran = time.clock_gettime(clock) - before >= LEND_S / 4 or self._writer_runnable()
+            else:
+                ran = self._progress != before
+        except OSError:  # (the writer's thread has ended: its clock is gone)
+            self._writer_clock = None
+            return
+        if ran:
+            self._lend_at = self.lend_rows
 
     def _writer_runnable(self) -> bool:
         """The writer thread waits for a CPU, not for the disk or an event (Linux: its state in /proc is R): on a

@@ -91,3 +91,18 @@ def test_a_writer_that_fails_for_now_gets_no_lend(tmp_path: Path) -> None:
     finally:
         rec._failing = None
         rec.close()
+
+
+def test_records_put_after_close_are_never_lent_for(tmp_path: Path) -> None:
+    """A loop that goes on after its Monitor closed (a signal handler closed it): the writer's thread has ended,
+    its CPU clock with it; queuing records raises nothing and waits for nothing."""
+    rec = Recorder(tmp_path)
+    rec.close()
+    t0 = time.perf_counter()
+    for i in range(5000):
+        rec.put("steps", _row(i))
+    assert time.perf_counter() - t0 < 2.0
+    rec._stop.clear()  # as if the stop were not seen yet: the ended thread's clock must not raise either
+    rec._woken, rec._lend_at, rec._drained_at = True, 1, time.monotonic()
+    rec.put("steps", _row(5000))
+    rec._stop.set()
