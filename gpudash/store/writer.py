@@ -2,9 +2,9 @@
 
 The training thread only calls :meth:`Recorder.put` (a deque append; in a loop
 that holds the GIL and queues records faster than the writer gets the GIL to store
-them, a 0.2 ms sleep now and then: :meth:`Recorder._lend`). A daemon thread drains the deque every ``flush_interval`` seconds into ``rankN.db``
-(SQLite, WAL mode), one transaction per flush. The time roll-ups and the
-``heartbeat`` meta key are stored every :data:`ROLLUP_INTERVAL_S` seconds (and
+them, a 0.2 ms sleep now and then: :meth:`Recorder._lend`). A daemon thread
+drains the deque every ``flush_interval`` seconds into ``rankN.db`` (SQLite,
+WAL mode), one transaction per flush. The time roll-ups and the ``heartbeat`` meta key are stored every :data:`ROLLUP_INTERVAL_S` seconds (and
 on :meth:`Recorder.flush` and at close); between them the heartbeat is the
 write-ahead log's modification time, which every flush renews (a commit
 writes the log; a flush with nothing to write touches it), so a reader can
