@@ -89,12 +89,14 @@ BEFORE = "gpudash as before (a SQLite call a row, never lent the GIL)"
 INSERT_ROWS = tables.insert_rows
 
 
-def one_row_a_call(conn: Any, head: str, one: str, width: int, data: list[tuple[Any, ...]]) -> int:
-    """How rows were inserted before: ``executemany``, which lets go of the GIL at each row."""
-    first = (conn.execute(head.replace("INSERT INTO", "SELECT max(rowid) FROM").split(" (")[0]).fetchone()[0]
-             or 0) + 1
-    conn.executemany(head + one, data)
-    return int(first)
+def one_row_a_call(conn: Any, table: str, cols: str, one: str, width: int, data: list[tuple[Any, ...]]) -> int:
+    """How rows were inserted before, whatever the batch: ``executemany``, which lets go of the GIL at each row."""
+    saved = tables.EXECUTEMANY_ROWS
+    tables.EXECUTEMANY_ROWS = len(data)
+    try:
+        return INSERT_ROWS(conn, table, cols, one, width, data)
+    finally:
+        tables.EXECUTEMANY_ROWS = saved
 
 
 def run_body(us: float, seconds: float, tmp: Path) -> list[tuple[str, dict[str, float]]]:

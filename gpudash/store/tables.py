@@ -117,20 +117,31 @@ WRITER_STATEMENTS = 0
 
 #: Rows one INSERT statement carries at most (see :func:`insert_rows`).
 ROWS_PER_STATEMENT = 1024
+#: Rows of a table a flush inserts with ``executemany`` (one prepared single-row statement): up to here the
+#: writer keeps up row by row (a flush of 64 rows every 64 steps), and a statement of many rows would be parsed
+#: and let go each flush (~100 KB of SQLite's program for 64 rows, held while the training thread runs).
+EXECUTEMANY_ROWS = 256
 #: Bound values one statement may carry where SQLite cannot say (``SQLITE_MAX_VARIABLE_NUMBER`` before 3.32).
 _OLD_VARIABLE_LIMIT = 999
 
 
-def insert_rows(conn: sqlite3.Connection, head: str, one: str, width: int, data: list[tuple[Any, ...]]) -> int:
-    """Insert ``data`` (rows of ``width`` values; ``one`` is a row's ``(?, ...)``) into the table of ``head``
-    (``INSERT INTO t (cols) VALUES ``) with statements of many rows each; the rowid of the first row inserted.
+def insert_rows(conn: sqlite3.Connection, table: str, cols: str, one: str, width: int,
+                data: list[tuple[Any, ...]]) -> int:
+    """Insert ``data`` (rows of ``width`` values; ``one`` is a row's ``(?, ...)``) into ``table``'s ``cols``
+    (quoted, comma-separated); the rowid of the first row inserted. Up to :data:`EXECUTEMANY_ROWS` rows
+    with ``executemany``, more with statements of many rows each.
 
-    Why not ``executemany``: it lets go of the GIL at each row (SQLite's step), and a thread that lets go of the
-    GIL while the training thread holds it (a loop of pure Python, numpy on small arrays) gets it back only at
-    the interpreter's switch interval (5 ms): one row per 5 ms, ~200 rows a second, while such a loop queues
-    thousands. A statement of ``ROWS_PER_STATEMENT`` rows lets go of it a few times for all of them. SQLite parses
-    each statement anew (the writer keeps no prepared statement, see :data:`WRITER_STATEMENTS`): ~2 µs a row of
-    18 values, with the GIL let go."""
+    Why not always ``executemany``: it lets go of the GIL at each row (SQLite's step), and a thread that lets go
+    of the GIL while the training thread holds it (a loop of pure Python, numpy on small arrays) gets it back only
+    at the interpreter's switch interval (5 ms): one row per 5 ms, ~200 rows a second, while such a loop queues
+    thousands, so its batches grow past :data:`EXECUTEMANY_ROWS`. A statement of ``ROWS_PER_STATEMENT`` rows lets
+    go of it a few times for all of them. SQLite parses each such statement anew (the writer keeps no prepared
+    statement, see :data:`WRITER_STATEMENTS`): ~2 µs a row of 18 values, with the GIL let go."""
+    head = f"INSERT INTO {quote_ident(table)} ({cols}) VALUES "
+    if len(data) <= EXECUTEMANY_ROWS:
+        first = (conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0] or 0) + 1
+        conn.executemany(head + one, data)
+        return int(first)
     getlimit, which = getattr(conn, "getlimit", None), getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", None)
     limit = getlimit(which) if getlimit is not None and which is not None else _OLD_VARIABLE_LIMIT  # (3.11+)
     per = max(1, min(ROWS_PER_STATEMENT, limit // max(width, 1)))
@@ -317,8 +328,7 @@ class TableWriter:
         if self.attempt > 1:  # the attempt as a constant of the statement: nothing added per row in Python
             quoted += f", {ATTEMPT_COLUMN}"
             marks += f", {self.attempt}"
-        first = insert_rows(self._conn, f"INSERT INTO {quote_ident(table)} ({quoted}) VALUES ", f"({marks})",
-                            len(cols), data)
+        first = insert_rows(self._conn, table, quoted, f"({marks})", len(cols), data)
         if numeric:
             names = [cols[j] for j in idx]
             arr = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]

@@ -21,11 +21,14 @@ def _row(i: int) -> dict[str, float]:
     return {"step": i, "time": float(i), "duration_s": 0.001, "loss": 1.0 / (i + 1), "lr": 3e-4, "gn": float(i % 7)}
 
 
-def test_rows_across_many_statements_keep_their_order_and_rowids(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Statements of 7 rows (one shorter at the end of each batch): every row once, in order, and the
-    chunks (which number rows by the first rowid of each batch) hold the same numbers as the table."""
+@pytest.mark.parametrize("small", [0, 60])
+def test_rows_across_many_statements_keep_their_order_and_rowids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  small: int) -> None:
+    """Statements of 7 rows (one shorter at the end of each batch), batches of up to ``small`` rows with
+    ``executemany``: every row once, in order, and the chunks (which number rows by the first rowid of each
+    batch) hold the same numbers as the table."""
     monkeypatch.setattr(tables, "ROWS_PER_STATEMENT", 7)
+    monkeypatch.setattr(tables, "EXECUTEMANY_ROWS", small)
     rec = Recorder(tmp_path, flush_interval=3600)
     try:
         for part in (range(0, 50), range(50, 51), range(51, 130)):
