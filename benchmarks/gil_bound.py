@@ -7,7 +7,7 @@ the GIL, as a pure-Python environment, tokenizer or numpy-on-small-arrays step d
 inside its ops, so a real torch step is not this loop. For each body the loop runs ``--seconds`` bare, under
 gpudash (defaults), under gpudash as it was before (rows inserted with ``executemany``, which lets go of the GIL
 at each row, and the writer never lent the GIL: see ``gpudash.store.tables.insert_rows`` and
-``gpudash.store.writer.LEND_ROWS``), and beside trackio and wandb (offline) logging the same 8 scalars. Reported:
+``gpudash.store.lending``), and beside trackio and wandb (offline) logging the same 8 scalars. Reported:
 wall µs a step above bare (mean: what the loop's throughput pays; median; p99), the records still queued at the end, the most queued, those dropped,
 and the growth of malloc's in-use bytes (glibc ``mallinfo2``) over the loop.
 """
@@ -108,7 +108,7 @@ def run_body(us: float, seconds: float, tmp: Path) -> list[tuple[str, dict[str, 
             mon = Monitor(tmp / f"gpudash-{before}-{us:g}", handle_signals=False)
             rec = mon.recorder
             if before:
-                rec.lend_rows = rec._lend_at = 1 << 62
+                rec.lender.rows = rec.lender.at = 1 << 62
             r = loop(gpudash_body, mon, us, seconds, lambda rec=rec: len(rec._buf))  # type: ignore[misc]
             r["dropped"] = rec.dropped
             mon.close()

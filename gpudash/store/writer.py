@@ -2,7 +2,7 @@
 
 The training thread only calls :meth:`Recorder.put` (a deque append; in a loop
 that holds the GIL and queues records faster than the writer gets the GIL to store
-them, a 0.2 ms sleep now and then: :meth:`Recorder._lend`). A daemon thread
+them, a 0.2 ms sleep now and then: :mod:`gpudash.store.lending`). A daemon thread
 drains the deque every ``flush_interval`` seconds into ``rankN.db`` (SQLite,
 WAL mode), one transaction per flush. The time roll-ups and the ``heartbeat`` meta key are stored every :data:`ROLLUP_INTERVAL_S` seconds (and
 on :meth:`Recorder.flush` and at close); between them the heartbeat is the
@@ -42,6 +42,7 @@ from typing import Any
 from gpudash.errors import RunError
 from gpudash.store.attempts import VOLATILE_META, carried_meta, last_step, previous, racing
 from gpudash.store.failures import is_transient
+from gpudash.store.lending import LEND_ROWS, Lender
 from gpudash.store.publish import SegmentPublisher
 from gpudash.store.rankfile import log_heartbeat, wal_path
 from gpudash.store.redact import redact_meta
@@ -64,18 +65,6 @@ _BATCH = 8192
 #: logs in one interval (a loop of 1 ms steps queued its whole first 0.5 s, growing the watched process's
 #: memory for its first ~400 steps), so it reaches its steady size within the first few dozen steps.
 FLUSH_ROWS = 64
-#: Queued records at which the training thread lends the writer the GIL (see :meth:`Recorder._lend`). A loop
-#: that holds the GIL (pure Python, numpy on small arrays) gives the writer the GIL only at the interpreter's
-#: switch interval (5 ms) and takes it back at each SQLite call the writer makes: a loop of ~7 µs steps queued
-#: ~150,000 records a second and its writer stored ~7,000, so 400,000 steps grew the queue to ``capacity``
-#: (~300 MB of the watched process) and dropped 191,052 of them; with 50 µs steps the queue held 91,000 records
-#: after 100,000 steps. A step that lets go of the GIL (torch does in its ops) never gets here.
-LEND_ROWS = 1024
-#: Seconds of one lend: the training thread sleeps and the writer runs without waiting for the GIL at each call.
-LEND_S = 0.0002
-#: Records a second (queued since the writer last drained the queue) below which nothing is lent: with steps
-#: of 100 µs and more a writer this far behind waits on something else (a slow disk), not on the GIL.
-LEND_RATE = 10_000
 #: Seconds between stores of the roll-ups and the ``heartbeat`` meta key (see the module doc).
 ROLLUP_INTERVAL_S = 10.0
 _TABLE = TABLE_TAG
@@ -140,11 +129,6 @@ class Recorder:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._woken = False
-        #: queued records at which put() lends the writer the GIL (see _lend); _lend_at: the next such mark
-        self.lend_rows = min(LEND_ROWS, capacity)
-        self._lend_at = self.lend_rows
-        self._progress = 0  # the writer's steps through a flush (rows taken, commits)
-        self._drained_at = time.monotonic()  # when the writer last drained the queue
         #: set after each flush (the queue drained): the leak watch lets go of the rows it holds then
         self.drained = threading.Event()
         self._flushed = threading.Condition()
@@ -205,14 +189,9 @@ class Recorder:
         self._dropped_stored = 0
         self._rollups_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
+        #: lends the writer the GIL when a loop that holds it queues records faster than the writer stores them
+        self.lender = Lender(self._thread, min(LEND_ROWS, capacity), self._stop)
         self._thread.start()
-        #: the writer thread's CPU clock (Linux; elsewhere its progress counter says whether it ran in a lend)
-        self._writer_clock: int | None = None
-        try:
-            self._writer_clock = time.pthread_getcpuclockid(self._thread.ident or 0)
-            time.clock_gettime(self._writer_clock)
-        except (AttributeError, OSError, OverflowError):
-            self._writer_clock = None
 
     def _previous_meta(self) -> dict[str, Any]:
         """The rank's meta as the previous attempt left it: in the rank's database, or (published) its
@@ -260,7 +239,7 @@ class Recorder:
 
     def _crowded(self) -> None:
         """``flush_rows`` records wait: count the one the next append drops (when full), wake the writer once,
-        and lend it the GIL when ``lend_rows`` wait (see :meth:`_lend`)."""
+        and lend it the GIL when ``lender.rows`` wait (:class:`gpudash.store.lending.Lender`)."""
         n = len(self._buf)
         if n >= self.capacity:
             self.dropped += 1
@@ -269,44 +248,8 @@ class Recorder:
         if not self._woken:
             self._woken = True
             self._wake.set()
-        elif n >= self._lend_at:
-            self._lend(n)
-
-    def _lend(self, n: int) -> None:
-        """``n`` records wait and the writer was woken: when they came fast (``LEND_RATE``), the thread that
-        queues them holds the GIL, so it sleeps for ``LEND_S`` and the writer runs. While the writer runs in the
-        time lent (its thread's CPU clock moves) this is done again at the next record; after a lend in which it
-        did not run (waiting on the disk: the GIL was not what it lacked), or when the records came slowly, not
-        before another ``lend_rows`` have queued. The writer sets the mark back when it has drained the queue.
-        What a lend costs the loop is the writer's own time a record, which a loop that holds the GIL pays anyway
-        once the writer gets the GIL; the queue, and the memory it holds, stay near ``lend_rows``."""
-        self._lend_at = n + self.lend_rows  # (unless the writer runs in the time lent, below)
-        if (n < LEND_RATE * (time.monotonic() - self._drained_at) or self._stop.is_set()
-                or threading.get_ident() == self._thread.ident):
-            return
-        clock = self._writer_clock
-        try:
-            before = time.clock_gettime(clock) if clock is not None else self._progress
-            time.sleep(LEND_S)
-            if clock is not None:
-                ran = time.clock_gettime(clock) - before >= LEND_S / 4 or self._writer_runnable()
-            else:
-                ran = self._progress != before
-        except OSError:  # (the writer's thread has ended: its clock is gone)
-            self._writer_clock = None
-            return
-        if ran:
-            self._lend_at = self.lend_rows
-
-    def _writer_runnable(self) -> bool:
-        """The writer thread waits for a CPU, not for the disk or an event (Linux: its state in /proc is R): on a
-        loaded machine a lend in which it did not run is still one it needs."""
-        try:
-            with open(f"/proc/self/task/{self._thread.native_id}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return False
-        return stat[stat.rfind(b")") + 2:][:1] == b"R"
+        elif n >= self.lender.at:
+            self.lender.lend(n)
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
@@ -388,8 +331,7 @@ class Recorder:
             except BaseException as exc:  # noqa: BLE001 - the writer outlives anything a record does
                 self._report(f"writer: unexpected {type(exc).__name__}: {exc}")
             self.drained.set()
-            self._drained_at = time.monotonic()
-            self._lend_at = self.lend_rows
+            self.lender.drained()
             self._touch_wal()
             if publishing:
                 self._publish()
@@ -437,7 +379,7 @@ class Recorder:
             except IndexError:
                 pass
             last = len(items) < _BATCH and not retry
-            self._progress += 1
+            self.lender.progress += 1
             self._commit(items, rollups=last and due, final=last and final)
             if self._stalled:
                 self._retry += retry
@@ -480,7 +422,7 @@ class Recorder:
                 tables.write_chunks()
             tables.write_meta(meta)
             self._conn.execute("COMMIT")
-            self._progress += 1
+            self.lender.progress += 1
             self.dropped_values += tables.txn_dropped_values
             self._dropped_stored = int(meta.get("dropped_records", self._dropped_stored))
             if rollups:

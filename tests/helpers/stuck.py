@@ -1,5 +1,5 @@
 """A writer that cannot write for now (a stalled disk), for tests of what a full queue does: while it is stuck the
-queue only fills (lending it the GIL does not help it: ``gpudash.store.writer.Recorder._lend``)."""
+queue only fills (lending it the GIL does not help it: ``gpudash.store.lending.Lender``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A loop that holds the GIL: the writer stores its rows in statements of many rows (few GIL hand-overs a
 flush), and the loop lends it the GIL when records come faster than it gets the GIL to store them, so the
-queue stays near ``lend_rows`` and nothing is dropped; slow records, or a writer that does not run in the time
+queue stays near ``LEND_ROWS`` and nothing is dropped; slow records, or a writer that does not run in the time
 lent, get no more lends."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 
 import gpudash.store.tables as tables
 from gpudash.store.chunks import read_chunks
-from gpudash.store.writer import LEND_ROWS, Recorder
+from gpudash.store.lending import LEND_ROWS
+from gpudash.store.writer import Recorder
 
 
 def _row(i: int) -> dict[str, float]:
@@ -67,14 +68,15 @@ def test_a_loop_that_holds_the_gil_loses_no_record_and_keeps_a_short_queue(tmp_p
 def test_no_lend_to_a_writer_that_does_not_run_or_for_records_that_come_slowly(tmp_path: Path) -> None:
     rec = Recorder(tmp_path, flush_interval=3600)
     try:
-        rec._drained_at = time.monotonic()  # records came fast; the writer sleeps (nothing woke it): it cannot run
-        rec._lend(5000)
-        assert rec._lend_at == 5000 + LEND_ROWS  # no lend again before another lend_rows records
-        rec._lend_at = LEND_ROWS
-        rec._drained_at = time.monotonic() - 60.0  # 3,000 records in a minute: slow, the GIL is not the problem
+        lender = rec.lender
+        lender._drained_at = time.monotonic()  # records came fast; the writer sleeps (nothing woke it): it cannot run
+        lender.lend(5000)
+        assert lender.at == 5000 + LEND_ROWS  # no lend again before another LEND_ROWS records
+        lender.at = LEND_ROWS
+        lender._drained_at = time.monotonic() - 60.0  # 3,000 records in a minute: slow, the GIL is not the problem
         t0 = time.perf_counter()
-        rec._lend(3000)
-        assert time.perf_counter() - t0 < 0.05 and rec._lend_at == 3000 + LEND_ROWS
+        lender.lend(3000)
+        assert time.perf_counter() - t0 < 0.05 and lender.at == 3000 + LEND_ROWS
     finally:
         rec.close()
 
@@ -85,9 +87,9 @@ def test_a_writer_that_fails_for_now_gets_no_lend(tmp_path: Path) -> None:
     try:
         rec._failing = (time.time(), "disk full")
         rec._woken = True
-        rec._lend_at = 4
-        slept = []
-        rec._lend = slept.append  # type: ignore[method-assign]
+        rec.lender.at = 4
+        slept: list[int] = []
+        rec.lender.lend = slept.append  # type: ignore[method-assign]
         for i in range(20):
             rec.put("steps", _row(i))
         assert slept == []
@@ -106,6 +108,6 @@ def test_records_put_after_close_are_never_lent_for(tmp_path: Path) -> None:
         rec.put("steps", _row(i))
     assert time.perf_counter() - t0 < 2.0
     rec._stop.clear()  # as if the stop were not seen yet: the ended thread's clock must not raise either
-    rec._woken, rec._lend_at, rec._drained_at = True, 1, time.monotonic()
+    rec._woken, rec.lender.at, rec.lender._drained_at = True, 1, time.monotonic()
     rec.put("steps", _row(5000))
     rec._stop.set()
