@@ -38,7 +38,8 @@ RANKS, STEPS, SLOW = 64, 2000, 7
 
 def record(run_dir: Path, ranks: int = RANKS, steps: int = STEPS, slow: int = SLOW) -> None:
     """``ranks`` ranks of ``steps`` steps; rank ``slow``'s backward takes 4x the others'."""
-    from gpudash.store.writer import Recorder, write_run_meta
+    from gpudash.store.meta import write_run_meta
+    from gpudash.store.writer import Recorder
 
     run_dir.mkdir(parents=True)
     write_run_meta(run_dir, {"name": run_dir.name, "world_size": ranks})

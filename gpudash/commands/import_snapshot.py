@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from gpudash.errors import RunError, UserError
+from gpudash.store.meta import write_run_meta
 from gpudash.store.schema import rank_db_name
 from gpudash.store.snapshot_codec import append_snapshot_row, snapshot_row
 from gpudash.store.snapshot_read import (
@@ -23,7 +24,7 @@ from gpudash.store.snapshot_read import (
     read_snapshot_pickle,
     summarize,
 )
-from gpudash.store.writer import Recorder, write_run_meta
+from gpudash.store.writer import Recorder
 from gpudash.units import human_bytes
 
 __all__ = ["add_arguments", "import_snapshot", "run"]

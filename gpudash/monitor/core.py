@@ -29,9 +29,10 @@ from gpudash.monitor.names import StoredNames
 from gpudash.monitor.resume import NO_RESUME, NoResume, ResumeNote
 from gpudash.monitor.timing import NEVER, NOWHERE, HookedPhase, Phase, Step, innermost
 from gpudash.options import MonitorOptions
+from gpudash.store.meta import write_run_meta
 from gpudash.store.objstore import is_url, local_staging, run_name
 from gpudash.store.schema import column_name
-from gpudash.store.writer import OPEN_ERRORS, Recorder, write_run_meta
+from gpudash.store.writer import OPEN_ERRORS, Recorder
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Collector, PhaseEndHook, PhaseStartHook, StepDueHook, StepEndHook, StepStartHook

@@ -20,7 +20,7 @@ from gpudash.store.bounded import UnsafeFile, damage, read_regular
 from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE
 
-__all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "parse_run_json", "read_run_json"]
+__all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "parse_run_json", "read_run_json", "write_run_meta"]
 
 _MAX_INT = 2**63 - 1
 #: run.json larger than this is not read (gpudash writes a few kB).
@@ -195,3 +195,14 @@ def parse_run_json(raw: bytes, problems: list[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         return say(f"{RUN_META_FILE}: holds a {type(data).__name__}, not a JSON object; using the per-rank meta")
     return clean_meta(data, RUN_META_FILE, problems)
+
+
+def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Write ``run.json`` atomically (tmp file + rename) if it does not exist yet (the first rank to start
+    writes it; nothing that looks like a credential is recorded)."""
+    from gpudash.store.atomic import write_atomic
+
+    path = run_dir / RUN_META_FILE
+    if path.exists():
+        return
+    write_atomic(path, json.dumps(redact_meta(meta), indent=1, default=str), exclusive=True)  # across ranks

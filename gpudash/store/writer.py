@@ -52,7 +52,7 @@ from gpudash.store.sharedfs import shared_mode
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
-__all__ = ["OPEN_ERRORS", "Recorder", "to_plain", "write_run_meta"]
+__all__ = ["OPEN_ERRORS", "Recorder", "to_plain"]
 
 #: What opening a run for writing can raise (a bad folder, a file that is not a database).
 OPEN_ERRORS = (OSError, sqlite3.Error)
@@ -74,16 +74,6 @@ _FAIL_BUDGET = 64
 #: Different problems said (and remembered, so each is said once) per run; past this, one line says that
 #: more are not shown and they are only counted (``unreported``): ever-new messages must not grow memory.
 MAX_REPORTS = 256
-
-
-def write_run_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    """Write ``run.json`` atomically (tmp file + rename) if it does not exist yet."""
-    from gpudash.store.atomic import write_atomic
-
-    path = run_dir / RUN_META_FILE
-    if path.exists():
-        return
-    write_atomic(path, json.dumps(redact_meta(meta), indent=1, default=str), exclusive=True)  # across ranks
 
 
 class Recorder:

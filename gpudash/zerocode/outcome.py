@@ -107,8 +107,9 @@ def write_no_steps(run_dir: str, why: str, crashed: dict[str, Any] | None = None
     from pathlib import Path
 
     from gpudash._version import __version__
+    from gpudash.store.meta import write_run_meta
     from gpudash.store.objstore import is_url, local_staging, run_name
-    from gpudash.store.writer import Recorder, write_run_meta
+    from gpudash.store.writer import Recorder
 
     url = run_dir.rstrip("/") if is_url(run_dir) else None
     local = local_staging(url) if url else Path(run_dir)

@@ -12,7 +12,8 @@ from helpers.browser import rendered, severe_logs, wait_for
 def _record(run_dir: Path, ranks: int = 64, steps: int = 30) -> None:
     """Rows as 64 DDP ranks on 8 nodes write them (node03's ranks late in data, the rest waiting in backward),
     straight through the writer."""
-    from gpudash.store.writer import Recorder, write_run_meta
+    from gpudash.store.meta import write_run_meta
+    from gpudash.store.writer import Recorder
 
     run_dir.mkdir(parents=True)
     write_run_meta(run_dir, {"name": run_dir.name, "world_size": ranks})
