@@ -13,6 +13,9 @@ Writes into OUT_DIR:
                         growth per step against the bytes the loop keeps, and the frames the snapshot diff names
   collectors.txt        collector costs (benchmarks/collectors.py) and Monitor overhead ratio
   fixtures/             allocator snapshot pickle + NVML recording for the CPU tests
+  samples/              two small trainer runs on the GPU for sample_runs/: healthy, and an OOM with its snapshot
+  graphs.md             the retained-graph and gradient-penalty loops' growth on the GPU, bare vs gpudash run
+  live.md               live latency: a step's end to its row read back by a reader polling like the page
   summary.json          every number above, machine-readable
 
 On a machine without CUDA it runs the same steps with the tiny preset and
@@ -41,6 +44,12 @@ import gpudash  # noqa: E402
 from gpudash.units import human_bytes  # noqa: E402
 
 GB = 1024**3
+#: time.monotonic() after which no part or run starts (--deadline); runs get only what is left
+DEADLINE = float("inf")
+
+
+def left() -> float:
+    return DEADLINE - time.monotonic()
 
 
 def cuda_available() -> bool:
@@ -130,6 +139,9 @@ def train(run_dir: Path, timeout: float, **flags: Any) -> dict[str, Any]:
     for k, v in flags.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     t0 = time.time()
+    timeout = min(timeout, left())
+    if timeout < 15:
+        return {"flags": flags, "rc": None, "error": "skipped (deadline)", "wall_s": 0.0, "run_dir": str(run_dir)}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         rc, err = proc.returncode, proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else []
@@ -172,6 +184,16 @@ def measure(run: Any) -> dict[str, Any]:
         if cats:
             out["measured_peak_bytes"] = sum(out[c] for c in cats)
             out["peak_source"] = "sum of categories (no allocator on CPU)"
+    try:
+        from gpudash.analysis.energy import run_energy
+        from gpudash.analysis.facts import step_count
+
+        energy = run_energy(run, step_count(s, run.meta))
+        if energy is not None and energy.j_per_step is not None:
+            out["j_per_step"] = float(energy.j_per_step)
+            out["energy_source"] = energy.gpu_source or "cpu"
+    except Exception as exc:  # noqa: BLE001 - the pack reports, never stops
+        out["energy_error"] = f"{type(exc).__name__}: {exc}"
     est = run.meta.get("estimate") or {}
     if isinstance(est, dict) and est.get("peak_bytes"):
         out["predicted_peak_bytes"] = float(est["peak_bytes"])
@@ -184,25 +206,36 @@ def measure(run: Any) -> dict[str, Any]:
     return out
 
 
-def strategies(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, Any]]:
+def strategies(out: Path, gpu: bool, steps: int, timeout: float, jobs: int = 1) -> list[dict[str, Any]]:
     presets = ["gpt2-124m", "gpt2-350m"] if gpu else ["tiny"]
     cells = [(c, p, o) for c in ("none", "block") for p in (("fp32", "bf16") if gpu else ("fp32",))
              for o in ("none", "optimizer")]
     batch = 8 if gpu else 4
-    results = []
-    for preset in presets:
-        for ckpt, prec, off in cells:
-            name = f"strat-{preset}-{ckpt}-{prec}-{off}"
-            r = train(out / "runs" / name, timeout, preset=preset, steps=steps, ckpt=ckpt, precision=prec,
-                      offload=off, batch=batch)
-            r.update(preset=preset, ckpt=ckpt, precision=prec, offload=off, name=name)
-            results.append(r)
-            print(f"  {name}: rc={r['rc']} steps={r.get('steps')} peak={human_bytes(r.get('measured_peak_bytes'))}"
-                  f" {r['error']}", flush=True)
-    return results
+
+    def one(preset: str, ckpt: str, prec: str, off: str) -> dict[str, Any]:
+        name = f"strat-{preset}-{ckpt}-{prec}-{off}"
+        r = train(out / "runs" / name, timeout, preset=preset, steps=steps, ckpt=ckpt, precision=prec,
+                  offload=off, batch=batch)
+        r.update(preset=preset, ckpt=ckpt, precision=prec, offload=off, name=name)
+        print(f"  {name}: rc={r['rc']} steps={r.get('steps')} peak={human_bytes(r.get('measured_peak_bytes'))}"
+              f" {r['error']}", flush=True)
+        return r
+
+    return pooled([(preset, *cell) for preset in presets for cell in cells], one, jobs)
 
 
-def cards(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, Any]]:
+def pooled(args: list[tuple[Any, ...]], fn: Any, jobs: int) -> list[dict[str, Any]]:
+    """``fn(*a)`` for each ``a``, ``jobs`` at once (each is a subprocess: memory numbers are per process; step
+    times of runs that share the GPU are not each one's alone), in the order given."""
+    if jobs <= 1:
+        return [fn(*a) for a in args]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as ex:
+        return list(ex.map(lambda a: fn(*a), args))
+
+
+def cards(out: Path, gpu: bool, steps: int, timeout: float, jobs: int = 1) -> list[dict[str, Any]]:
     """Emulate consumer cards; per card, the largest preset that trains and what it needed."""
     if not gpu:
         # CPU: the same search against a measured-bytes budget, tiny preset only
@@ -212,10 +245,10 @@ def cards(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, An
         return [r]
     mixes = [("none", "fp32", "none"), ("none", "bf16", "none"), ("block", "bf16", "none"),
              ("block", "bf16", "optimizer")]
-    results = []
-    for card in (24, 16, 8):
+
+    def card_runs(card: int) -> list[dict[str, Any]]:
+        results = []
         for preset in ("gpt2-350m", "gpt2-124m"):
-            done = False
             for ckpt, prec, off in mixes:
                 name = f"card{card}-{preset}-{ckpt}-{prec}-{off}"
                 r = train(out / "runs" / name, timeout, preset=preset, steps=steps, ckpt=ckpt, precision=prec,
@@ -225,11 +258,11 @@ def cards(out: Path, gpu: bool, steps: int, timeout: float) -> list[dict[str, An
                 print(f"  {name}: rc={r['rc']} steps={r.get('steps')} ooms={r.get('ooms', 0)} {r['error']}",
                       flush=True)
                 if r["rc"] == 0 and r.get("steps", 0) >= steps:
-                    done = True
-                    break
-            if done:
-                break
-    return results
+                    return results
+        return results
+
+    per_card = pooled([(24,), (16,), (8,)], lambda c: {"runs": card_runs(c)}, jobs)
+    return [r for c in per_card for r in c["runs"]]
 
 
 # ---- the leak rule (issue 37) --------------------------------------------------------------------------
@@ -248,7 +281,7 @@ def leak(out: Path, gpu: bool, timeout: float) -> dict[str, Any]:
                "--steps", "600" if gpu else "250", "--device", "cuda" if gpu else "cpu",
                *(["--width", "4096", "--batch", "256"] if gpu else [])]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(15.0, min(timeout, left())))
         except subprocess.TimeoutExpired:
             res[keep] = {"error": f"timed out after {timeout:.0f} s"}
             continue
@@ -283,6 +316,99 @@ def leak(out: Path, gpu: bool, timeout: float) -> dict[str, Any]:
                    ["keeps", "leak events", "source", "live growth/step", "kept/step", "ratio", "found at step",
                     "frames (snapshot diff)"])]
     (out / "leak.md").write_text("\n".join(lines) + "\n")
+    return res
+
+
+# ---- GPU sample runs, graph loops, live latency (issue 48) -------------------------------------------
+def samples(out: Path, gpu: bool, timeout: float) -> dict[str, Any]:
+    """Two small trainer runs on the GPU, for ``sample_runs/``: a healthy one (snapshots every 20 steps, device
+    telemetry at 10 Hz, activations every step) and one that dies of a real CUDA OOM under ``--memory-cap-gb``
+    (micro-batch 1, nothing to shrink: fp32 weights and gradients fit in 1.5 GB, Adam's state does not), with the
+    allocator's snapshot at the OOM."""
+    if not gpu:
+        return {"skipped": "no GPU"}
+    runs = [("gpu-healthy", dict(preset="small", steps=40, batch=16, effective_batch=16, snapshot_every=20,
+                                 device_hz=10, activations_every=1)),
+            ("gpu-oom-crash", dict(preset="gpt2-124m", steps=5, batch=1, effective_batch=1, memory_cap_gb=1.5,
+                                   snapshot_every=1000))]
+    res: dict[str, Any] = {}
+    for name, flags in runs:
+        r = train(out / "samples" / name, timeout, device="cuda", name=name, **flags)
+        print(f"  {name}: rc={r['rc']} status={r.get('status')} steps={r.get('steps')} events={r.get('events')}"
+              f" {r['error']}", flush=True)
+        res[name] = r
+    return res
+
+
+def graphs(out: Path, gpu: bool) -> str:
+    """``benchmarks/graph_growth.py`` on the GPU: the retained-graph and gradient-penalty loops, bare and under
+    ``gpudash run``, malloc's and the CUDA allocator's growth over the late half."""
+    if not gpu:
+        return "skipped (no GPU)\n"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "graph_growth.py"), "--device", "cuda", "--steps", "3000",
+           "--width", "1024", "--batch", "256"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(15.0, min(300.0, left())))
+    except subprocess.TimeoutExpired:
+        return "timed out\n"
+    return proc.stdout + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
+
+
+def live(out: Path, gpu: bool, seconds: float = 8.0) -> dict[str, Any]:
+    """The store's part of live latency: a Monitor trains on the device while a thread polls the run as the page
+    does (``RunReader.read_since`` every 50 ms); latency = when a step's row was read back minus the step's own
+    end time (``steps.time``). The browser's own poll and paint come on top (benchmarks/dashboard.py)."""
+    import threading
+
+    from gpudash.monitor import Monitor
+    from gpudash.store.reader import RunReader
+    from gpudash.testing import ToyLoop
+
+    dev = "cuda" if gpu else "cpu"
+    loop = ToyLoop([2048 if gpu else 128] * 4, activation=None, batch=64, labels=None, fixed_batch=True, device=dev,
+                   seed=None)
+    run_dir = out / "runs" / "live"
+    lat: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        reader, cursor, first = None, None, True
+        while not stop.is_set():
+            try:
+                reader = reader or RunReader(run_dir)
+                new, cursor = reader.read_since(cursor, tables=("steps",))
+                now = time.time()
+                df = new.get("steps")
+                if df is not None and len(df) and not first:
+                    lat.extend((now - df["time"]).tolist())
+                first = first and not (df is not None and len(df))
+            except Exception:  # noqa: BLE001 - not there yet
+                pass
+            time.sleep(0.05)
+        if reader is not None:
+            reader.close()
+
+    steps = 0
+    with Monitor(run_dir, device_hz=10) as mon:
+        mon.watch(loop.model, loop.opt)
+        th = threading.Thread(target=poll, daemon=True)
+        th.start()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            with loop.step(mon) as s:
+                mon.log(loss=s.loss)
+            steps += 1
+            time.sleep(0.01)
+        time.sleep(3.0)  # the last flush
+        stop.set()
+        th.join(timeout=10)
+    lat.sort()
+    res: dict[str, Any] = {"steps": steps, "rows_seen": len(lat)}
+    if lat:
+        res.update(p50_s=lat[len(lat) // 2], p95_s=lat[int(len(lat) * 0.95)], max_s=lat[-1])
+    (out / "live.md").write_text(f"# live latency, store part ({dev})\n\n" + table(
+        [[str(steps), str(len(lat)), *(f"{res[k] * 1e3:.0f}" if k in res else "-" for k in ("p50_s", "p95_s", "max_s"))]],
+        ["steps", "rows read back", "p50 ms", "p95 ms", "max ms"]))
     return res
 
 
@@ -374,12 +500,20 @@ def write_reports(out: Path, strat: list[dict[str, Any]], card: list[dict[str, A
 
 
 def main() -> int:
+    global DEADLINE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", type=Path, default=Path(os.environ.get("OUT", "device-check")))
     ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
     ap.add_argument("--run-timeout", type=float, default=0, help="seconds per trainer run (default 90 GPU, 120 CPU)")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: strategies,cards,collectors,overhead,leak")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: "
+                    "collectors,overhead,live,samples,leak,graphs,strategies,cards")
+    ap.add_argument("--jobs", type=int, default=1, help="after the timed parts, run the other parts side by side and "
+                    "this many trainer runs of a part at once (memory is per process; step times are shared)")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds: no part or run starts after this; "
+                    "runs get only what is left (0: none)")
     args = ap.parse_args()
+    if args.deadline:
+        DEADLINE = time.monotonic() + args.deadline
     gpu = cuda_available()
     steps = args.steps or (12 if gpu else 4)
     timeout = args.run_timeout or (90.0 if gpu else 120.0)
@@ -387,7 +521,7 @@ def main() -> int:
     out: Path = args.out
     (out / "runs").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    summary: dict[str, Any] = {"gpu": gpu, "steps_per_run": steps}
+    summary: dict[str, Any] = {"gpu": gpu, "steps_per_run": steps, "jobs": args.jobs}
     print(f"device_check -> {out} ({'GPU' if gpu else 'CPU: GPU-only parts skipped (no GPU)'})", flush=True)
     summary["env"] = env = probe()
     (out / "env.json").write_text(json.dumps(env, indent=1, default=str))
@@ -395,34 +529,62 @@ def main() -> int:
           f"py-spy {env['py_spy'].get('available')}", flush=True)
     if not gpu:
         summary["skipped"] = "GPU-only parts: bf16/gpt2 presets, memory caps, NVML, snapshot fixtures (no GPU)"
-    strat: list[dict[str, Any]] = []
-    card: list[dict[str, Any]] = []
+    parts: dict[str, list[dict[str, Any]]] = {"strategies": [], "cards": []}
+    import threading
+
+    lock = threading.Lock()
 
     def save(part: str) -> None:
         # after every part: a GPU slot that runs out still leaves everything done so far
-        summary.update(strategies=strat, cards=card, wall_s=time.time() - t0)
-        write_reports(out, strat, card)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        with lock:
+            summary.update(strategies=parts["strategies"], cards=parts["cards"], wall_s=time.time() - t0)
+            write_reports(out, parts["strategies"], parts["cards"])
+            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         print(f"[{time.time() - t0:5.0f}s] {part} done; saved {out}/summary.json", flush=True)
 
-    # most valuable first: the CPU test fixtures, then costs, then the matrices
-    if "collectors" not in skip:
+    def part(name: str, fn: Any) -> None:
+        if name in skip:
+            return
+        if left() < 20:
+            summary.setdefault("skipped_parts", []).append(name)
+            save(f"{name} skipped (deadline)")
+            return
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - one part's failure leaves the others
+            summary.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+        save(name)
+
+    def collectors_part() -> None:
         (out / "collectors.txt").write_text(collectors(out, gpu))
-        save("collectors")
-    if "overhead" not in skip:
+
+    def overhead_part() -> None:
         summary["overhead"] = overhead(out, gpu, 50 if gpu else 20)
         with open(out / "collectors.txt", "a") as f:
             f.write(f"\nMonitor (all collectors) vs bare: {json.dumps(summary['overhead'])}\n")
-        save("overhead")
-    if "leak" not in skip:
-        summary["leak"] = leak(out, gpu, 180.0)
-        save("leak")
-    if "strategies" not in skip:
-        strat = strategies(out, gpu, steps, timeout)
-        save("strategies")
-    if "cards" not in skip:
-        card = cards(out, gpu, steps, timeout)
-        save("cards")
+
+    def graphs_part() -> None:
+        (out / "graphs.md").write_text(graphs(out, gpu))
+
+    # most valuable first: the CPU test fixtures, then costs (alone on the machine: they are timings), then the
+    # memory matrices, side by side with --jobs
+    part("collectors", collectors_part)
+    part("overhead", overhead_part)
+    part("live", lambda: summary.__setitem__("live", live(out, gpu)))
+    rest = [("samples", lambda: summary.__setitem__("samples", samples(out, gpu, timeout))),
+            ("leak", lambda: summary.__setitem__("leak", leak(out, gpu, 180.0))),
+            ("graphs", graphs_part),
+            ("strategies", lambda: parts.__setitem__("strategies", strategies(out, gpu, steps, timeout, args.jobs))),
+            ("cards", lambda: parts.__setitem__("cards", cards(out, gpu, steps, timeout, args.jobs)))]
+    if args.jobs <= 1:
+        for name, fn in rest:
+            part(name, fn)
+    else:
+        threads = [threading.Thread(target=part, args=r) for r in rest]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
     return 0
 
 

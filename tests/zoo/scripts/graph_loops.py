@@ -77,17 +77,19 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--backend", default="aot_eager")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: on cuda the allocator's bytes are read too")
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = Net(args.mode, args.width)
+    dev = torch.device(args.device)
+    model = Net(args.mode, args.width).to(dev)
     run = torch.compile(model, backend=args.backend) if args.mode == "compile" else model
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     used = malloc_used()
-    late = []
+    late, late_cuda = [], []
     for step in range(args.steps):
-        x = torch.randn(args.batch, 32, generator=g)
-        y = torch.randn(args.batch, 1, generator=g)
+        x = torch.randn(args.batch, 32, generator=g).to(dev)
+        y = torch.randn(args.batch, 1, generator=g).to(dev)
         opt.zero_grad()
         if args.mode == "retain":
             loss = F.mse_loss(run(x), y)
@@ -104,7 +106,7 @@ def main():
             loss = fit + 1e-3 * sum(gr.pow(2).sum() for gr in grads)
             loss.backward()
         elif args.mode == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
                 loss = F.mse_loss(run(x).float(), y)
             loss.backward()
         else:
@@ -114,7 +116,11 @@ def main():
         print(f"step {step} loss {loss.item()!r}")
         if step >= args.steps // 2:
             late.append(used())
+            if dev.type == "cuda":
+                late_cuda.append(torch.cuda.memory_allocated(dev))
     print(f"malloc growth late half B/step {slope(late):.1f}", flush=True)
+    if dev.type == "cuda":
+        print(f"cuda growth late half B/step {slope(late_cuda):.1f}", flush=True)
 
 
 if __name__ == "__main__":
