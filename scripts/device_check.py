@@ -44,8 +44,11 @@ import gpudash  # noqa: E402
 from gpudash.units import human_bytes  # noqa: E402
 
 GB = 1024**3
+CATEGORIES = ("params", "grads", "optimizer", "activations")
 #: time.monotonic() after which no part or run starts (--deadline); runs get only what is left
 DEADLINE = float("inf")
+#: the trainer runs share the GPU with other parts' runs (--jobs > 1): their step times and energy are not theirs
+SHARED = False
 
 
 def left() -> float:
@@ -148,7 +151,7 @@ def train(run_dir: Path, timeout: float, **flags: Any) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         rc, err = -9, [f"timed out after {timeout:.0f} s"]
     res: dict[str, Any] = {"flags": flags, "rc": rc, "error": " ".join(err) if rc else "", "wall_s": time.time() - t0,
-                           "run_dir": str(run_dir)}
+                           "run_dir": str(run_dir), "shared_gpu": SHARED}
     try:
         run = gpudash.load_run(run_dir)
     except gpudash.RunError as exc:
@@ -171,16 +174,20 @@ def measure(run: Any) -> dict[str, Any]:
             if col in s:
                 out["micro_batch_max"] = float(s[col].max())
                 break
-    for col in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"):
-        if col in m and m[col].notna().any():
-            out[col] = float(m[col].max())
-    for col in ("allocated_peak_bytes", "allocated_bytes"):
-        if col in m and m[col].notna().any():
-            out["measured_peak_bytes"] = float(m[col].max())
-            out["peak_source"] = col
-            break
+    # the categories' peaks and the measured peak as every surface reads them (one fact, one place): the
+    # gradients' own peak is their full size (grads_total_bytes), not what the peak moment held
+    from gpudash.analysis.facts import run_facts
+
+    peaks = run_facts(run).peak_bytes
+    for cat in CATEGORIES:
+        if peaks.get(cat) is not None:
+            out[f"{cat}_bytes"] = float(peaks[cat])  # type: ignore[arg-type]
+    if peaks.get("measured") is not None:
+        out["measured_peak_bytes"] = float(peaks["measured"])  # type: ignore[arg-type]
+        out["peak_source"] = next((c for c in ("allocated_peak_bytes", "peak_bytes", "allocated_bytes")
+                                   if c in m and m[c].notna().any()), "measured")
     else:
-        cats = [c for c in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes") if c in out]
+        cats = [f"{c}_bytes" for c in CATEGORIES if f"{c}_bytes" in out]
         if cats:
             out["measured_peak_bytes"] = sum(out[c] for c in cats)
             out["peak_source"] = "sum of categories (no allocator on CPU)"
@@ -197,8 +204,20 @@ def measure(run: Any) -> dict[str, Any]:
     est = run.meta.get("estimate") or {}
     if isinstance(est, dict) and est.get("peak_bytes"):
         out["predicted_peak_bytes"] = float(est["peak_bytes"])
+        for cat in CATEGORIES:
+            if est.get(f"{cat}_bytes") is not None:
+                out[f"predicted_{cat}_bytes"] = float(est[f"{cat}_bytes"])
         if out.get("measured_peak_bytes"):
             out["estimator_error_pct"] = 100 * (out["predicted_peak_bytes"] / out["measured_peak_bytes"] - 1)
+    # the prediction the trainer made for each step's own micro-batch against that step's measured peak (the run
+    # meta's estimate is for the first micro-batch; the adaptive batch moves it). The first step is left out:
+    # it holds no optimizer state yet
+    meas = next((c for c in ("allocated_peak_bytes", "peak_bytes") if c in m and m[c].notna().any()), None)
+    if meas and "predicted_peak_bytes" in m:
+        both = m[m["step"] > m["step"].min()][[meas, "predicted_peak_bytes"]].dropna()
+        both = both[both[meas] > 0]
+        if len(both):
+            out["estimator_step_error_pct"] = float(((both["predicted_peak_bytes"] / both[meas] - 1) * 100).median())
     if len(ev):
         kinds = ev["kind"].value_counts().to_dict()
         out["events"] = {str(k): int(v) for k, v in kinds.items()}
@@ -483,15 +502,22 @@ def write_reports(out: Path, strat: list[dict[str, Any]], card: list[dict[str, A
         rows.append([r["preset"], r["ckpt"], r["precision"], r["offload"], human_bytes(r.get("params_bytes")),
                      human_bytes(r.get("grads_bytes")), human_bytes(r.get("optimizer_bytes")),
                      human_bytes(r.get("activations_bytes")), human_bytes(r.get("measured_peak_bytes")), mem,
-                     f"{r['step_s'] * 1e3:.1f}" if r.get("step_s") else r["error"] or "-", rel])
+                     (f"{r['step_s'] * 1e3:.1f}" + (" (shared GPU)" if r.get("shared_gpu") else ""))
+                     if r.get("step_s") else r["error"] or "-", rel])
     (out / "strategies.md").write_text(table(rows, [
         "preset", "ckpt", "precision", "offload", "params", "grads", "optimizer", "activations", "peak",
         "peak vs fp32", "step ms", "step vs fp32"]))
-    est = [[r["name"], human_bytes(r.get("predicted_peak_bytes")), human_bytes(r.get("measured_peak_bytes")),
-            r.get("peak_source", "-"),
-            f"{r['estimator_error_pct']:+.1f} %" if r.get("estimator_error_pct") is not None else "-"]
+    def pair(r: dict[str, Any], key: str) -> str:
+        return f"{human_bytes(r.get('predicted_' + key))} / {human_bytes(r.get(key))}"
+
+    est = [[r["name"], *(pair(r, f"{c}_bytes") for c in CATEGORIES), pair(r, "peak_bytes").split(" / ")[0] + " / "
+            + human_bytes(r.get("measured_peak_bytes")), r.get("peak_source", "-"),
+            f"{r['estimator_error_pct']:+.1f} %" if r.get("estimator_error_pct") is not None else "-",
+            f"{r['estimator_step_error_pct']:+.1f} %" if r.get("estimator_step_error_pct") is not None else "-"]
            for r in strat + card]
-    (out / "estimator.md").write_text(table(est, ["run", "predicted peak", "measured peak", "measured by", "error"]))
+    (out / "estimator.md").write_text(table(est, ["run", *(f"{c} predicted / measured" for c in CATEGORIES),
+                                                  "peak predicted / measured", "measured by", "peak error",
+                                                  "per-step error (median, steps after the first)"]))
     crow = [[f"{r['card_gb']} GB", r["preset"], r["technique"], "yes" if r["rc"] == 0 else f"no ({r['error']})",
              f"{r.get('micro_batch_max', 0):.0f}", str(r.get("ooms", 0)),
              f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"] for r in card]
@@ -499,8 +525,35 @@ def write_reports(out: Path, strat: list[dict[str, Any]], card: list[dict[str, A
                                                "largest micro-batch", "OOMs recovered", "tokens/s"]))
 
 
+def remeasure(out: Path, more: list[Path]) -> int:
+    """Rebuild the reports of a pack brought back from the device (``OUT/summary.json`` and ``OUT/runs``) with
+    this checkout's analysis; a run of the same name under ``MORE/runs`` (recorded one at a time, alone on the
+    GPU) replaces the pack's."""
+    summary = json.loads((out / "summary.json").read_text())
+    for part in ("strategies", "cards"):
+        for r in summary.get(part) or []:
+            alone = next((d / "runs" / r["name"] for d in more if (d / "runs" / r["name"]).is_dir()), None)
+            run_dir = alone or out / "runs" / r["name"]
+            if not run_dir.is_dir():
+                continue
+            try:
+                run = gpudash.load_run(run_dir)
+            except gpudash.RunError as exc:
+                r["error"] = str(exc)
+                continue
+            got = measure(run)
+            run.close()
+            if alone is not None:
+                r.update(rc=0 if got.get("status") == "finished" else 1, error="", shared_gpu=False)
+            r.update(got, run_dir=str(run_dir))
+    write_reports(out, summary.get("strategies") or [], summary.get("cards") or [])
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"rebuilt the reports in {out}")
+    return 0
+
+
 def main() -> int:
-    global DEADLINE
+    global DEADLINE, SHARED
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", type=Path, default=Path(os.environ.get("OUT", "device-check")))
     ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
@@ -511,7 +564,12 @@ def main() -> int:
                     "this many trainer runs of a part at once (memory is per process; step times are shared)")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: no part or run starts after this; "
                     "runs get only what is left (0: none)")
+    ap.add_argument("--remeasure", action="store_true", help="run nothing: rebuild OUT's reports from its runs")
+    ap.add_argument("--runs-from", type=Path, action="append", default=[], help="with --remeasure: runs of the "
+                    "same name under DIR/runs (recorded alone on the GPU) replace the pack's")
     args = ap.parse_args()
+    if args.remeasure:
+        return remeasure(args.out, args.runs_from)
     if args.deadline:
         DEADLINE = time.monotonic() + args.deadline
     gpu = cuda_available()
@@ -576,6 +634,7 @@ def main() -> int:
             ("graphs", graphs_part),
             ("strategies", lambda: parts.__setitem__("strategies", strategies(out, gpu, steps, timeout, args.jobs))),
             ("cards", lambda: parts.__setitem__("cards", cards(out, gpu, steps, timeout, args.jobs)))]
+    SHARED = args.jobs > 1
     if args.jobs <= 1:
         for name, fn in rest:
             part(name, fn)
