@@ -37,6 +37,9 @@ class Sample:
     expect_status: str = "finished"
     expect_kinds: tuple[str, ...] = ()
     """Verdict kinds ``gpudash.analysis.summarize`` must return for this run."""
+    device: str = "cpu"
+    """``cuda``: recorded on a real GPU by the device pack (``scripts/device_check.py``, its ``samples`` part, the
+    same flags as ``config``), copied here and compacted; this script does not re-record it."""
 
 
 _STRATEGY = {"steps": 40, "batch": 8, "effective_batch": 8}
@@ -61,6 +64,14 @@ SAMPLES: dict[str, Sample] = {s.name: s for s in [
            expect_kinds=("compute-bound",)),
     Sample("strategy-offload", "strategy set: optimizer state offloaded (on CPU this measures only the copies)",
            {**_STRATEGY, "offload": "optimizer"}),
+    Sample("gpu-healthy", "NVIDIA H200: small preset, fp32, micro-batch 16, activations every step, snapshots every "
+           "20 steps, NVML/GPM at 10 Hz (other pack runs shared the GPU)",
+           {"preset": "small", "steps": 40, "batch": 16, "effective_batch": 16}, expect_kinds=("compute-bound",),
+           device="cuda"),
+    Sample("gpu-oom-crash", "NVIDIA H200 under --memory-cap-gb 1.5: gpt2-124m at micro-batch 1 dies of a real CUDA "
+           "OOM in its first step, with the allocator's snapshot at the OOM",
+           {"preset": "gpt2-124m", "steps": 5, "batch": 1, "effective_batch": 1, "memory_cap_gb": 1.5},
+           expect_status="crashed", expect_kinds=("oom:did not fit",), device="cuda"),
 ]}
 
 
@@ -71,6 +82,8 @@ def record(run_dir: str | Path, sample: Sample) -> Path:
     from gpudash.options import MonitorOptions
     from gpudash.trainer import TrainConfig, train
 
+    if sample.device != "cpu":
+        raise SystemExit(f"{sample.name} is recorded on a GPU by scripts/device_check.py (its samples part)")
     run_dir = Path(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -108,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", nargs="?", type=Path, default=Path("sample_runs"))
     p.add_argument("--only", nargs="*", help="sample names (default: all)")
     args = p.parse_args(argv)
-    names = args.only or list(SAMPLES)
+    names = args.only or [n for n, s in SAMPLES.items() if s.device == "cpu"]  # the GPU ones stay as recorded
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         t0 = time.time()

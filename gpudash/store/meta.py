@@ -20,13 +20,27 @@ from gpudash.store.bounded import UnsafeFile, damage, read_regular
 from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE
 
-__all__ = ["META_KEYS", "RUN_JSON_BYTES", "clean_meta", "parse_run_json", "read_run_json", "write_run_meta"]
+__all__ = ["META_KEYS", "RUN_JSON_BYTES", "TEXT_FACT_CHARS", "clean_meta", "fit_text", "fit_text_facts", "parse_run_json",
+           "read_run_json", "write_run_meta"]
 
 _MAX_INT = 2**63 - 1
 #: run.json larger than this is not read (gpudash writes a few kB).
 RUN_JSON_BYTES = 8 << 20
 #: Characters kept of a text fact (a run name, a host, an end reason): enough for any real one.
 TEXT_FACT_CHARS = 1000
+_CUT = " … "
+
+
+def fit_text(text: str, limit: int = TEXT_FACT_CHARS) -> str:
+    """``text`` within ``limit`` characters: a longer one keeps its start and its end with " … " between (an
+    error's cause often comes last: torch's OOM message lists every process on the GPU before what this one
+    holds)."""
+    if len(text) <= limit:
+        return text
+    head = (limit - len(_CUT)) * 3 // 5
+    return text[:head] + _CUT + text[len(text) - (limit - len(_CUT) - head):]
+
+
 #: Timestamps after this (year 5138) are not times gpudash wrote; ``time.localtime`` chokes on them.
 _MAX_TIME = 1e11
 
@@ -132,6 +146,17 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def fit_text_facts(items: dict[str, Any]) -> dict[str, Any]:
+    """``items`` with each text fact (a known text key, an ``unavailable_*`` note) within :data:`TEXT_FACT_CHARS`,
+    as the writer stores them: what gpudash writes, its reader takes without a problem."""
+    out = dict(items)
+    for key, value in items.items():
+        if isinstance(value, str) and len(value) > TEXT_FACT_CHARS and (
+                META_KEYS.get(key) is _text or key.startswith("unavailable_")):
+            out[key] = fit_text(value)
+    return out
+
+
 def clean_meta(meta: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
     """A copy of ``meta`` whose known keys hold their declared types; each dropped
     value is named in ``problems`` as ``WHERE: KEY is VALUE (expected ...); ignored``."""
@@ -153,7 +178,7 @@ def clean_meta(meta: dict[str, Any], where: str, problems: list[str]) -> dict[st
             msg = f"{where}: {key} is {len(clean):,} characters long; trimmed to {TEXT_FACT_CHARS:,}"
             if msg not in problems:
                 problems.append(msg)
-            clean = clean[:TEXT_FACT_CHARS] + "…"
+            clean = fit_text(clean)
         out[key] = clean
     # a run recorded before secrets were redacted on write (or by another tool) shows none either
     return redact_meta(out)

@@ -43,6 +43,7 @@ from gpudash.errors import RunError
 from gpudash.store.attempts import VOLATILE_META, carried_meta, last_step, previous, racing
 from gpudash.store.failures import is_transient
 from gpudash.store.lending import LEND_ROWS, Lender
+from gpudash.store.meta import fit_text_facts
 from gpudash.store.publish import SegmentPublisher
 from gpudash.store.rankfile import log_heartbeat, wal_path
 from gpudash.store.redact import redact_meta
@@ -243,7 +244,9 @@ class Recorder:
 
     def put_meta(self, **items: Any) -> None:
         """Queue run-level facts; kept apart from the bounded record buffer so they are never dropped."""
-        items = redact_meta(items)  # nothing that looks like a credential is recorded (gpudash.store.redact)
+        # nothing that looks like a credential is recorded (gpudash.store.redact); text facts fit what the reader
+        # takes (a torch OOM message on a busy GPU runs past 1,000 characters)
+        items = fit_text_facts(redact_meta(items))
         tap = self.tap
         if tap is not None:
             tap("meta", items)

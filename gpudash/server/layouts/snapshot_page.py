@@ -27,8 +27,11 @@ __all__ = ["is_snapshot_only", "pick_pair", "snapshot_page", "snapshot_parts"]
 
 
 def is_snapshot_only(view: RunView, maps: list[Any]) -> bool:
-    """A finished run with snapshots and no steps or memory records (an imported snapshot)."""
-    return bool(maps) and view.status != "live" and not len(view.frame("steps")) and not len(view.frame("memory"))
+    """A finished run with snapshots and no steps, memory records or events (an imported snapshot). A training
+    run that died before its first step (a CUDA OOM in step 0, recorded on an H200) has its events (the OOM, the
+    pre-flight) and gets the run page: the cause of death beside the snapshot taken at it."""
+    return (bool(maps) and view.status != "live" and not len(view.frame("steps")) and not len(view.frame("memory"))
+            and not len(view.frame("events")))
 
 
 def pick_pair(maps: list[Any], pick: Any, diff_pick: Any) -> tuple[Any | None, Any | None]:
