@@ -38,7 +38,10 @@ from gpudash.store.snapshot import (
 )
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-SNAPSHOTS = [FIXTURES / "snapshot_synthetic.pickle", FIXTURES / "snapshot_synthetic_torch21.pickle"]
+#: the synthetic ones, and a real one taken on an NVIDIA H200 (torch 2.11, allocation history on: 3,000 entries) by
+#: the device pack (benchmarks/collectors.py --fixtures)
+SNAPSHOTS = [FIXTURES / "snapshot_synthetic.pickle", FIXTURES / "snapshot_synthetic_torch21.pickle",
+             FIXTURES / "snapshot_h200.pickle"]
 
 
 def plain(path: Path) -> dict[str, Any]:
