@@ -51,8 +51,17 @@ class TorchAllocatorSource:
 
     def __init__(self, torch: Any) -> None:
         self._cuda = torch.cuda
+        self._nested = getattr(torch.cuda, "memory_stats_as_nested_dict", None)
 
     def memory_stats(self) -> dict[str, Any]:
+        """The stats the memory row reads, by their flat names. From the nested dict torch's C++ builds:
+        ``memory_stats()`` flattens and sorts every one of its ~100 keys in Python first (84 µs a call on the
+        H200 machine, on the training thread once a step)."""
+        if self._nested is not None:
+            try:
+                return flat_stats(self._nested())
+            except Exception:  # noqa: BLE001 - another torch's layout: the flat call below
+                self._nested = None
         return dict(self._cuda.memory_stats())
 
     def reset_peaks(self) -> None:
@@ -77,6 +86,19 @@ _CURRENT = {
     "cuda_mallocs": "num_device_alloc",
     "cuda_frees": "num_device_free",
 }
+
+
+def flat_stats(nested: dict[str, Any]) -> dict[str, Any]:
+    """The flat ``memory_stats()`` keys :func:`allocator_row` reads, from ``memory_stats_as_nested_dict()``
+    (``"allocated_bytes.all.current"`` is ``nested["allocated_bytes"]["all"]["current"]``)."""
+    out: dict[str, Any] = {}
+    for key in _CURRENT.values():
+        v: Any = nested
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        if v is not None:
+            out[key] = v
+    return out
 
 
 def allocator_row(stats: dict[str, Any]) -> dict[str, Any]:

@@ -105,3 +105,57 @@ def test_uninitialised_cuda_reads_nothing(tmp_path: Path) -> None:
         with m.step():
             pass
     assert src.infos == 0 and src.resets == 0  # mem_get_info would create a CUDA context
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``torch.cuda.memory_stats_as_nested_dict()``'s shape of a flat stats dict (torch joins the levels with a
+    dot to flatten them)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+class _Cuda:
+    def __init__(self, nested: Any = None) -> None:
+        self.flat_reads = 0
+        if nested is not None:
+            self.memory_stats_as_nested_dict = nested
+
+    def memory_stats(self) -> dict[str, Any]:
+        self.flat_reads += 1
+        return stats(2)
+
+
+def test_the_row_is_read_from_the_nested_stats_without_flattening_them() -> None:
+    from types import SimpleNamespace
+
+    from gpudash.collectors.allocator import TorchAllocatorSource
+
+    cuda = _Cuda(lambda: nest(stats(2)))
+    src = TorchAllocatorSource(SimpleNamespace(cuda=cuda))
+    assert allocator_row(src.memory_stats()) == allocator_row(stats(2))
+    assert cuda.flat_reads == 0  # memory_stats() flattens and sorts every key in Python: never called
+    assert TorchAllocatorSource(SimpleNamespace(cuda=_Cuda(lambda: {}))).memory_stats() == {}  # CUDA not started
+
+
+def test_a_torch_without_the_nested_stats_or_with_another_layout_falls_back() -> None:
+    from types import SimpleNamespace
+
+    from gpudash.collectors.allocator import TorchAllocatorSource
+
+    old = _Cuda()  # no memory_stats_as_nested_dict
+    assert allocator_row(TorchAllocatorSource(SimpleNamespace(cuda=old)).memory_stats()) == allocator_row(stats(2))
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("another layout")
+
+    cuda = _Cuda(broken)
+    src = TorchAllocatorSource(SimpleNamespace(cuda=cuda))
+    assert allocator_row(src.memory_stats()) == allocator_row(stats(2))
+    src.memory_stats()
+    assert cuda.flat_reads == 2  # the nested read is not tried again after it failed
