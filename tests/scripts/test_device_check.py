@@ -38,3 +38,17 @@ def test_device_check_runs_on_cpu(tmp_path: Path) -> None:
     for name in ("strategies.md", "cards.md", "estimator.md", "collectors.txt", "leak.md"):
         assert (out / name).read_text().strip()
     assert summary["overhead"]["ratio"] > 0
+    # the parts added for a short lease (issue 48): live latency of the store, GPU-only parts said skipped
+    live = summary["live"]
+    assert live["rows_seen"] > 0 and live["p50_s"] < 30
+    assert (out / "live.md").read_text().count("|") > 4
+    assert summary["samples"] == {"skipped": "no GPU"} and "skipped (no GPU)" in (out / "graphs.md").read_text()
+    assert all(c["shared_gpu"] is False for c in cells)  # one run at a time: each step time its own
+    # a fetched pack's reports rebuilt from its runs with this checkout's analysis
+    (out / "estimator.md").unlink()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "device_check.py"), str(out), "--remeasure"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    est = (out / "estimator.md").read_text()
+    assert "grads predicted / measured" in est and "per-step error" in est
+    assert json.loads((out / "summary.json").read_text())["strategies"][0]["grads_bytes"] > 0
