@@ -241,12 +241,14 @@ def record_fixtures(out: Path, seconds: float) -> None:
     stop = threading.Event()
 
     def train() -> None:
-        loop = ToyLoop([1024] * 9, activation=None, batch=256, labels=None, device="cuda")
+        # busy enough to show on NVML (the first H200 recording, with a 1,024-wide loop and a fresh pinned
+        # 64 MiB tensor drawn on the CPU every step, saw the GPU at most 4 % busy)
+        loop = ToyLoop([4096] * 9, activation=None, batch=1024, labels=None, device="cuda")
+        host = torch.randn(64 << 20 >> 2).pin_memory()  # made once: the copy is the PCIe traffic, not the CPU RNG
         torch.cuda.memory._record_memory_history(max_entries=3000, stacks="python")
         step = 0
         while not stop.is_set():
             loop.bare_step()
-            host = torch.randn(64 << 20 >> 2, pin_memory=True)
             host.to("cuda", non_blocking=True)  # PCIe traffic for the recording
             step += 1
             if step == 20:

@@ -49,6 +49,8 @@ CATEGORIES = ("params", "grads", "optimizer", "activations")
 DEADLINE = float("inf")
 #: the trainer runs share the GPU with other parts' runs (--jobs > 1): their step times and energy are not theirs
 SHARED = False
+#: trainer runs of one part at once and parts side by side (--jobs)
+JOBS = 1
 
 
 def left() -> float:
@@ -172,8 +174,11 @@ def train(run_dir: Path, timeout: float, **flags: Any) -> dict[str, Any]:
     timeout = min(timeout, left())
     if timeout < 15:
         return {"flags": flags, "rc": None, "error": "skipped (deadline)", "wall_s": 0.0, "run_dir": str(run_dir)}
+    env = dict(os.environ)
+    if SHARED:  # runs side by side: each its share of the cores (16 CPU Adam threads each timed out at 90 s)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (2 * JOBS))))  # two parts run trainers
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         rc, err = proc.returncode, proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else []
     except subprocess.TimeoutExpired:
         rc, err = -9, [f"timed out after {timeout:.0f} s"]
@@ -580,7 +585,7 @@ def remeasure(out: Path, more: list[Path]) -> int:
 
 
 def main() -> int:
-    global DEADLINE, SHARED
+    global DEADLINE, SHARED, JOBS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", type=Path, default=Path(os.environ.get("OUT", "device-check")))
     ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
@@ -661,7 +666,7 @@ def main() -> int:
             ("graphs", graphs_part),
             ("strategies", lambda: parts.__setitem__("strategies", strategies(out, gpu, steps, timeout, args.jobs))),
             ("cards", lambda: parts.__setitem__("cards", cards(out, gpu, steps, timeout, args.jobs)))]
-    SHARED = args.jobs > 1
+    SHARED, JOBS = args.jobs > 1, max(1, args.jobs)
     if args.jobs <= 1:
         for name, fn in rest:
             part(name, fn)
