@@ -2,7 +2,9 @@
 1 MiB a step, logged as the allocator collector would) is recorded once as a ``leak`` event while the loop runs,
 with the frames the snapshot diff names between the snapshot it asked for after the warm-up and the one it asked
 for when it found the leak. ``take_snapshot`` stands in for ``torch.cuda.memory._snapshot`` (no GPU here): each
-call returns the synthetic fixture plus one live block per step so far, allocated from ``keep.py:7``."""
+call returns the synthetic fixture plus one live block per step so far, allocated from ``keep.py:7`` through
+gpudash's own wrapper of the model's call (as under ``gpudash run``): the frame named is the user's, and the
+snapshots the watch asked for are stored as the leak watch's, not as a user's request."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gpudash
 from gpudash import load_run
 from gpudash.analysis.facts import run_facts
 from gpudash.analysis.leak import LEAK_EVENT, leak_text, recorded_leaks
@@ -21,6 +24,7 @@ from gpudash.monitor import Monitor
 FIXTURE = Path(__file__).parent / "fixtures" / "snapshot_synthetic.pickle"
 MiB = 2**20
 BASE = 2 * 2**30
+AGENT = str(Path(gpudash.__file__).resolve().parent / "zerocode" / "agent.py")
 
 
 def _snapshots(monitor: list[Monitor]) -> Any:
@@ -30,7 +34,8 @@ def _snapshots(monitor: list[Monitor]) -> Any:
     def take() -> dict[str, Any]:
         snap = copy.deepcopy(base)
         n = monitor[0].step_index
-        frames = [{"filename": "/home/me/keep.py", "line": 7, "name": "main"}]
+        frames = [{"filename": AGENT, "line": 132, "name": "__call__"},
+                  {"filename": "/home/me/keep.py", "line": 7, "name": "main"}]
         addr = 1 << 44
         snap["segments"].append({
             "device": 0, "address": addr, "total_size": max(n, 1) * MiB, "stream": 0, "segment_type": "large",
@@ -63,11 +68,13 @@ def test_a_growing_allocation_is_named_with_its_frames_while_the_loop_runs(tmp_p
         assert len(events) == 1
         live = recorded_leaks(run)[0]
         assert live.source == "allocated_bytes" and abs(live.per_step_bytes - MiB) < 0.01 * MiB
-        assert live.frames and "keep.py" in live.frames[0].stack, live.frames
+        assert live.frames and live.frames[0].stack.startswith("/home/me/keep.py:7 main"), live.frames
+        assert not any("zerocode" in f.stack for f in live.frames)  # gpudash's own frame is never named
         top = live.frames[0]
         assert top.delta_bytes > 0 and top.before_step is not None and top.after_step is not None
         assert top.before_step < top.after_step
         assert len(run.snapshots) <= 4  # bounded
+        assert {mm.reason for mm in run.snapshots} == {"leak watch"}  # nobody pressed the dashboard's button
         facts = run_facts(run)
         assert facts.leak is not None and facts.leak.frames == live.frames  # the fact carries the live frames
         assert facts.leak.full_at_step is not None and facts.leak.full_at_step > steps

@@ -3,7 +3,9 @@
 The facts every surface shows about snapshots (the run page's diff view and largest-allocations table,
 ``gpudash diff-snapshots``, its ``--json``) are derived here once. Live allocations are the
 ``active_allocated`` blocks of each map, grouped by their stack (the few user frames that allocated them,
-:data:`gpudash.store.snapshot_read.STACK_DEPTH` deep, innermost first); a block allocated from C++ (no
+:data:`gpudash.store.snapshot_read.STACK_DEPTH` deep, innermost first, chosen when the snapshot was stored by
+:func:`gpudash.store.snapshot_read.top_frames`: gpudash's own frames on top, such as ``gpudash run``'s wrapper
+of the model's call, are not among them, so the named frame is the user's); a block allocated from C++ (no
 Python frames) is grouped under :data:`NO_FRAMES`.
 """
 

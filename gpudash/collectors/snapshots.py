@@ -3,8 +3,11 @@
 * every ``snapshot_every`` steps (0, the default: never on a schedule), at the
   end of the step;
 * on demand: when ``RUN_DIR/snapshot.request`` appears (the dashboard writes
-  it), at the end of the next step. A background thread stats the file about
-  once a second, so the training thread does no I/O;
+  it), at the end of the next step, stored with reason ``"requested"``. A
+  background thread stats the file about once a second, so the training thread
+  does no I/O. gpudash's own requests (:meth:`SnapshotCollector.request` with a
+  ``reason``: the leak watch's ``"leak watch"``) are stored with theirs, so a
+  snapshot nobody asked for is not shown as one a user requested;
 * at OOM: the allocator's OOM observer fires before ``OutOfMemoryError`` is
   raised; the collector stores a snapshot of memory at that moment and hands
   the allocator's numbers to :func:`gpudash.collectors.oom.note_observed_oom`:
@@ -79,7 +82,8 @@ class SnapshotCollector:
         self.dropped = 0
         self._monitor: Recording | None = None
         self._torch: Any = None
-        self._requested = threading.Event()
+        self._reasons: list[str] = []  # why the snapshot at the end of this step was asked for (guarded)
+        self._reasons_lock = threading.Lock()
         self._stop = threading.Event()
         self._queue: queue.Queue[tuple[dict[str, Any], float, int, str] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
@@ -183,18 +187,27 @@ class SnapshotCollector:
         return self._take is not None
 
     # ---- training thread ----------------------------------------------------------------
-    def request(self) -> None:
-        """Take a snapshot at the end of the current step (from any thread)."""
-        self._requested.set()
+    def request(self, reason: str = "requested") -> None:
+        """Take a snapshot at the end of the current step (from any thread), stored with ``reason``:
+        ``"requested"`` for a user's request (the dashboard's file), the asker's name for gpudash's own (the
+        leak watch's ``"leak watch"``). Requests that meet at one step share its snapshot and their reasons."""
+        with self._reasons_lock:
+            if reason not in self._reasons:
+                self._reasons.append(reason)
+
+    def _take_reasons(self) -> str:
+        """The reasons asked for since the last snapshot (``""`` when none), cleared."""
+        if not self._reasons:  # the usual step: no lock taken
+            return ""
+        with self._reasons_lock:
+            reasons, self._reasons = self._reasons, []
+        return ", ".join(reasons)
 
     def on_step_end(self, step: int, row: dict[str, Any]) -> None:
         if row.get("failed"):
             return
-        reason = ""
-        if self._requested.is_set():
-            self._requested.clear()
-            reason = "requested"
-        elif self.every and step % self.every == 0 and step > 0:
+        reason = self._take_reasons()
+        if not reason and self.every and step % self.every == 0 and step > 0:
             reason = f"every {self.every} steps"
         if not reason:
             return
@@ -271,7 +284,7 @@ class SnapshotCollector:
         if mtime <= self._served_mtime:
             return
         self._served_mtime = mtime
-        self._requested.set()
+        self.request("requested")
         if monitor.world_size <= 1:  # with several ranks each serves it once (by mtime) and it stays
             try:
                 os.unlink(path)

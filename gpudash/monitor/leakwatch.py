@@ -15,7 +15,8 @@ watch (said once), never the run.
 On GPU the cause is looked for in the allocator: once the run is past its warm-up the watch asks the
 snapshot collector for one snapshot (the "before"), and when a leak is first suspected for another; the
 event then carries the stacks whose live bytes grew between the two (the snapshot diff, read from the
-run's snapshots). At most :data:`MAX_SNAPSHOTS` snapshots are asked for in a run, and a leak waits at most
+run's snapshots), stored with reason :data:`SNAPSHOT_REASON` (``"requested"`` is a user's request from the
+dashboard). At most :data:`MAX_SNAPSHOTS` snapshots are asked for in a run, and a leak waits at most
 :data:`SNAPSHOT_WAIT_LOOKS` looks for its snapshot before it is recorded without frames.
 """
 
@@ -31,12 +32,14 @@ import numpy as np
 from gpudash.analysis.leak_rule import LEAK_EVENT, WARMUP_STEPS, Columns, Leak, LeakFrame, judge, leak_text
 from gpudash.monitor.leakwindow import KEEP_ROWS, LeakWindow
 
-__all__ = ["KEEP_ROWS", "LOOK_STEPS", "MAX_EPISODES", "MAX_SNAPSHOTS", "MIN_LOOK_S", "LeakWatch"]
+__all__ = ["KEEP_ROWS", "LOOK_STEPS", "MAX_EPISODES", "MAX_SNAPSHOTS", "MIN_LOOK_S", "SNAPSHOT_REASON", "LeakWatch"]
 
 MAX_EPISODES = 10
 """Leak events one run records at most."""
 MAX_SNAPSHOTS = 4
 """Snapshots the watch asks for in one run at most (a "before" and one per suspected leak)."""
+SNAPSHOT_REASON = "leak watch"
+"""The reason the snapshots the watch asks for (its "before" and "after") are stored with."""
 SNAPSHOT_WAIT_LOOKS = 3
 """Looks a found leak waits for its snapshot before it is recorded without frames."""
 QUIET_LOOKS = 3
@@ -142,7 +145,7 @@ class LeakWatch:
         if col is None:
             return False
         self._asked += 1
-        col.request()
+        col.request(SNAPSHOT_REASON)
         return True
 
     def _frames(self, since: int) -> list[LeakFrame] | None:

@@ -17,8 +17,11 @@ so is every key inside a segment, block or trace entry.
 
 :func:`summarize` turns the dict into a compact columnar summary (numpy columns for blocks and every
 trace entry): one top frame per block and trace entry, and a short user stack (:data:`STACK_DEPTH`
-frames, for the allocation timeline's hover), both through string tables; frame lists are looked up
-by the ids of the frame dicts in them (torch pickles each frame once), so a million entries take
+frames, for the allocation timeline's hover), both through string tables. Which frames those are is
+chosen in one place, :func:`top_frames`: frames of torch and a few stdlib helpers are skipped, and so are
+gpudash's own frames on top of a stack (``gpudash run`` wraps the model's call), so every surface that
+shows a snapshot's stacks (memory map, diff, leak event, timeline) names the user's line. Frame lists are
+looked up by the ids of the frame dicts in them (torch pickles each frame once), so a million entries take
 about a second. A pickle is code: :func:`read_snapshot_pickle` uses an unpickler that refuses every
 global, so a hostile file fails with a one-line :class:`RunError` and nothing in it runs; the bytes
 reach the C unpickler a MiB at a time and the memory made is checked before each
@@ -29,6 +32,8 @@ counted as it walks (:func:`node_budget`). No torch here.
 from __future__ import annotations
 
 import math
+import os
+import sys
 from operator import itemgetter
 from typing import Any
 
@@ -42,6 +47,7 @@ __all__ = [
     "MAX_BLOCKS",
     "MAX_NODES",
     "NA_INT",
+    "OWN_DIRS",
     "SUMMARY_FORMAT_V1",
     "no_gc",
     "node_budget",
@@ -84,6 +90,21 @@ BLOCK_COLUMNS = ("segment_address", "address", "size", "requested_size", "state"
 TRACE_COLUMNS = ("device", "action", "address", "size", "stream", "time_us", "device_free", "frame")
 
 _INTERNAL = ("/torch/", "\\torch\\", "<frozen", "/contextlib.py", "/functools.py")
+
+
+def _own_dirs() -> tuple[str, ...]:
+    """gpudash's package directory (from ``gpudash.__file__``), as imported and with links resolved, each
+    ending in a separator: a frame is gpudash's own when its file is under it (a path, not a folder name that
+    a user's project could share)."""
+    init = getattr(sys.modules.get("gpudash"), "__file__", None) or os.path.join(os.path.dirname(__file__), "..",
+                                                                                 "__init__.py")
+    here = os.path.dirname(os.path.abspath(init))
+    return tuple(dict.fromkeys(os.path.join(d, "") for d in (here, os.path.realpath(here))))
+
+
+#: Where gpudash's own frames live (see :func:`top_frames`).
+OWN_DIRS = _own_dirs()
+
 #: User frames kept per block and trace entry (the ``stack`` column; innermost first).
 STACK_DEPTH = 4
 
@@ -163,26 +184,21 @@ def _is_user(filename: str) -> bool:
 
 
 def top_frame(frames: Any) -> str:
-    """``file:line name`` of the innermost frame outside torch and the stdlib helpers."""
-    if not isinstance(frames, (list, tuple)) or not frames:
-        return ""
-    first = ""
-    for fr in frames:
-        if not isinstance(fr, dict):
-            continue
-        filename, text = _frame_text(fr)
-        if not first:
-            first = text
-        if _is_user(filename):
-            return text
-    return first
+    """``file:line name`` of the innermost user frame (the first of :func:`top_frames`)."""
+    got = top_frames(frames, 1)
+    return got[0] if got else ""
 
 
 def top_frames(frames: Any, depth: int = STACK_DEPTH) -> list[str]:
-    """Up to ``depth`` user frames (``file:line name``, innermost first), else the innermost frame."""
+    """Up to ``depth`` user frames (``file:line name``, innermost first), else the innermost frame.
+
+    User frames are outside torch and the stdlib helpers; gpudash's own frames (files under :data:`OWN_DIRS`)
+    on top of the user's are left out too, so the user's line is the one named (``gpudash run`` wraps the
+    model's call: its wrapper is not the allocation's cause). A stack of gpudash's frames alone keeps them."""
     if not isinstance(frames, (list, tuple)) or not frames:
         return []
     out: list[str] = []
+    own: list[str] = []  # gpudash's frames above the first other user frame
     first = ""
     for fr in frames:
         if not isinstance(fr, dict):
@@ -190,10 +206,14 @@ def top_frames(frames: Any, depth: int = STACK_DEPTH) -> list[str]:
         filename, text = _frame_text(fr)
         first = first or text
         if _is_user(filename):
+            if not out and filename.startswith(OWN_DIRS):
+                if len(own) < depth:
+                    own.append(text)
+                continue
             out.append(text)
             if len(out) >= depth:
                 break
-    return out or ([first] if first else [])
+    return out or own or ([first] if first else [])
 
 
 class _Strings:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import gpudash
 from gpudash.analysis.snapshot_diff import NO_FRAMES, largest_live, snapshot_diff
 from gpudash.cli import main as cli
 from gpudash.store.snapshot import memory_map_from_summary, summarize
@@ -66,6 +67,49 @@ def test_the_real_snapshot_against_itself_grown() -> None:
     d = snapshot_diff(_map(raw, 1), _map(grown, 2))
     assert d.allocated_delta == 64 * MiB and d.rows[0].delta_bytes == 64 * MiB and len(d.rows) == 1
     assert "model.py:" in d.rows[0].stack
+
+
+AGENT = str(Path(gpudash.__file__).resolve().parent / "zerocode" / "agent.py")  # gpudash run's wrapper
+
+
+def _wrapped(line: int, top: str = AGENT) -> list[dict[str, Any]]:
+    """A stack as ``gpudash run`` records it: torch's module call, gpudash's wrapper of the model's call (or
+    ``top``), then the user's loop."""
+    return [{"filename": "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", "line": 1750,
+             "name": "_call_impl"},
+            {"filename": top, "line": 132, "name": "__call__"},
+            {"filename": "/home/me/keep_losses.py", "line": line, "name": "main"},
+            {"filename": "/home/me/keep_losses.py", "line": 62, "name": "<module>"}]
+
+
+def test_gpudash_frames_on_top_are_never_the_named_frame() -> None:
+    """The H200 run of keep_losses.py under ``gpudash run``: the most grown stack was named
+    ``gpudash/zerocode/agent.py:132 __call__``. gpudash's own frames on top are left out where the frames are
+    chosen, so the diff, the largest allocations, the memory map's frame and the timeline name the user's line;
+    a folder of the user's named gpudash is the user's; a stack of gpudash's frames alone keeps them."""
+    def snap(n: int) -> dict[str, Any]:
+        blocks = [{"address": i * MiB, "size": MiB, "requested_size": MiB, "state": "active_allocated",
+                   "frames": _wrapped(51)} for i in range(n)]
+        blocks.append({"address": n * MiB, "size": MiB, "requested_size": MiB, "state": "active_allocated",
+                       "frames": _wrapped(49, top="/home/me/gpudash/model.py")})
+        blocks.append({"address": (n + 1) * MiB, "size": MiB, "requested_size": MiB, "state": "active_allocated",
+                       "frames": [_wrapped(0)[1]]})
+        trace = [{"action": "alloc", "addr": b["address"], "size": b["size"], "stream": 0, "frames": b["frames"]}
+                 for b in blocks]
+        return {"segments": [{"address": 0, "total_size": (n + 2) * MiB, "blocks": blocks}],
+                "device_traces": [trace]}
+
+    before, after = _map(snap(2), 1), _map(snap(6), 2)
+    d = snapshot_diff(before, after)
+    user = "/home/me/keep_losses.py:51 main"
+    assert [(r.top, r.delta_bytes) for r in d.rows] == [(user, 4 * MiB)]
+    assert d.rows[0].stack == f"{user}\n/home/me/keep_losses.py:62 <module>"
+    assert "gpudash/zerocode" not in json.dumps(d.as_dict())
+    tops = set(after.blocks["frame"].astype(str))
+    assert tops == {user, "/home/me/gpudash/model.py:132 __call__", f"{AGENT}:132 __call__"}
+    assert {a.stack.split("\n", 1)[0] for a in largest_live(after, 50)} == tops
+    assert after.trace is not None and set(after.trace["frame"].astype(str)) == tops
+    assert set(after.trace["stack"].astype(str)) == set(after.blocks["stack"].astype(str))
 
 
 def test_the_cli_says_the_same_in_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

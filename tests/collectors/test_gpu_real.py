@@ -64,7 +64,9 @@ def test_all_collectors_on_a_gpu(tmp_path: Path) -> None:
             # in a container, where the pid namespace differs: then it counts as "other")
             seen = dev["process_memory_bytes"].fillna(0) + dev["other_processes_memory_bytes"].fillna(0)
             assert seen.max() > 0
-    assert [mm.reason for mm in run.snapshots] == ["requested"]
+    # the dashboard's request, once; the leak watch may ask for its "before" (step >= 20), stored as its own
+    reasons = [mm.reason for mm in run.snapshots]
+    assert reasons.count("requested") == 1 and set(reasons) <= {"requested", "leak watch"}, reasons
     assert run.snapshots[0].allocated_bytes > 0
 
 

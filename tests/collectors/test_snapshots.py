@@ -61,6 +61,33 @@ def test_request_file_is_served_once_and_removed(tmp_path: Path) -> None:
     assert [(mm.step, mm.reason) for mm in maps] == [(2, "requested")]
 
 
+def test_a_request_is_stored_with_its_reason(tmp_path: Path) -> None:
+    """gpudash's own requests (the leak watch's) are stored with their reason; the dashboard's file stays
+    "requested" (a snapshot nobody asked for was shown as a user's request); two at one step share it."""
+    from gpudash.monitor.leakwatch import SNAPSHOT_REASON
+
+    run_dir = tmp_path / "r"
+    col = SnapshotCollector(take_snapshot=take, poll_interval=0.05)
+    with Monitor(run_dir, host_hz=0) as m:
+        m.add_collector(col)
+        loop(m, 1)
+        col.request(SNAPSHOT_REASON)  # what the leak watch asks (its "before")
+        loop(m, 2)
+        (run_dir / SNAPSHOT_REQUEST_FILE).write_text("")  # the dashboard's button
+        deadline = time.monotonic() + 20
+        while (run_dir / SNAPSHOT_REQUEST_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        loop(m, 1)
+        col.request(SNAPSHOT_REASON)
+        col.request(SNAPSHOT_REASON)
+        col.request()
+        loop(m, 2)
+    maps = gpudash.load_run(run_dir).snapshots
+    assert SNAPSHOT_REASON == "leak watch"
+    assert [(mm.step, mm.reason) for mm in maps] == [(1, "leak watch"), (3, "requested"),
+                                                     (4, "leak watch, requested")]
+
+
 def test_stale_request_from_an_earlier_run_is_ignored(tmp_path: Path) -> None:
     import os
 
