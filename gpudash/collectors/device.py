@@ -4,13 +4,22 @@
 from ``gpudash.collectors.nvml``: live NVML, or a recording being replayed)
 and then reads only that; :func:`readings_to_row` turns one tick's raw
 readings into unit-named columns: ``gpu_util_pct``, ``mem_util_pct``,
-``memory_used_bytes``, ``pcie_tx_mib_s``/``pcie_rx_mib_s`` (20 ms window),
+``memory_used_bytes``, ``pcie_tx_mib_s``/``pcie_rx_mib_s`` (see PCIe below),
 ``power_w``, ``energy_j``, ``temp_c``, ``sm_clock_mhz``, ``mem_clock_mhz``,
 ``throttle_mask`` and ``throttle_power``/``_thermal``/``_hw_slowdown``,
 ``gpu_idle``, ``processes``, ``process_memory_bytes`` (this process),
 ``other_processes_memory_bytes`` and, on Hopper+ (GPM), ``sm_active_pct``,
 ``sm_occupancy_pct``, ``tensor_active_pct``, ``dram_bw_pct``,
 ``gpm_pcie_tx_mib_s``/``gpm_pcie_rx_mib_s``, ``nvlink_tx_mib_s``/``nvlink_rx_mib_s``.
+
+PCIe: ``nvmlDeviceGetPcieThroughput`` (raw ``pcie_tx``/``pcie_rx``) blocks ~20 ms a call while NVML
+measures its 20 ms window (an H200 took 47.6 ms a sample, most of a 20 Hz sampler's time). So where the
+probe finds GPM, the sampler never reads that pair (``unsupported`` says why: :data:`PCIE_VIA_GPM`) and
+``pcie_tx_mib_s``/``pcie_rx_mib_s`` are GPM's ids 20/21, the traffic over the whole interval between two
+samples (also kept as ``gpm_pcie_*``). Without GPM the pair is read at most once per :data:`PCIE_EVERY_S`
+of the source's clock (``source.tick()``: wall time live, the recorded times in a replay); the rows in
+between have no PCIe columns. Should GPM be dropped while sampling, the legacy pair comes back, once per
+:data:`PCIE_EVERY_S`.
 
 ``gpu`` is the NVML index (what nvidia-smi shows), found from the training
 thread's CUDA device by UUID, else PCI bus id, else CUDA_VISIBLE_DEVICES.
@@ -19,6 +28,7 @@ thread's CUDA device by UUID, else PCI bus id, else CUDA_VISIBLE_DEVICES.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -28,21 +38,38 @@ from typing import TYPE_CHECKING, Any
 
 from gpudash.collectors.base import try_import_torch
 from gpudash.collectors.env import placement
-from gpudash.collectors.nvml import GPM_COLUMNS, METRICS, DeviceSource, NvmlSource, RecordingSource, Unsupported
+from gpudash.collectors.nvml import (
+    GPM_COLUMNS,
+    GPM_PCIE,
+    METRICS,
+    PCIE_METRICS,
+    DeviceSource,
+    NvmlSource,
+    RecordingSource,
+    Unsupported,
+)
 from gpudash.units import KiB, MiB
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import Recording
 
-__all__ = ["DeviceCollector", "DeviceSampler", "readings_to_row", "record_nvml", "resolve_nvml_index",
-           "torch_device_identity"]
+__all__ = ["PCIE_EVERY_S", "PCIE_VIA_GPM", "DeviceCollector", "DeviceSampler", "readings_to_row", "record_nvml",
+           "resolve_nvml_index", "torch_device_identity"]
 
 # nvmlClocksEventReason* bits
 _POWER, _HW_SLOWDOWN, _SW_THERMAL, _HW_THERMAL, _POWER_BRAKE, _IDLE = 0x4, 0x8, 0x20, 0x40, 0x80, 0x1
+#: Seconds (of ``source.tick()`` time) between two reads of the legacy PCIe pair where GPM is absent
+PCIE_EVERY_S = 1.0
+#: Why the legacy PCIe pair is not read on a GPU with GPM (``DeviceSampler.unsupported``, meta ``device_unsupported``)
+PCIE_VIA_GPM = "read from GPM: nvmlDeviceGetPcieThroughput blocks ~20 ms a call"
 
 
 def readings_to_row(r: dict[str, Any], pid: int | None = None) -> dict[str, Any]:
-    """Unit-named device columns from one tick's raw readings of one GPU."""
+    """Unit-named device columns from one tick's raw readings of one GPU.
+
+    ``pcie_tx_mib_s``/``pcie_rx_mib_s`` come from the legacy readings where present, else from GPM's
+    PCIe ids (:data:`~gpudash.collectors.nvml.GPM_PCIE`; a NaN there gives no value).
+    """
     row: dict[str, Any] = {}
     if (u := r.get("utilization")) is not None:
         row["gpu_util_pct"], row["mem_util_pct"] = float(u[0]), float(u[1])
@@ -80,18 +107,29 @@ def readings_to_row(r: dict[str, Any], pid: int | None = None) -> dict[str, Any]
             v = gpm.get(str(mid), gpm.get(mid))  # type: ignore[call-overload]
             if v is not None:
                 row[col] = float(v)
+        for key, mid in GPM_PCIE.items():
+            col = f"{key}_mib_s"
+            v = gpm.get(str(mid), gpm.get(mid))  # type: ignore[call-overload]
+            if col not in row and v is not None and math.isfinite(float(v)):
+                row[col] = float(v)
     return row
 
 
 class DeviceSampler:
-    """Probes each GPU once, then reads only what it supports; ``sample()`` -> device rows."""
+    """Probes each GPU once, then reads only what it supports; ``sample()`` -> device rows.
+
+    The legacy PCIe pair is skipped where GPM answers and read at most once per ``pcie_every_s`` (of
+    ``source.tick()`` time) elsewhere: see the module docstring.
+    """
 
     def __init__(self, source: DeviceSource, gpus: list[int], *, pid: int | None = None,
-                 max_failures: int = 20) -> None:
+                 max_failures: int = 20, pcie_every_s: float = PCIE_EVERY_S) -> None:
         self.source = source
         self.gpus = list(gpus)
         self.pid = os.getpid() if pid is None else pid
         self.max_failures = max_failures
+        self.pcie_every_s = pcie_every_s
+        self._pcie_last: dict[int, float] = {}
         self.supported: dict[int, list[str]] = {}
         self.unsupported: dict[int, dict[str, str]] = {}
         self.failures: dict[tuple[int, str], int] = {}
@@ -99,25 +137,52 @@ class DeviceSampler:
 
     def probe(self) -> dict[int, list[str]]:
         for gpu in self.gpus:
-            ok, bad = [], {}
-            for metric in METRICS:
+            ok: set[str] = set()
+            bad: dict[str, str] = {}
+            # GPM first: where it answers, the blocking legacy PCIe pair is not even probed
+            for metric in ("gpm", *(m for m in METRICS if m != "gpm")):
+                if metric in PCIE_METRICS and "gpm" in ok:
+                    bad[metric] = PCIE_VIA_GPM
+                    continue
                 try:
                     self.source.read(gpu, metric)
-                    ok.append(metric)
+                    ok.add(metric)
                 except Unsupported as exc:
                     bad[metric] = str(exc)
                 except Exception as exc:  # noqa: BLE001 - a reading that fails at probe is not sampled
                     bad[metric] = f"{type(exc).__name__}: {exc}"
-            self.supported[gpu] = ok
-            self.unsupported[gpu] = bad
+            self.supported[gpu] = [m for m in METRICS if m in ok]
+            self.unsupported[gpu] = {m: bad[m] for m in METRICS if m in bad}
+        self._pcie_last.clear()
         return self.supported
+
+    def _pcie_due(self, gpu: int, t: float) -> bool:
+        last = self._pcie_last.get(gpu)
+        # a clock set back (wall time live) must not stop the reads until it catches up
+        return last is None or t < last or t - last >= self.pcie_every_s
+
+    def _gpm_dropped(self, gpu: int) -> None:
+        """GPM stopped answering: the legacy PCIe pair comes back (an Unsupported read then drops it)."""
+        unsupported = self.unsupported.setdefault(gpu, {})
+        back = [m for m in PCIE_METRICS if unsupported.get(m) == PCIE_VIA_GPM]
+        for m in back:
+            del unsupported[m]
+        if back:
+            keep = set(self.supported[gpu]) | set(back)
+            self.supported[gpu][:] = [m for m in METRICS if m in keep]
+            self._pcie_last.pop(gpu, None)
 
     def sample(self) -> list[dict[str, Any]]:
         t = self.source.tick()
         rows = []
         for gpu in self.gpus:
             readings: dict[str, Any] = {}
+            pcie_due = self._pcie_due(gpu, t)
+            if pcie_due:
+                self._pcie_last[gpu] = t
             for metric in list(self.supported.get(gpu, ())):
+                if not pcie_due and metric in PCIE_METRICS:
+                    continue
                 try:
                     readings[metric] = self.source.read(gpu, metric)
                     self.failures.pop((gpu, metric), None)
@@ -126,6 +191,8 @@ class DeviceSampler:
                     if isinstance(exc, Unsupported) or n >= self.max_failures:
                         self.supported[gpu].remove(metric)
                         self.dropped.append(f"gpu {gpu} {metric}: {exc}")
+                        if metric == "gpm":
+                            self._gpm_dropped(gpu)
             row = readings_to_row(readings, self.pid)
             row["time"] = t
             row["gpu"] = gpu

@@ -11,14 +11,19 @@ Raw metrics (name: NVML call -> raw value):
 
 * ``utilization``: GetUtilizationRates -> [gpu %, memory-controller %]
 * ``memory``: GetMemoryInfo -> [total, used, free] bytes
-* ``pcie_tx`` / ``pcie_rx``: GetPcieThroughput -> KB/s over a 20 ms window
+* ``pcie_tx`` / ``pcie_rx``: GetPcieThroughput -> KB/s over a 20 ms window. NVML measures that
+  window inside the call, so each call blocks ~20 ms: on an H200 one sample of every metric took 47.6 ms
+  (median), a 20 Hz sampler spent ~95 % of its time inside NVML. The sampler therefore reads this pair only
+  where ``gpm`` is absent, and then at most once per ``gpudash.collectors.device.PCIE_EVERY_S``; where GPM
+  answers, PCIe comes from its ids 20/21 (:data:`GPM_PCIE`) instead
 * ``power``: GetPowerUsage -> mW; ``energy``: GetTotalEnergyConsumption -> mJ
 * ``temperature``: GetTemperature(GPU) -> °C
 * ``sm_clock`` / ``mem_clock``: GetClockInfo -> MHz
 * ``clock_events``: GetCurrentClocksEventReasons -> bitmask (throttle reasons)
 * ``processes``: GetComputeRunningProcesses -> [[pid, used bytes or null], ...]
 * ``gpm`` (Hopper+): GpmMetricsGet over the previous and the current sample ->
-  {metric id: value}
+  {metric id: value} (:data:`GPM_COLUMNS`; PCIe TX/RX there cover the whole interval between two samples
+  and cost no waiting)
 
 Recording format (:func:`gpudash.collectors.device.record_nvml` writes it; JSON)::
 
@@ -42,7 +47,9 @@ from typing import Any, Protocol
 
 __all__ = [
     "GPM_COLUMNS",
+    "GPM_PCIE",
     "METRICS",
+    "PCIE_METRICS",
     "RECORDING_FORMAT",
     "DeviceSource",
     "NvmlSource",
@@ -58,6 +65,10 @@ METRICS = ("utilization", "memory", "pcie_tx", "pcie_rx", "power", "energy", "te
 #: GPM metric id -> device column (NVML_GPM_METRIC_*; PCIe and NVLink in MiB/s)
 GPM_COLUMNS = {2: "sm_active_pct", 3: "sm_occupancy_pct", 5: "tensor_active_pct", 10: "dram_bw_pct",
                20: "gpm_pcie_tx_mib_s", 21: "gpm_pcie_rx_mib_s", 60: "nvlink_rx_mib_s", 61: "nvlink_tx_mib_s"}
+#: The legacy PCIe pair (nvmlDeviceGetPcieThroughput: blocks ~20 ms a call, see the module docstring)
+PCIE_METRICS = ("pcie_tx", "pcie_rx")
+#: legacy PCIe metric -> the GPM metric id of the same traffic (MiB/s), read instead where GPM answers
+GPM_PCIE = {"pcie_tx": 20, "pcie_rx": 21}
 _UNSUPPORTED_CODES = {3: "not supported", 6: "not found", 13: "function not found (driver too old)",
                       4: "no permission"}
 
