@@ -130,3 +130,28 @@ def test_one_judge_the_recorded_episode_is_the_runs_leak(tmp_path: Path) -> None
         assert len(live) == 1 and run_facts(run).leak == live[0] != whole
     finally:
         run.close()
+
+
+def test_the_frames_need_no_flush_and_no_read_back(tmp_path: Path) -> None:
+    """The watch diffs the snapshot rows as the recorder queued them: a writer that cannot write (a stalled disk)
+    does not hold the event back (on the H200 the flush and the read-back put it at the end of the run)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers.stuck import stuck_writer
+
+    holder: list[Monitor] = []
+    with Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0.05) as m:
+        holder.append(m)
+        m.add_collector(SnapshotCollector(take_snapshot=_snapshots(holder), poll_interval=0.05))
+        with stuck_writer(m.recorder):
+            for i in range(300):
+                with m.step():
+                    m.log_memory(allocated_bytes=BASE + i * MiB, device_total_bytes=80 * 2**30)
+                if i % 20 == 0:
+                    time.sleep(0.2)  # the watch looks while the loop runs
+                if m._leaks.found:
+                    break
+            found = list(m._leaks.found)
+    assert found, "no leak named while the writer was stuck"
+    assert found[0].frames and found[0].frames[0].stack.startswith("/home/me/keep.py:7 main"), found[0].frames

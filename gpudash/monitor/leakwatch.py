@@ -14,8 +14,8 @@ watch (said once), never the run.
 
 On GPU the cause is looked for in the allocator: once the run is past its warm-up the watch asks the
 snapshot collector for one snapshot (the "before"), and when a leak is first suspected for another; the
-event then carries the stacks whose live bytes grew between the two (the snapshot diff, read from the
-run's snapshots), stored with reason :data:`SNAPSHOT_REASON` (``"requested"`` is a user's request from the
+event then carries the stacks whose live bytes grew between the two (the snapshot diff of the rows the
+window kept as the recorder queued them: no flush, no read-back), stored with reason :data:`SNAPSHOT_REASON` (``"requested"`` is a user's request from the
 dashboard). At most :data:`MAX_SNAPSHOTS` snapshots are asked for in a run, and a leak waits at most
 :data:`SNAPSHOT_WAIT_LOOKS` looks for its snapshot before it is recorded without frames.
 """
@@ -75,7 +75,6 @@ class LeakWatch:
         recorder = monitor.recorder
         self.window = LeakWindow(getattr(recorder, "start_meta", None))
         self.found: list[Leak] = []
-        self._reader: Any = None  # the run's snapshots (GPU only), opened when a leak waits for its frames
         self._seen = 0
         self._active = False
         self._quiet = 0
@@ -149,22 +148,19 @@ class LeakWatch:
         return True
 
     def _frames(self, since: int) -> list[LeakFrame] | None:
-        """The stacks that grew from the "before" snapshot to the first one taken at ``since`` or after; None
-        while that one is not stored yet."""
+        """The stacks that grew from the watch's "before" snapshot to its first one taken at ``since`` or after;
+        None while that one is not recorded yet. The rows come from the window (in-process, as the recorder
+        queued them): no flush waited for, nothing read back from the run's file (on the H200 the flush and
+        read-back put the event ~1 s after the leak was found, the end of a run of 2 ms steps)."""
+        import pandas as pd
+
         from gpudash.analysis.snapshot_diff import snapshot_diff
-        from gpudash.store.rankreader import RankReader
         from gpudash.store.snapshot import snapshots_from_frame
 
-        self.monitor.recorder.flush(1.0)  # the snapshot asked for reaches the file (this thread waits)
-        if self._reader is None:
-            try:
-                self._reader = RankReader(self.monitor.recorder.live_path)
-            except Exception:  # noqa: BLE001 - nothing written yet: the next look tries again
-                return None
-        r = self._reader
-        if not r.has_table("snapshots"):
+        rows = list(self.window.snapshots)
+        if not rows:
             return None
-        maps = snapshots_from_frame(r.read("snapshots"), [])
+        maps = snapshots_from_frame(pd.DataFrame(rows), [])
         after = next((m for m in maps if m.step is not None and m.step >= since), None)
         before = next((m for m in reversed(maps) if m.step is not None and m.step < since), None)
         if after is None:
@@ -231,6 +227,3 @@ class LeakWatch:
         self.monitor.recorder.drained.set()  # the thread waits on it: wake it to stop
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None

@@ -85,6 +85,9 @@ class LeakWindow:
         self.rings = {t: Ring((*names, *MEMORY_COLUMNS) if t == "memory" else names, size)
                       for t, names in RULE_COLUMNS.items()}
         self.meta: dict[str, Any] = dict(meta or {})
+        self.snapshots: list[dict[str, Any]] = []
+        """The leak watch's own snapshot rows as they were recorded (reason "leak watch": a run asks for at most
+        a few), so its diff needs no flush and no read of the run's file; compressed summaries, held by reference."""
         self.error: str | None = None
         """What stopped the window (a row it could not take: it takes none after it), None while it works."""
 
@@ -100,6 +103,8 @@ class LeakWindow:
                     ring.first = row.get("step")
             elif table == "meta":
                 self.meta.update(row)
+            elif table == "snapshots" and "leak watch" in str(row.get("reason") or "") and len(self.snapshots) < 8:
+                self.snapshots.append(row)
         except Exception as exc:  # noqa: BLE001 - the watch says it stopped; the run goes on
             self.error = f"{type(exc).__name__}: {exc}"
 
