@@ -16,6 +16,7 @@ Writes into OUT_DIR:
   samples/              two small trainer runs on the GPU for sample_runs/: healthy, and an OOM with its snapshot
   graphs.md             the retained-graph and gradient-penalty loops' growth on the GPU, bare vs gpudash run
   live.md               live latency: a step's end to its row read back by a reader polling like the page
+  gpu_tests.txt         the test files that skip without CUDA, run on the GPU
   summary.json          every number above, machine-readable
 
 On a machine without CUDA it runs the same steps with the tiny preset and
@@ -463,6 +464,23 @@ def live(out: Path, gpu: bool, seconds: float = 8.0) -> dict[str, Any]:
     return res
 
 
+def gpu_tests(out: Path, gpu: bool) -> str:
+    """The test files that skip without CUDA, run where they do not: the GPU collectors, the trainer on the GPU,
+    the categories. ``OUT/gpu_tests.txt``."""
+    if not gpu:
+        return "skipped (no GPU)\n"
+    files = ["tests/collectors/test_gpu_real.py", "tests/trainer/test_gpu.py", "tests/collectors/test_categories.py",
+             "tests/collectors/test_gpu_collectors_cpu.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:randomly", "--timeout", "120",
+           *[f for f in files if (ROOT / f).exists()]]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(15.0, min(240.0, left())))
+    except subprocess.TimeoutExpired as exc:
+        got = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")
+        return f"timed out\n{got[-20000:]}"
+    return proc.stdout[-20000:] + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
+
+
 # ---- collectors and overhead ----------------------------------------------------------------
 def collectors(out: Path, gpu: bool) -> str:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "collectors.py")]
@@ -591,7 +609,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
     ap.add_argument("--run-timeout", type=float, default=0, help="seconds per trainer run (default 90 GPU, 120 CPU)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: "
-                    "collectors,overhead,live,samples,leak,graphs,strategies,cards")
+                    "collectors,overhead,live,samples,leak,graphs,gpu_tests,strategies,cards")
     ap.add_argument("--jobs", type=int, default=1, help="after the timed parts, run the other parts side by side and "
                     "this many trainer runs of a part at once (memory is per process; step times are shared)")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: no part or run starts after this; "
@@ -656,6 +674,9 @@ def main() -> int:
     def graphs_part() -> None:
         (out / "graphs.md").write_text(graphs(out, gpu))
 
+    def gpu_tests_part() -> None:
+        (out / "gpu_tests.txt").write_text(gpu_tests(out, gpu))
+
     # most valuable first: the CPU test fixtures, then costs (alone on the machine: they are timings), then the
     # memory matrices, side by side with --jobs
     part("collectors", collectors_part)
@@ -664,6 +685,7 @@ def main() -> int:
     rest = [("samples", lambda: summary.__setitem__("samples", samples(out, gpu, timeout))),
             ("leak", lambda: summary.__setitem__("leak", leak(out, gpu, 180.0))),
             ("graphs", graphs_part),
+            ("gpu_tests", gpu_tests_part),
             ("strategies", lambda: parts.__setitem__("strategies", strategies(out, gpu, steps, timeout, args.jobs))),
             ("cards", lambda: parts.__setitem__("cards", cards(out, gpu, steps, timeout, args.jobs)))]
     SHARED, JOBS = args.jobs > 1, max(1, args.jobs)
