@@ -155,3 +155,4 @@ def test_the_frames_need_no_flush_and_no_read_back(tmp_path: Path) -> None:
             found = list(m._leaks.found)
     assert found, "no leak named while the writer was stuck"
     assert found[0].frames and found[0].frames[0].stack.startswith("/home/me/keep.py:7 main"), found[0].frames
+    assert len(m._leaks.window.snapshots) == 1  # the diffed rows let go, the newest kept for a later episode

@@ -133,6 +133,9 @@ class LeakWatch:
             self._pending = (step, looks + 1)
             return None
         self._pending = None
+        # the rows diffed are let go but the newest (a later episode's "before"): the window holds no more than
+        # two snapshots' compressed summaries between episodes
+        del self.window.snapshots[:-1]
         return self._record(replace(leak, frames=tuple(frames or ())))
 
     def _snapshot(self) -> bool:
