@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import numpy as np
+
 from gpudash.units import GiB
 
 if TYPE_CHECKING:  # the live leak watch imports this module: recording loads no pandas (nor the reader)
@@ -46,7 +48,7 @@ def _dict(v: Any) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
 
 
-def capacity(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> Capacity | None:
+def capacity(meta: Mapping[str, Any], memory: pd.DataFrame | Mapping[str, Any] | None = None) -> Capacity | None:
     """The capacity of a run with this ``meta`` (a run's, or one rank's) and ``memory`` rows; None when
     nothing says (a CPU run without a budget)."""
     pre, config = _dict(meta.get("preflight")), _dict(meta.get("config"))
@@ -62,18 +64,24 @@ def capacity(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> Cap
     return Capacity(b, "budget") if b else None
 
 
-def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:
-    """The device's total memory: as the allocator reported it in ``memory``, else as the environment did."""
+def device_bytes(meta: Mapping[str, Any], memory: pd.DataFrame | Mapping[str, Any] | None = None) -> float | None:
+    """The device's total memory: as the allocator reported it in ``memory`` (a run's rows, or the live leak
+    watch's float columns: read without pandas), else as the environment did."""
     (total,) = MEMORY_COLUMNS
     if memory is not None and total in memory:
-        import pandas as pd
+        col = memory[total]
+        if isinstance(col, np.ndarray) and col.dtype.kind == "f":
+            b = _num(np.nanmax(col)) if np.isfinite(col).any() else None
+        else:
+            import pandas as pd
 
-        if (b := _num(pd.to_numeric(memory[total], errors="coerce").max())) is not None:
+            b = _num(pd.to_numeric(col, errors="coerce").max())
+        if b is not None:
             return b
     return _num(meta.get("device_capacity_bytes")) or _num(meta.get("device_total_bytes"))
 
 
-def capacity_bytes(run: Run | Mapping[str, Any], memory: pd.DataFrame | None = None) -> float | None:
+def capacity_bytes(run: Run | Mapping[str, Any], memory: pd.DataFrame | Mapping[str, Any] | None = None) -> float | None:
     """:func:`capacity`'s bytes, of a :class:`Run` or of a ``meta`` and its ``memory`` rows."""
     found = capacity(run, memory) if isinstance(run, Mapping) else capacity(run.meta, run.memory)
     return found.bytes if found else None
