@@ -399,11 +399,18 @@ def graphs(out: Path, gpu: bool) -> str:
         return "skipped (no GPU)\n"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "graph_growth.py"), "--device", "cuda", "--steps", "3000",
            "--width", "1024", "--batch", "256"]
+    return report(cmd, 300.0)
+
+
+def report(cmd: list[str], cap: float) -> str:
+    """What ``cmd`` printed (its stderr's end too when it failed), given at most ``cap`` seconds and what is left
+    before the deadline; a command stopped there says so, with what it had printed."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(15.0, min(300.0, left())))
-    except subprocess.TimeoutExpired:
-        return "timed out\n"
-    return proc.stdout + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(15.0, min(cap, left())))
+    except subprocess.TimeoutExpired as exc:
+        got = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")
+        return f"timed out\n{got[-20000:]}"
+    return proc.stdout[-20000:] + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
 
 
 def live(out: Path, gpu: bool, seconds: float = 8.0) -> dict[str, Any]:
@@ -473,12 +480,7 @@ def gpu_tests(out: Path, gpu: bool) -> str:
              "tests/collectors/test_gpu_collectors_cpu.py"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:randomly", "--timeout", "120",
            *[f for f in files if (ROOT / f).exists()]]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(15.0, min(240.0, left())))
-    except subprocess.TimeoutExpired as exc:
-        got = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else str(exc.stdout or "")
-        return f"timed out\n{got[-20000:]}"
-    return proc.stdout[-20000:] + (f"\n[stderr]\n{proc.stderr[-3000:]}" if proc.returncode else "")
+    return report(cmd, 240.0)
 
 
 # ---- collectors and overhead ----------------------------------------------------------------
@@ -486,8 +488,7 @@ def collectors(out: Path, gpu: bool) -> str:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "collectors.py")]
     if gpu:
         cmd += ["--fixtures", str(out / "fixtures")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    return proc.stdout + (f"\n[stderr]\n{proc.stderr}" if proc.returncode else "")
+    return report(cmd, 240.0)
 
 
 def overhead(out: Path, gpu: bool, steps: int) -> dict[str, float]:

@@ -88,13 +88,17 @@ _CURRENT = {
 }
 
 
+#: each flat key :func:`allocator_row` reads and its path in the nested stats (split once, not every step)
+_PATHS = tuple((key, tuple(key.split("."))) for key in _CURRENT.values())
+
+
 def flat_stats(nested: dict[str, Any]) -> dict[str, Any]:
     """The flat ``memory_stats()`` keys :func:`allocator_row` reads, from ``memory_stats_as_nested_dict()``
     (``"allocated_bytes.all.current"`` is ``nested["allocated_bytes"]["all"]["current"]``)."""
     out: dict[str, Any] = {}
-    for key in _CURRENT.values():
+    for key, path in _PATHS:
         v: Any = nested
-        for part in key.split("."):
+        for part in path:
             v = v.get(part) if isinstance(v, dict) else None
         if v is not None:
             out[key] = v

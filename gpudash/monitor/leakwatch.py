@@ -15,8 +15,8 @@ watch (said once), never the run.
 On GPU the cause is looked for in the allocator: once the run is past its warm-up the watch asks the
 snapshot collector for one snapshot (the "before"), and when a leak is first suspected for another; the
 event then carries the stacks whose live bytes grew between the two (the snapshot diff of the rows the
-window kept as the recorder queued them: no flush, no read-back), stored with reason :data:`SNAPSHOT_REASON` (``"requested"`` is a user's request from the
-dashboard). At most :data:`MAX_SNAPSHOTS` snapshots are asked for in a run, and a leak waits at most
+window kept as the recorder queued them: no flush, no read-back), stored with reason :data:`SNAPSHOT_REASON`
+(``"requested"`` is a user's request from the dashboard). At most :data:`MAX_SNAPSHOTS` snapshots are asked for in a run, and a leak waits at most
 :data:`SNAPSHOT_WAIT_LOOKS` looks for its snapshot before it is recorded without frames.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpudash.analysis.leak_rule import LEAK_EVENT, WARMUP_STEPS, Columns, Leak, LeakFrame, judge, leak_text
-from gpudash.monitor.leakwindow import KEEP_ROWS, LeakWindow
+from gpudash.monitor.leakwindow import KEEP_ROWS, SNAPSHOT_REASON, LeakWindow
 
 __all__ = ["KEEP_ROWS", "LOOK_STEPS", "MAX_EPISODES", "MAX_SNAPSHOTS", "MIN_LOOK_S", "SNAPSHOT_REASON", "LeakWatch"]
 
@@ -38,7 +38,6 @@ MAX_EPISODES = 10
 """Leak events one run records at most."""
 MAX_SNAPSHOTS = 4
 """Snapshots the watch asks for in one run at most (a "before" and one per suspected leak)."""
-SNAPSHOT_REASON = "leak watch"
 """The reason the snapshots the watch asks for (its "before" and "after") are stored with."""
 SNAPSHOT_WAIT_LOOKS = 3
 """Looks a found leak waits for its snapshot before it is recorded without frames."""

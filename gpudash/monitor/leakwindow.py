@@ -19,7 +19,7 @@ import numpy as np
 from gpudash.analysis.capacity import MEMORY_COLUMNS
 from gpudash.analysis.leak_rule import RULE_COLUMNS
 
-__all__ = ["KEEP_ROWS", "LeakWindow", "Ring"]
+__all__ = ["KEEP_ROWS", "SNAPSHOT_REASON", "LeakWindow", "Ring"]
 
 KEEP_ROWS = 4096
 """Rows of each table (memory, host, steps) the window keeps (the newest)."""
@@ -77,6 +77,11 @@ class Ring:
         return out
 
 
+#: The reason the leak watch's own snapshots are stored with (a user's request from the dashboard is "requested");
+#: the window keeps those rows for the watch's diff
+SNAPSHOT_REASON = "leak watch"
+
+
 class LeakWindow:
     """What the leak watch judges: rings for memory, host and steps, and the run's meta as it was set."""
 
@@ -103,8 +108,9 @@ class LeakWindow:
                     ring.first = row.get("step")
             elif table == "meta":
                 self.meta.update(row)
-            elif table == "snapshots" and "leak watch" in str(row.get("reason") or "") and len(self.snapshots) < 8:
-                self.snapshots.append(row)
+            elif table == "snapshots" and SNAPSHOT_REASON in str(row.get("reason") or ""):
+                if len(self.snapshots) < 8:  # (the watch asks for at most MAX_SNAPSHOTS)
+                    self.snapshots.append(row)
         except Exception as exc:  # noqa: BLE001 - the watch says it stopped; the run goes on
             self.error = f"{type(exc).__name__}: {exc}"
 
