@@ -109,7 +109,7 @@ def run_body(us: float, seconds: float, tmp: Path) -> list[tuple[str, dict[str, 
             rec = mon.recorder
             if before:
                 rec.lender.rows = rec.lender.at = 1 << 62
-            r = loop(gpudash_body, mon, us, seconds, lambda rec=rec: len(rec._buf))  # type: ignore[misc]
+            r = loop(gpudash_body, mon, us, seconds, lambda rec=rec: rec.queued)  # type: ignore[misc]
             r["dropped"] = rec.dropped
             mon.close()
         finally:

@@ -152,20 +152,28 @@ def test_collectors_record_through_the_interface_not_the_monitor() -> None:
 
 
 def test_the_steps_table_has_one_writer() -> None:
-    """Only ``Monitor.put_step`` puts rows into ``steps``; the step timer and the CUDA timer hand their rows
-    to it (the CUDA timer's step-end hook holds a row until its GPU times are known)."""
-    writers = []
+    """Only the Monitor puts rows into ``steps``: its ``_put_step`` (``recorder.steps.put``, the step log, bound
+    once) is called by ``Monitor.put_step`` and the step timer; the CUDA timer hands its rows to ``put_step``
+    (its step-end hook holds a row until its GPU times are known). Nothing calls ``put("steps", ...)``."""
+    bound, calls, by_name = [], [], []
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text(), str(path))
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "put" and node.args
-                        and isinstance(node.args[0], ast.Constant) and node.args[0].value == "steps"):
-                    writers.append(f"{name}.{fn.name}")
-    assert writers == ["gpudash.monitor.core.put_step"]
+                if (isinstance(node, ast.Attribute) and node.attr == "put" and isinstance(node.value, ast.Attribute)
+                        and node.value.attr == "steps"):
+                    bound.append(f"{name}.{fn.name}")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    if node.func.attr == "_put_step":
+                        calls.append(f"{name}.{fn.name}")
+                    if (node.func.attr == "put" and node.args and isinstance(node.args[0], ast.Constant)
+                            and node.args[0].value == "steps"):
+                        by_name.append(f"{name}.{fn.name}")
+    # (Recorder.put routes a "steps" record to the log too: the store's own entry, which nothing here calls)
+    assert sorted(bound) == ["gpudash.monitor.core.__init__", "gpudash.store.writer.put"] and by_name == []
+    assert sorted(calls) == ["gpudash.monitor.core.put_step", "gpudash.monitor.timing.__exit__"]
 
 
 def test_the_server_opens_runs_in_one_place() -> None:

@@ -193,7 +193,8 @@ def test_a_one_value_cpu_tensor_is_read_as_it_is_logged(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     seen: list[dict[str, Any]] = []
     with gpudash.Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0) as mon:
-        mon.recorder.tap = lambda table, row: seen.append(row) if table == "steps" else None
+        put = mon._put_step
+        mon._put_step = lambda row: (seen.append(row), put(row))  # type: ignore[method-assign]
         w = torch.ones(3, requires_grad=True)
         with mon.step():
             loss = (w * 2).sum()
@@ -201,4 +202,5 @@ def test_a_one_value_cpu_tensor_is_read_as_it_is_logged(tmp_path: Path) -> None:
     row = seen[0]
     assert type(row["loss"]) is float and row["loss"] == 6.0 and type(row["half"]) is float
     assert isinstance(row["vec"], torch.Tensor) and not row["vec"].requires_grad
+    assert None in row  # marked: a row holding a tensor is never packed (packing would call its __float__)
     assert gpudash.load_run(tmp_path / "r").steps["loss"].tolist() == [6.0]

@@ -50,10 +50,12 @@ def test_the_watch_gets_its_rows_in_process_and_never_reads_the_run_file(tmp_pat
         for i in range(steps):
             with m.step(tokens=64):
                 m.log_memory(allocated_bytes=BASE + i * MiB)
-            assert watch.window.rings["steps"].n == i + 1  # handed over as it was recorded, not read back
+            assert watch.window.rings["memory"].n == i + 1  # handed over as it was recorded, not read back
             if i % 25 == 0 and not watch.found:
                 time.sleep(0.1)  # the watch looks (every 0.05 s) while the loop runs
         assert watch.found, "the watch found no leak while the loop ran"
+        # the step rows: read from the step log as they were packed, at the watch's ticks (none missed)
+        assert watch.window.rings["steps"].n >= watch.found[0].last_step and watch.window._cursor.missed == 0
     assert m.recorder.tap is None  # the watch is gone with the Monitor
     assert opened == [] and flushed_by_watch == []
     run = load_run(tmp_path / "r")

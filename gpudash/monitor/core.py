@@ -32,6 +32,7 @@ from gpudash.options import MonitorOptions
 from gpudash.store.meta import write_run_meta
 from gpudash.store.objstore import is_url, local_staging, run_name
 from gpudash.store.schema import column_name
+from gpudash.store.steplog import mark_unpacked
 from gpudash.store.writer import OPEN_ERRORS, Recorder
 
 if TYPE_CHECKING:
@@ -145,6 +146,8 @@ class Monitor:
         except OPEN_ERRORS as exc:
             raise RunError(f"{self.run_dir}: cannot record a run here ({exc}); pass a writable run directory "
                            f"to gpudash.Monitor") from exc
+        #: where each step's row goes (:meth:`put_step`, without the method's own call: every step pays it)
+        self._put_step = self.recorder.steps.put
         #: this process's attempt at the run (1 unless the rank's records were there before it)
         self.attempt = self.recorder.attempt
         self._resume: ResumeNote | NoResume = NO_RESUME
@@ -253,8 +256,10 @@ class Monitor:
 
     def put_step(self, row: dict[str, Any]) -> None:
         """Write one finished step's row: the only writer of the ``steps`` table (called at
-        step end, or by the CUDA timer once the step's GPU times are known)."""
-        self.recorder.put("steps", row)
+        step end, or by the CUDA timer once the step's GPU times are known). A row holding anything but
+        plain numbers must be marked first (:func:`gpudash.store.steplog.mark_unpacked`): ``log`` and the
+        step's ``samples``/``tokens`` do it."""
+        self._put_step(row)
 
     def _record_cuda_device(self, step: int, row: dict[str, Any]) -> None:
         """Record the CUDA device once the user's code has initialised CUDA."""
@@ -339,6 +344,7 @@ class Monitor:
         if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
             row.update(scalars)
             return
+        mark_unpacked(row)  # (a tensor is never packed on this thread: its __float__ would wait for the GPU)
         for k, v in scalars.items():
             detach = getattr(v, "detach", None)
             if detach is None:

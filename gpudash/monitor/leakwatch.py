@@ -82,6 +82,9 @@ class LeakWatch:
         self._before_step: int | None = None
         _warm()
         recorder.tap = self.window.tap
+        steps = getattr(recorder, "steps", None)
+        if steps is not None:
+            self.window.follow(steps)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpudash-leak", daemon=True)
         self._thread.start()
@@ -222,6 +225,7 @@ class LeakWatch:
         recorder = self.monitor.recorder
         if recorder.tap == self.window.tap:
             recorder.tap = None
+        self.window.unfollow()
 
     def stop(self) -> None:
         self._untap()

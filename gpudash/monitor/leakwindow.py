@@ -1,11 +1,13 @@
 """The leak watch's window: the newest rows this rank records (memory, host, steps), handed over in-process.
 
 The recorder hands every row it queues to :meth:`LeakWindow.tap` (on the thread that records it: the training
-thread for steps and memory, the host sampler's for host samples), which stores a reference in a fixed ring
-(one store: no copy, no lock; the writer holds the same row until its next flush anyway). Every tick (0.1 s) the
-watch's thread copies the few numbers the leak rule reads (:data:`gpudash.analysis.leak_rule.RULE_COLUMNS`, and
-the capacity's) into fixed arrays made with the window and lets go of the rows, so the window keeps nothing else
-and what it holds never grows after it is made. Nothing is read back from the run's file and nothing waits for
+thread for memory, the host sampler's for host samples), which stores a reference in a fixed ring (one store: no
+copy, no lock; the writer holds the same row until its next flush anyway). Every tick (0.1 s) the watch's thread
+copies the few numbers the leak rule reads (:data:`gpudash.analysis.leak_rule.RULE_COLUMNS`, and the
+capacity's) into fixed arrays made with the window and lets go of the rows, so the window keeps nothing else
+and what it holds never grows after it is made. Step rows are not handed over: the window reads them from the
+recorder's step log as they were packed (:meth:`LeakWindow.follow`, :mod:`gpudash.store.steplog`), on the same
+tick. Nothing is read back from the run's file and nothing waits for
 the writer. The watch reads the arrays (:meth:`LeakWindow.columns`), oldest row first.
 """
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from gpudash.analysis.capacity import MEMORY_COLUMNS
 from gpudash.analysis.leak_rule import RULE_COLUMNS
+from gpudash.store.steplog import Cursor, StepLog, numbers
 
 __all__ = ["KEEP_ROWS", "SNAPSHOT_REASON", "LeakWindow", "Ring"]
 
@@ -66,6 +69,23 @@ class Ring:
         self.taken = n
         return min(n, size)
 
+    def extend(self, count: int, cols: dict[str, np.ndarray]) -> None:
+        """``count`` rows read elsewhere as columns (the step log's), on the watch's thread: the newest ``size``
+        are kept. A ring fed this way is fed no rows by :meth:`LeakWindow.tap`."""
+        if count <= 0:
+            return
+        if self.n == 0:
+            step = cols.get("step")
+            first = float(step[0]) if step is not None and len(step) and np.isfinite(step[0]) else None
+            self.first = int(first) if first is not None and first.is_integer() else first
+        keep = min(count, self.size)
+        at = (np.arange(self.n + count - keep, self.n + count)) % self.size
+        for name, col in self.pairs:
+            values = cols.get(name)
+            np.frombuffer(col, dtype=float)[at] = values[count - keep:] if values is not None else _NAN
+        self.n += count
+        self.taken = self.n
+
     def columns(self) -> dict[str, np.ndarray]:
         """Each column's rows taken so far, oldest first (copies: the watch judges them while rows come)."""
         n, size = self.take(), self.size
@@ -95,6 +115,19 @@ class LeakWindow:
         a few), so its diff needs no flush and no read of the run's file; compressed summaries, held by reference."""
         self.error: str | None = None
         """What stopped the window (a row it could not take: it takes none after it), None while it works."""
+        self._log: StepLog | None = None
+        self._cursor: Cursor | None = None
+
+    def follow(self, log: StepLog) -> None:
+        """Read the steps ring's rows from ``log`` (a best-effort reader: rows it let go before a look are
+        missed, never waited for)."""
+        self._log, self._cursor = log, log.cursor()
+
+    def unfollow(self) -> None:
+        log, cursor = self._log, self._cursor
+        self._log = self._cursor = None
+        if log is not None and cursor is not None:
+            log.release(cursor)
 
     def tap(self, table: str, row: dict[str, Any]) -> None:
         """One row as it is recorded (``table`` "meta": run-level facts set). Never raises."""
@@ -128,6 +161,10 @@ class LeakWindow:
     def take(self) -> None:
         """Copy the numbers of the rows handed over since the last call and let go of the rows (the watch's
         thread, every tick: the rows held stay a tick's worth however long a look waits)."""
+        log, cursor = self._log, self._cursor
+        if log is not None and cursor is not None:
+            ring = self.rings["steps"]
+            ring.extend(*numbers(log.take(cursor), tuple(name for name, _ in ring.pairs)))
         for ring in self.rings.values():
             ring.take()
 

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpudash.store.schema import column_name
+from gpudash.store.steplog import mark_unpacked
 
 if TYPE_CHECKING:
     from gpudash.collectors.api import PhaseEndHook, PhaseStartHook, StepEndHook, StepStartHook
@@ -66,10 +67,14 @@ class Monitor(Protocol):
 
     def put_step(self, row: dict[str, Any]) -> None: ...
 
+    def _put_step(self, row: dict[str, Any]) -> None: ...
+
     def collector_failed(self, where: Any, exc: BaseException) -> None: ...
 
     def run_due_hooks(self, step: int, row: dict[str, Any]) -> None: ...
 
+#: What a step's ``samples``/``tokens`` may be and its row still be packed (anything else marks it unpacked)
+_PACKABLE = frozenset({int, float})
 _perf = time.perf_counter
 _time = time.time
 #: Steps between two readings of the wall clock: a step's ``time`` is its end on ``perf_counter`` plus the
@@ -218,10 +223,15 @@ class Step:
             self._wall = wall_offset()
         row["time"] = t1 + self._wall
         row["duration_s"] = t1 - self._t0
-        if self.samples is not None:
-            row["samples"] = self.samples
-        if self.tokens is not None:
-            row["tokens"] = self.tokens
+        samples, tokens = self.samples, self.tokens
+        if samples is not None:
+            row["samples"] = samples
+            if samples.__class__ not in _PACKABLE:  # (a tensor: see gpudash.store.steplog)
+                mark_unpacked(row)
+        if tokens is not None:
+            row["tokens"] = tokens
+            if tokens.__class__ not in _PACKABLE:
+                mark_unpacked(row)
         if et is not None:
             # a failed step (e.g. an OOM the trainer will retry) is not a step;
             # the caller records what happened. Undo sampling state.
@@ -245,5 +255,5 @@ class Step:
         if memory.row is not None:  # (checked here: most steps have no memory record)
             m.recorder.put("memory", memory.take())
         if not taken:
-            m.put_step(row)
+            m._put_step(row)
         m.step_index = step + 1

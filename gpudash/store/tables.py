@@ -29,6 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from gpudash.store.schema import (
     namespaced_column,
     quote_ident,
 )
+from gpudash.store.steplog import PACKED, Packed
 from gpudash.store.values import Unstorable, cell, num, sql_type, storable
 
 __all__ = ["TABLE_TAG", "TableWriter", "connect"]
@@ -281,8 +283,43 @@ class TableWriter:
         return col
 
     def insert(self, table: str, rows: list[dict[Any, Any]]) -> None:
+        """Insert ``rows`` in their order: dicts, and records of packed step rows
+        (:data:`gpudash.store.steplog.PACKED`)."""
         if table not in self._columns:
             raise sqlite3.OperationalError(f"unknown table {table!r}")
+        if table != "steps":
+            self._insert_rows(table, rows)
+            return
+        start = 0
+        for i, r in enumerate(rows):
+            packed = r.get(PACKED)
+            if packed is not None:
+                if i > start:
+                    self._insert_rows(table, rows[start:i])
+                self._insert_packed(table, packed)
+                start = i + 1
+        if start < len(rows):
+            self._insert_rows(table, rows[start:] if start else rows)
+
+    def _insert_packed(self, table: str, packed: Packed) -> None:
+        """Rows packed on the recording thread: each a tuple of plain numbers in ``packed.keys``' order."""
+        keys, data = packed.keys, packed.rows
+        if not data:
+            return
+        names = {k: self._column(table, k) for k in keys}
+        self._ensure_columns(table, names, [dict(zip(keys, data[0], strict=True))])
+        known = self._columns[table]
+        at = {c: i for i, c in enumerate(names.values()) if c in known and c != ATTEMPT_COLUMN}  # (the last key
+        cols = [c for c in known if c in at]  # under a column, as the dict path's)
+        if not cols:
+            return
+        idx = [at[c] for c in cols]
+        if idx != list(range(len(keys))):
+            pick = itemgetter(*idx)
+            data = [pick(t) for t in data] if len(idx) > 1 else [(pick(t),) for t in data]
+        self._insert_tuples(table, cols, data, lambda part: [dict(zip(cols, t, strict=True)) for t in part], cols)
+
+    def _insert_rows(self, table: str, rows: list[dict[Any, Any]]) -> None:
         keys: dict[Any, str] = {}
         for i in range(0, len(rows), _SLICE):  # each key once, in first-seen order (C loops, per slice)
             keys.update(dict.fromkeys(chain.from_iterable(rows[i:i + _SLICE]), ""))
@@ -297,7 +334,16 @@ class TableWriter:
         if not cols:
             return
         src = [by_col[c] for c in cols]
+        self._insert_tuples(table, cols, rows, lambda part: part, src)
+
+    def _insert_tuples(self, table: str, cols: list[str], rows: list[Any],
+                       as_dicts: Callable[[list[Any]], list[dict[Any, Any]]], src: list[Any]) -> None:
+        """Insert ``rows`` into ``cols``: dicts read by the keys ``src`` (one per column), or tuples in the
+        columns' order (``src`` then names the columns of the dicts ``as_dicts`` makes of them, for the values
+        that need converting)."""
         numeric = table in NUMERIC_TABLES
+        known = self._columns[table]
+        tuples = not rows or not isinstance(rows[0], dict)
         idx = [i for i, c in enumerate(cols) if known.get(c) in ("REAL", "INTEGER")] if numeric else []
         data: list[tuple[Any, ...]] = []
         arrays: list[np.ndarray] = []
@@ -306,12 +352,14 @@ class TableWriter:
             if i:
                 time.sleep(0)  # hand the GIL back to the training thread between slices
             if numeric:  # rows of plain numbers, as most are: checked a slice at a time, in C
-                fast = [tuple(map(r.get, src)) for r in part]
+                fast = part if tuples else [tuple(map(r.get, src)) for r in part]
                 full = _plain_numbers(fast)
                 if full is not None:
                     data += fast
                     arrays.append(full[:, idx])
                     continue
+            if tuples:
+                part = as_dicts(part)
             try:
                 slow = [tuple([cell(r.get(k)) for k in src]) for r in part]
             except Unstorable:

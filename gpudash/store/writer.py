@@ -50,6 +50,7 @@ from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import rank_meta_name, read_meta_rows
 from gpudash.store.sharedfs import shared_mode
+from gpudash.store.steplog import PACKED, StepLog, records
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
@@ -103,7 +104,7 @@ class Recorder:
         self.capacity = capacity
         #: queued records at which put() wakes the writer (see FLUSH_ROWS)
         self.flush_rows = min(flush_rows, capacity)
-        self.dropped = 0
+        self._dropped = 0  # records of other tables dropped, and records the writer could not store
         #: values that could not be stored in any form (their cell is left empty; see errors)
         self.dropped_values = 0
         self.errors: list[str] = []
@@ -117,6 +118,13 @@ class Recorder:
         self._meta_pending: dict[str, Any] = {}
         self._meta_lock = threading.Lock()
         self._buf: deque[_Record] = deque(maxlen=capacity)
+        #: the ``steps`` rows, packed on the recording thread (:mod:`gpudash.store.steplog`); a full block of
+        #: ``flush_rows`` wakes the writer
+        self.steps = StepLog(capacity, block_rows=self.flush_rows, on_block=self._waiting)
+        #: called with (table, row) for every record queued but ``steps`` and with ("meta", items) for run-level
+        #: facts, on the recording thread, before the row is the writer's: in-process readers (the leak watch's
+        #: window) get rows without reading them back; it must be cheap and must not block
+        self.tap: Callable[[str, dict[str, Any]], None] | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._woken = False
@@ -173,10 +181,6 @@ class Recorder:
         self._tables = TableWriter(self._conn, self._report, meta=start, attempt=self.attempt)
         #: the meta this attempt started with (what later ``put_meta`` calls add to)
         self.start_meta = start
-        #: called with (table, row) for every record queued and with ("meta", items) for run-level facts, on
-        #: the recording thread, before the row is the writer's: in-process readers (the leak watch's window)
-        #: get rows without reading them back; it must be cheap and must not block
-        self.tap: Callable[[str, dict[str, Any]], None] | None = None
         self._dropped_stored = 0
         self._rollups_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"gpudash-writer-{rank}", daemon=True)
@@ -214,11 +218,25 @@ class Recorder:
             self._publisher.abandon()
 
     # ---- training-thread API (no I/O) -------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        """Records never stored: the oldest past ``capacity`` (steps and the other tables counted apart), and
+        those a write refused."""
+        return self._dropped + self.steps.dropped
+
+    @property
+    def queued(self) -> int:
+        """Records waiting for the writer."""
+        return len(self._buf) + self.steps.waiting()
+
     def put(self, table: str, row: dict[str, Any]) -> None:
         """Queue one record (the row is the writer's from now on). Never blocks; drops the
         oldest record when full; wakes the writer when ``flush_rows`` records wait (unless writes
         are failing for now: then they wait for the next retry, the queue bounded by ``capacity``).
-        Every step calls this: the common case is one check and one append."""
+        A ``steps`` row goes to :attr:`steps` (packed there: the Monitor hands it over directly)."""
+        if table == "steps":
+            self.steps.put(row)
+            return
         tap = self.tap
         if tap is not None:
             tap(table, row)
@@ -229,12 +247,16 @@ class Recorder:
         buf.append(row)
 
     def _crowded(self) -> None:
-        """``flush_rows`` records wait: count the one the next append drops (when full), wake the writer once,
-        and lend it the GIL when ``lender.rows`` wait (:class:`gpudash.store.lending.Lender`)."""
+        """``flush_rows`` records wait: count the one the next append drops (when full), then :meth:`_waiting`."""
         n = len(self._buf)
         if n >= self.capacity:
-            self.dropped += 1
-        if self._failing is not None:
+            self._dropped += 1
+        self._waiting(n + self.steps.waiting())
+
+    def _waiting(self, n: int) -> None:
+        """``n`` records wait (``flush_rows`` or more): wake the writer once, and lend it the GIL when
+        ``lender.rows`` wait (:class:`gpudash.store.lending.Lender`)."""
+        if n < self.flush_rows or self._failing is not None:
             return
         if not self._woken:
             self._woken = True
@@ -276,11 +298,11 @@ class Recorder:
         self._thread.join(timeout)
         if self._thread.is_alive():  # pragma: no cover - writer stuck on a slow disk
             print(f"gpudash: writer for {self.path} did not finish within {timeout:.0f} s; "
-                  f"{len(self._buf)} records not written", file=sys.stderr)
+                  f"{self.queued} records not written", file=sys.stderr)
             return
         if self._retry:
-            self.dropped += len(self._retry)
-            print(f"gpudash: {len(self._retry)} records could not be written to {self.path} before it closed "
+            self._dropped += _rows(self._retry)
+            print(f"gpudash: {_rows(self._retry)} records could not be written to {self.path} before it closed "
                   f"({self._failing[1] if self._failing else 'write failed'})", file=sys.stderr)
             self._retry = []
         pub = self._publisher
@@ -364,14 +386,18 @@ class Recorder:
         due = everything or time.monotonic() - self._rollups_at >= ROLLUP_INTERVAL_S
         retry, self._retry = self._retry, []
         pop = self._buf.popleft
+        steps = self.steps
         while True:
             items, retry = retry[:_BATCH], retry[_BATCH:]
+            spans = steps.take(steps.writer, _BATCH) if not retry else []
+            taken = sum(end - start for _, start, end in spans)
+            items += records(spans, _TABLE)
             try:
                 while len(items) < _BATCH:
                     items.append(pop())
             except IndexError:
                 pass
-            last = len(items) < _BATCH and not retry
+            last = len(items) < _BATCH and not retry and taken < _BATCH
             self.lender.progress += 1
             self._commit(items, rollups=last and due, final=last and final)
             if self._stalled:
@@ -394,11 +420,12 @@ class Recorder:
             by_table.setdefault(row.get(_TABLE, "?"), []).append(row)
         if rollups or final:
             meta["heartbeat"] = time.time()
-        if self.dropped != self._dropped_stored:
-            meta["dropped_records"] = self.dropped
+        dropped = self.dropped
+        if dropped != self._dropped_stored:
+            meta["dropped_records"] = dropped
         steps = by_table.get("steps")
         if steps:
-            self._last_step = steps[-1].get("step", self._last_step)
+            self._last_step = _last_step(steps[-1], self._last_step)
         tables = self._tables
         if not items and not meta and not tables.rollups.pending:
             return  # nothing to write: no transaction (the log's mtime is the heartbeat)
@@ -430,8 +457,8 @@ class Recorder:
             elif not items:
                 self._report(f"writer: {type(exc).__name__}: {exc}")
             elif len(items) == 1 or self._budget <= 0:
-                self.dropped += len(items)
-                self._report(f"writer: {len(items)} record(s) of {items[0].get(_TABLE)} not written "
+                self._dropped += _rows(items)
+                self._report(f"writer: {_rows(items)} record(s) of {items[0].get(_TABLE)} not written "
                              f"({type(exc).__name__}: {exc})", key=f"writer: {type(exc).__name__}: {exc}")
             else:
                 self._budget -= 1
@@ -454,10 +481,13 @@ class Recorder:
         """A write failed for now: keep the records (bounded by ``capacity``) and say so once."""
         self._stalled = True
         self._retry += items
-        over = len(self._retry) + len(self._buf) - self.capacity
-        if over > 0:
-            del self._retry[:over]
-            self.dropped += over
+        over = _rows(self._retry) + len(self._buf) - self.capacity
+        k = cut = 0
+        while cut < over and k < len(self._retry):  # the oldest records, by rows (a packed one holds many)
+            cut += _rows(self._retry[k:k + 1])
+            k += 1
+        self._dropped += cut
+        del self._retry[:k]
         if self._failing is None:
             self._failing = (time.time(), f"{type(exc).__name__}: {exc}")
             self._report(f"writer: cannot write {self.path} ({exc}); keeping up to {self.capacity} records in "
@@ -497,3 +527,18 @@ class Recorder:
         if event:
             self.put("events", {"time": time.time(), "step": self._last_step, "kind": kind,
                                 "message": msg, "data": None})
+
+
+def _rows(items: list[_Record]) -> int:
+    """Rows in ``items`` (a record of packed step rows holds many)."""
+    return sum(len(r[PACKED].rows) if PACKED in r else 1 for r in items)
+
+
+def _last_step(record: _Record, default: Any) -> Any:
+    """The ``step`` of a ``steps`` record's last row (``default`` when it has none)."""
+    packed = record.get(PACKED)
+    if packed is None:
+        return record.get("step", default)
+    if "step" not in packed.keys or not packed.rows:
+        return default
+    return packed.rows[-1][packed.keys.index("step")]

@@ -121,7 +121,7 @@ def test_dropped_records_are_a_fact(tmp_path: Path) -> None:
             for _ in range(300):
                 with mon.step():
                     mon.log(loss=1.0)
-            dropped = mon.recorder.dropped
+    dropped = mon.recorder.dropped  # (exact once the writer has read: step rows are let go a block at a time)
     assert dropped >= 200
     run = load_run(tmp_path / "r")
     try:

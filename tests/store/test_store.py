@@ -146,8 +146,11 @@ def test_full_buffer_drops_oldest_and_counts(tmp_path: Path) -> None:
     rec = Recorder(tmp_path, flush_interval=60, capacity=100)
     with stuck_writer(rec):
         _write_steps(rec, 0, 1000, 0.0)
-        assert rec.dropped == 900
+        # steps are let go a block at a time as blocks open (the memory held stays within capacity + a block);
+        # the count is exact once the writer reads
+        assert 900 - rec.flush_rows <= rec.dropped <= 900 and rec.queued <= 100 + rec.flush_rows
     rec.close()
+    assert rec.dropped == 900
     run = load_run(tmp_path)
     assert run.steps["step"].tolist() == list(range(900, 1000))
     assert run.meta["dropped_records"] == 900

@@ -28,10 +28,10 @@ def test_a_queue_past_its_row_threshold_wakes_the_writer(tmp_path: Path) -> None
     try:
         for i in range(15):
             rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
-        assert not rec._wake.is_set() and len(rec._buf) == 15  # below the threshold: left for the timer
+        assert not rec._wake.is_set() and rec.queued == 15  # below the threshold: left for the timer
         for i in range(15, 40):
             rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
-        _wait_for(lambda: not rec._buf, "the writer was not woken by a queue past flush_rows")
+        _wait_for(lambda: not rec.queued, "the writer was not woken by a queue past flush_rows")
         with sqlite3.connect(tmp_path / "rank0.db") as conn:
             _wait_for(lambda: conn.execute("SELECT count(*) FROM steps").fetchone()[0] >= 16,
                       "the woken writer committed nothing")

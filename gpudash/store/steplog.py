@@ -1,0 +1,351 @@
+"""The steps table's rows on their way out of the training thread, packed on the thread that makes them.
+
+Every step hands its row (a dict) to :meth:`StepLog.put`. A row of plain numbers (``int``, ``float``, ``bool``)
+whose keys come in the same order as the row before it, as nearly every step's do, is packed into the open
+block: one ``struct.pack_into`` into a preallocated ``bytearray``. The dict and its numbers are then let go on
+the training thread that made them (the next step's row reuses their memory, still in that core's cache), and
+another thread reads only the block's bytes. Handing each row's objects to the writer's thread instead cost the
+training thread ~2-3 µs a step on a 2-core machine (``benchmarks/RESULTS.md``, issue 41: the writer freed them
+on its core and the next step's allocations missed the cache). Any other row (new keys, a text value, ``None``,
+an integer beyond 64 bits, a row marked by :func:`mark_unpacked`) goes into a block of rows as they are, read
+as before; a run whose keys change every step or two stops trying to pack for a block's worth of rows. An int
+logged under a key whose block began with a float is packed as a float (as a REAL column stores it; exact
+below 2**53), and a bool as an int (as SQLite stores it).
+
+Readers take rows in order through a :class:`Cursor` (:meth:`StepLog.take`): the writer's (required: a block
+is let go only once the writer has read it) and the leak watch window's (best effort: it keeps blocks for
+:data:`SPARE_BLOCKS` more at most). The training thread never waits: it writes only the open block (which it
+alone writes) and appends to a deque; readers take a lock among themselves, which the training thread takes
+only to trim a queue past ``capacity`` rows (a writer that cannot keep up), counting the rows it drops. Every
+reader reads a block's row count once, then only the rows below it: a row is counted after it is packed.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_BLOCKS", "Block", "Cursor", "Packed", "StepLog", "mark_unpacked",
+           "numbers", "records"]
+
+BLOCK_ROWS = 64
+"""Rows of one block (the recorder makes it its ``flush_rows``: a full block wakes the writer)."""
+SPARE_BLOCKS = 72
+"""Blocks kept for a best-effort reader past what the writer has read (the leak window's 4,096 rows and a few)."""
+_NUMBERS = frozenset({int, float, np.int64, np.int32, np.float64, np.float32})
+"""The values :func:`numbers` reads from a row as it was put (a tensor above all is NaN: never read, never synced)."""
+_EARLY = 8
+"""A packed block closed by a different row before this many rows closed early; after two such in a row the
+log stops packing for a block's worth of rows (keys that change every step would make a block per row)."""
+
+UNPACKED: Any = None
+"""The key :func:`mark_unpacked` sets: the writer's table tag (``gpudash.store.tables.TABLE_TAG``), never a
+column, so the writer reads such a row as it reads every other table's."""
+
+
+def mark_unpacked(row: dict[Any, Any]) -> None:
+    """Keep ``row`` out of the packed blocks: it holds a value that is not a plain number (a tensor the writer
+    reads later). Packing calls ``__float__``/``__index__`` on what it is handed, and on a GPU tensor that is a
+    sync on the training thread; with this key the row's keys match no packed block, and its value is text."""
+    row[UNPACKED] = "steps"
+
+
+class _Key:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+PACKED: Any = _Key("packed rows")
+"""The key of the writer's record that stands for a span of packed rows (its value is a :class:`Packed`)."""
+
+
+class Packed:
+    """Rows of one packed block as the writer stores them: the keys, and each row's values in their order."""
+
+    __slots__ = ("keys", "rows")
+
+    def __init__(self, keys: tuple[Any, ...], rows: list[tuple[Any, ...]]) -> None:
+        self.keys = keys
+        self.rows = rows
+
+
+class Block:
+    """``cap`` rows: packed (``keys`` and ``codec`` set, rows in ``buf``) or rows as they are (``rows``)."""
+
+    __slots__ = ("buf", "cap", "codec", "keys", "n", "rows", "seq", "width")
+
+    def __init__(self, seq: int, cap: int, keys: tuple[Any, ...] | None = None,
+                 codec: struct.Struct | None = None) -> None:
+        self.seq = seq
+        self.cap = cap
+        self.n = 0
+        self.keys = keys
+        self.codec = codec
+        self.width = codec.size if codec is not None else 0
+        self.buf = bytearray(self.width * cap) if codec is not None else None
+        self.rows: list[dict[Any, Any]] | None = [] if codec is None else None
+
+
+_CLOSED = Block(-1, 0)  # before the first row: full, so the first put opens a block
+
+
+class Cursor:
+    """Where one reader is: the next row to read is row ``row`` of block ``seq``."""
+
+    __slots__ = ("missed", "required", "row", "seq", "taken")
+
+    def __init__(self, required: bool) -> None:
+        self.required = required
+        self.seq = 0
+        self.row = 0
+        self.taken = 0
+        """Rows read so far."""
+        self.missed = 0
+        """Rows let go before this reader read them (a best-effort reader that fell behind)."""
+
+
+Span = tuple[Block, int, int]
+"""Rows ``[start, end)`` of a block."""
+
+
+def _format(row: dict[Any, Any]) -> str | None:
+    """The ``struct`` format of ``row``'s values (little-endian, no padding), None when one is not a plain number."""
+    codes = []
+    for v in row.values():
+        t = v.__class__
+        if t is float:
+            codes.append("d")
+        elif t is int or t is bool:
+            codes.append("q")
+        else:
+            return None
+    return "<" + "".join(codes)
+
+
+class StepLog:
+    """The step rows of one recorder, in blocks, until its readers have taken them (see the module doc)."""
+
+    def __init__(self, capacity: int, block_rows: int = BLOCK_ROWS,
+                 on_block: Callable[[int], None] | None = None) -> None:
+        self.capacity = capacity
+        self.block_rows = max(1, block_rows)
+        #: called on the recording thread when it opens a block, with the rows the writer has not taken
+        self.on_block = on_block
+        self._blocks: deque[Block] = deque()
+        self._open = _CLOSED
+        self._seq = 0
+        self._early = 0  # packed blocks closed early, in a row
+        self._closed_rows = 0  # rows in the blocks before the open one
+        self._lock = threading.Lock()
+        self.writer = Cursor(required=True)
+        self._cursors = [self.writer]
+        self.dropped = 0
+        """Rows the writer never read: let go past ``capacity`` (oldest first)."""
+
+    # ---- the recording thread -------------------------------------------------------------
+    def put(self, row: dict[Any, Any]) -> None:
+        """Queue one step's row (the log's from now on). Never blocks, never raises for a value."""
+        b = self._open
+        n = b.n
+        if n < b.cap:
+            keys = b.keys
+            if keys is None:
+                b.rows.append(row)  # type: ignore[union-attr]
+                b.n = n + 1
+                return
+            if tuple(row) == keys:
+                try:
+                    b.codec.pack_into(b.buf, n * b.width, *row.values())  # type: ignore[union-attr, arg-type]
+                except (struct.error, TypeError, ValueError, OverflowError):
+                    pass  # (a value of another type under a key: a block for this row's types)
+                else:
+                    b.n = n + 1
+                    return
+        self._put_new(row)
+
+    def _put_new(self, row: dict[Any, Any]) -> None:
+        """``row`` does not go into the open block: open one for it."""
+        old = self._open
+        if old.keys is not None:  # a packed block, full or closed by a row of other keys or types
+            self._early = self._early + 1 if old.n < _EARLY else 0
+        fmt = _format(row) if self._early < 2 else None
+        if fmt is not None:
+            codec = struct.Struct(fmt)
+            b = self._open_block(tuple(row), codec)
+            try:
+                codec.pack_into(b.buf, 0, *row.values())  # type: ignore[arg-type]
+                b.n = 1
+                return
+            except (struct.error, TypeError, ValueError, OverflowError):  # (an integer beyond 64 bits)
+                b.cap = 0  # closed, empty: readers skip it
+        self._early = 0  # a block of rows as they are; the block after it tries packing again
+        b = self._open_block(None, None)
+        b.rows.append(row)  # type: ignore[union-attr]
+        b.n = 1
+
+    def _open_block(self, keys: tuple[Any, ...] | None, codec: struct.Struct | None) -> Block:
+        old = self._open
+        self._closed_rows += old.n
+        b = Block(self._seq, self.block_rows, keys, codec)
+        self._seq += 1
+        self._blocks.append(b)  # before any row is in it: a reader that sees it knows the block before is done
+        self._open = b
+        waiting = self._closed_rows - self.writer.taken - self.dropped
+        if waiting > self.capacity:
+            with self._lock:
+                self._trim(self.capacity)
+                waiting = self.capacity
+        if self.on_block is not None and waiting > 0:
+            self.on_block(waiting)
+        return b
+
+    # ---- readers ------------------------------------------------------------------------------
+    def cursor(self) -> Cursor:
+        """A best-effort reader starting at the oldest row still kept."""
+        c = Cursor(required=False)
+        with self._lock:
+            if self._blocks:
+                c.seq = self._blocks[0].seq
+            self._cursors.append(c)
+        return c
+
+    def release(self, cursor: Cursor) -> None:
+        """The reader is done: nothing is kept for it."""
+        with self._lock:
+            if cursor in self._cursors and not cursor.required:
+                self._cursors.remove(cursor)
+
+    def take(self, cursor: Cursor, limit: int | None = None) -> list[Span]:
+        """The rows ``cursor`` has not read (at most ``limit``), oldest first; the cursor moves past them."""
+        spans: list[Span] = []
+        got = 0
+        with self._lock:
+            if cursor.required:
+                self._trim(self.capacity)
+            blocks = list(self._blocks)
+            if blocks and cursor.seq < blocks[0].seq:  # let go before this reader read them (counted by _prune)
+                cursor.seq, cursor.row = blocks[0].seq, 0
+            for b in blocks:
+                if b.seq < cursor.seq:
+                    continue
+                start = cursor.row if b.seq == cursor.seq else 0
+                end = b.n if limit is None else min(b.n, start + limit - got)
+                if end > start:
+                    spans.append((b, start, end))
+                    got += end - start
+                cursor.seq, cursor.row = b.seq, max(start, end)
+                if limit is not None and got >= limit:
+                    break
+            cursor.taken += got
+            self._prune()
+        return spans
+
+    def waiting(self) -> int:
+        """Rows put that the writer has not taken (nor were let go)."""
+        return self._closed_rows + self._open.n - self.writer.taken - self.dropped
+
+    def _passed(self, c: Cursor, b: Block) -> bool:
+        return c.seq > b.seq or (c.seq == b.seq and c.row >= b.n)
+
+    def _prune(self) -> None:
+        """Let go of the closed blocks every required reader has read (and every best-effort one, or past
+        :data:`SPARE_BLOCKS`). Under the lock."""
+        blocks = self._blocks
+        while len(blocks) > 1:  # (the newest block is open: the recording thread may add to it)
+            b = blocks[0]
+            if not all(self._passed(c, b) for c in self._cursors if c.required):
+                return
+            if len(blocks) <= SPARE_BLOCKS and any(not self._passed(c, b) for c in self._cursors):
+                return
+            self._let_go_front()
+
+    def _trim(self, keep: int) -> None:
+        """The writer's unread rows past ``keep``: the oldest are let go and counted (under the lock)."""
+        w = self.writer
+        over = self.waiting() - keep
+        blocks = self._blocks
+        while over > 0 and blocks:
+            b = blocks[0]
+            if b.seq < w.seq:  # read by the writer, kept for another reader: let go first
+                self._let_go_front()
+                continue
+            start = w.row if b.seq == w.seq else 0
+            skip = min(over, b.n - start)
+            self.dropped += skip
+            over -= skip
+            w.seq, w.row = b.seq, start + skip
+            if w.row >= b.n and len(blocks) > 1:
+                self._let_go_front()
+                w.seq, w.row = blocks[0].seq, 0
+            elif over > 0:
+                break  # (the open block: nothing more to let go)
+
+    def _let_go_front(self) -> None:
+        b = self._blocks.popleft()
+        for c in self._cursors:
+            if not c.required and not self._passed(c, b):
+                c.missed += b.n - (c.row if c.seq == b.seq else 0)
+                c.seq, c.row = b.seq + 1, 0
+
+
+def records(spans: list[Span], tag: Any) -> list[dict[Any, Any]]:
+    """The writer's records of ``spans``: a span of packed rows is one record (``PACKED``: a :class:`Packed`),
+    a row as it was put is its own; each carries the table tag under ``tag``."""
+    out: list[dict[Any, Any]] = []
+    last: Packed | None = None
+    for b, start, end in spans:
+        if b.codec is not None:
+            view = memoryview(b.buf)[start * b.width:end * b.width]  # type: ignore[arg-type]
+            if last is not None and last.keys == b.keys:  # blocks of the same keys: one record (one statement)
+                last.rows += b.codec.iter_unpack(view)
+                continue
+            last = Packed(b.keys, list(b.codec.iter_unpack(view)))  # type: ignore[arg-type]
+            out.append({tag: "steps", PACKED: last})
+        else:
+            last = None
+            for row in b.rows[start:end]:  # type: ignore[index]
+                row[tag] = "steps"
+                out.append(row)
+    return out
+
+
+def numbers(spans: list[Span], names: tuple[str, ...]) -> tuple[int, dict[str, np.ndarray]]:
+    """The rows of ``spans`` as float columns of ``names`` (NaN where a row has no such number): the leak
+    window's copy, read without building a dict per row."""
+    total = sum(end - start for _, start, end in spans)
+    out = {name: np.full(total, np.nan) for name in names}
+    at = 0
+    for b, start, end in spans:
+        m = end - start
+        if b.codec is not None:
+            assert b.keys is not None and b.buf is not None
+            fmt = b.codec.format[1:]
+            dtype = np.dtype({"names": [f"f{i}" for i in range(len(fmt))],
+                              "formats": ["<f8" if c == "d" else "<i8" for c in fmt]})
+            arr = np.frombuffer(b.buf, dtype=dtype, count=m, offset=start * b.width)
+            for name in names:
+                try:
+                    i = b.keys.index(name)
+                except ValueError:
+                    continue
+                out[name][at:at + m] = arr[f"f{i}"]
+        else:
+            rows = b.rows[start:end]  # type: ignore[index]
+            for name in names:
+                col = out[name]
+                for j, row in enumerate(rows):
+                    v = row.get(name)
+                    if v.__class__ in _NUMBERS:
+                        col[at + j] = v
+        at += m
+    return total, out
