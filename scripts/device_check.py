@@ -12,6 +12,7 @@ Writes into OUT_DIR:
   leak.md               the leak rule on a loop keeping its losses (and the fixed loop): the live event's
                         growth per step against the bytes the loop keeps, and the frames the snapshot diff names
   collectors.txt        collector costs (benchmarks/collectors.py) and Monitor overhead ratio
+  micro.txt             issue 41's microbenchmark (benchmarks/overhead.py --parts 5) on the device host's CPU
   fixtures/             allocator snapshot pickle + NVML recording for the CPU tests
   samples/              two small trainer runs on the GPU for sample_runs/: healthy, and an OOM with its snapshot
   graphs.md             the retained-graph and gradient-penalty loops' growth on the GPU, bare vs gpudash run
@@ -610,7 +611,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0, help="steps per trainer run (default: 12 on GPU, 4 on CPU)")
     ap.add_argument("--run-timeout", type=float, default=0, help="seconds per trainer run (default 90 GPU, 120 CPU)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: "
-                    "collectors,overhead,live,samples,leak,graphs,gpu_tests,strategies,cards")
+                    "collectors,overhead,micro,live,samples,leak,graphs,gpu_tests,strategies,cards")
     ap.add_argument("--jobs", type=int, default=1, help="after the timed parts, run the other parts side by side and "
                     "this many trainer runs of a part at once (memory is per process; step times are shared)")
     ap.add_argument("--deadline", type=float, default=0, help="seconds: no part or run starts after this; "
@@ -667,6 +668,10 @@ def main() -> int:
     def collectors_part() -> None:
         (out / "collectors.txt").write_text(collectors(out, gpu))
 
+    def micro_part() -> None:  # issue 41's microbenchmark on another machine (CPU only; peers where installed)
+        (out / "micro.txt").write_text(report([sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--parts", "5"],
+                                              120.0))
+
     def overhead_part() -> None:
         summary["overhead"] = overhead(out, gpu, 50 if gpu else 20)
         with open(out / "collectors.txt", "a") as f:
@@ -682,6 +687,7 @@ def main() -> int:
     # memory matrices, side by side with --jobs
     part("collectors", collectors_part)
     part("overhead", overhead_part)
+    part("micro", micro_part)
     part("live", lambda: summary.__setitem__("live", live(out, gpu)))
     rest = [("samples", lambda: summary.__setitem__("samples", samples(out, gpu, timeout))),
             ("leak", lambda: summary.__setitem__("leak", leak(out, gpu, 180.0))),

@@ -309,8 +309,10 @@ class TableWriter:
         names = {k: self._column(table, k) for k in keys}
         self._ensure_columns(table, names, [dict(zip(keys, data[0], strict=True))])
         known = self._columns[table]
-        at = {c: i for i, c in enumerate(names.values()) if c in known and c != ATTEMPT_COLUMN}  # (the last key
-        cols = [c for c in known if c in at]  # under a column, as the dict path's)
+        # each column's value: the last key under it, as the dict path's; columns in the keys' order (an INSERT
+        # names its columns: no tuple is rebuilt when every key is a column of its own)
+        at = {c: i for i, c in enumerate(names.values()) if c in known and c != ATTEMPT_COLUMN}
+        cols = list(at)
         if not cols:
             return
         idx = [at[c] for c in cols]
