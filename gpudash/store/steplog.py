@@ -14,7 +14,7 @@ below 2**53), and a bool as an int (as SQLite stores it).
 
 Readers take rows in order through a :class:`Cursor` (:meth:`StepLog.take`): the writer's (required: a block
 is let go only once the writer has read it) and the leak watch window's (best effort: it keeps blocks for
-:data:`SPARE_BLOCKS` more at most). The training thread never waits: it writes only the open block (which it
+:data:`SPARE_ROWS` more at most). The training thread never waits: it writes only the open block (which it
 alone writes) and appends to a deque; readers take a lock among themselves, which the training thread takes
 only to trim a queue past ``capacity`` rows (a writer that cannot keep up), counting the rows it drops. Every
 reader reads a block's row count once, then only the rows below it: a row is counted after it is packed.
@@ -30,13 +30,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_BLOCKS", "Block", "Cursor", "Packed", "StepLog", "mark_unpacked",
+__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_ROWS", "Block", "Cursor", "Packed", "StepLog", "mark_unpacked",
            "numbers", "records"]
 
 BLOCK_ROWS = 64
-"""Rows of one block (the recorder makes it its ``flush_rows``: a full block wakes the writer)."""
-SPARE_BLOCKS = 72
-"""Blocks kept for a best-effort reader past what the writer has read (the leak window's 4,096 rows and a few)."""
+"""Rows of one block (the recorder's is its ``flush_rows``: a full block wakes the writer, and lends it the GIL
+when it is behind). Blocks of 256 rows halved what a loop that holds the GIL paid a step, but the writer, lent the
+GIL a quarter as often, fell 40,000 rows behind in 3 s of 10 µs steps (``benchmarks/RESULTS.md``)."""
+SPARE_ROWS = 4096
+"""Rows kept for a best-effort reader past what the writer has read (the leak window's 4,096), in whole blocks
+and two more."""
 _NUMBERS = frozenset({int, float, np.int64, np.int32, np.float64, np.float32})
 """The values :func:`numbers` reads from a row as it was put (a tensor above all is NaN: never read, never synced)."""
 _EARLY = 8
@@ -139,6 +142,7 @@ class StepLog:
                  on_block: Callable[[int], None] | None = None) -> None:
         self.capacity = capacity
         self.block_rows = max(1, block_rows)
+        self.spare_blocks = -(-SPARE_ROWS // self.block_rows) + 2
         #: called on the recording thread when it opens a block, with the rows the writer has not taken
         self.on_block = on_block
         self._blocks: deque[Block] = deque()
@@ -259,13 +263,13 @@ class StepLog:
 
     def _prune(self) -> None:
         """Let go of the closed blocks every required reader has read (and every best-effort one, or past
-        :data:`SPARE_BLOCKS`). Under the lock."""
+        :data:`SPARE_ROWS`). Under the lock."""
         blocks = self._blocks
         while len(blocks) > 1:  # (the newest block is open: the recording thread may add to it)
             b = blocks[0]
             if not all(self._passed(c, b) for c in self._cursors if c.required):
                 return
-            if len(blocks) <= SPARE_BLOCKS and any(not self._passed(c, b) for c in self._cursors):
+            if len(blocks) <= self.spare_blocks and any(not self._passed(c, b) for c in self._cursors):
                 return
             self._let_go_front()
 

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudash.store.steplog import PACKED, SPARE_BLOCKS, StepLog, mark_unpacked, numbers, records
+from gpudash.store.steplog import PACKED, StepLog, mark_unpacked, numbers, records
 from gpudash.store.tables import TABLE_TAG
 from gpudash.store.writer import Recorder
 
@@ -106,13 +106,15 @@ def test_a_best_effort_reader_reads_every_row_and_never_holds_the_writer_back() 
     log.take(log.writer)
     n, cols = numbers(log.take(cur), ("step", "time", "tokens", "absent"))
     assert n == 20 and cols["step"].tolist() == list(range(20)) and np.isnan(cols["absent"]).all()
-    # a reader that never reads: blocks the writer has read are kept for it up to SPARE_BLOCKS, then let go
-    for i in range(20, 20 + 8 * (SPARE_BLOCKS + 10)):
+    # a reader that never reads: blocks the writer has read are kept for it up to SPARE_ROWS, then let go
+    spare = log.spare_blocks
+    assert spare == 4096 // 8 + 2
+    for i in range(20, 20 + 8 * (spare + 10)):
         log.put({"step": i, "time": float(i), "tokens": 64})
         log.take(log.writer)
-    assert len(log._blocks) <= SPARE_BLOCKS and cur.missed > 0
+    assert len(log._blocks) <= spare and cur.missed > 0
     n, cols = numbers(log.take(cur), ("step",))
-    assert cols["step"][-1] == 19 + 8 * (SPARE_BLOCKS + 10) and np.all(np.diff(cols["step"]) == 1)
+    assert cols["step"][-1] == 19 + 8 * (spare + 10) and np.all(np.diff(cols["step"]) == 1)
     log.release(cur)
 
 

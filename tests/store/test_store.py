@@ -148,7 +148,8 @@ def test_full_buffer_drops_oldest_and_counts(tmp_path: Path) -> None:
         _write_steps(rec, 0, 1000, 0.0)
         # steps are let go a block at a time as blocks open (the memory held stays within capacity + a block);
         # the count is exact once the writer reads
-        assert 900 - rec.flush_rows <= rec.dropped <= 900 and rec.queued <= 100 + rec.flush_rows
+        block = rec.steps.block_rows
+        assert 900 - block <= rec.dropped <= 900 and rec.queued <= 100 + block
     rec.close()
     assert rec.dropped == 900
     run = load_run(tmp_path)

@@ -23,23 +23,27 @@ def _wait_for(cond: object, what: str, limit: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_queue_past_its_row_threshold_wakes_the_writer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("table", ["steps", "memory"])
+def test_a_queue_past_its_row_threshold_wakes_the_writer(tmp_path: Path, table: str) -> None:
+    """Records wake the writer at ``flush_rows``: step rows (packed) when a block of the step log is full."""
     rec = Recorder(tmp_path, flush_interval=3600, flush_rows=16)  # its timer would not fire within the test
+    mark = rec.steps.block_rows if table == "steps" else rec.flush_rows
+    assert mark == 16
     try:
-        for i in range(15):
-            rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
-        assert not rec._wake.is_set() and rec.queued == 15  # below the threshold: left for the timer
-        for i in range(15, 40):
-            rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
-        _wait_for(lambda: not rec.queued, "the writer was not woken by a queue past flush_rows")
+        for i in range(mark - 1):
+            rec.put(table, {"step": i, "time": float(i), "duration_s": 0.1})
+        assert not rec._wake.is_set() and rec.queued == mark - 1  # below the threshold: left for the timer
+        for i in range(mark - 1, 2 * mark + 8):
+            rec.put(table, {"step": i, "time": float(i), "duration_s": 0.1})
+        _wait_for(lambda: not rec.queued, "the writer was not woken by a queue past its threshold")
         with sqlite3.connect(tmp_path / "rank0.db") as conn:
-            _wait_for(lambda: conn.execute("SELECT count(*) FROM steps").fetchone()[0] >= 16,
+            _wait_for(lambda: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] >= mark,
                       "the woken writer committed nothing")
     finally:
         rec.close()
     with sqlite3.connect(tmp_path / "rank0.db") as conn:
-        steps = [s for (s,) in conn.execute("SELECT step FROM steps ORDER BY rowid")]
-    assert steps == list(range(40)) and rec.dropped == 0  # every record, in order, once
+        steps = [s for (s,) in conn.execute(f"SELECT step FROM {table} ORDER BY rowid")]
+    assert steps == list(range(2 * mark + 8)) and rec.dropped == 0  # every record, in order, once
 
 
 def test_flush_rows_is_at_most_the_capacity_and_at_least_one(tmp_path: Path) -> None:
