@@ -35,8 +35,8 @@ __all__ = ["BLOCK_ROWS", "PACKED", "SPARE_ROWS", "Block", "Cursor", "Packed", "S
 
 BLOCK_ROWS = 64
 """Rows of one block (the recorder's is its ``flush_rows``: a full block wakes the writer, and lends it the GIL
-when it is behind). Blocks of 256 rows halved what a loop that holds the GIL paid a step, but the writer, lent the
-GIL a quarter as often, fell 40,000 rows behind in 3 s of 10 µs steps (``benchmarks/RESULTS.md``)."""
+when it is behind). Blocks of 256 rows made a loop that holds the GIL faster only by putting the writer's work
+off: it fell 40,000 rows behind in 3 s of 10 µs steps (``benchmarks/RESULTS.md``)."""
 SPARE_ROWS = 4096
 """Rows kept for a best-effort reader past what the writer has read (the leak window's 4,096), in whole blocks
 and two more."""
