@@ -344,15 +344,17 @@ class Monitor:
         if _PLAIN.issuperset(map(type, scalars.values())):  # plain numbers: nothing to detach
             row.update(scalars)
             return
-        mark_unpacked(row)  # (a tensor is never packed on this thread: its __float__ would wait for the GPU)
         for k, v in scalars.items():
             detach = getattr(v, "detach", None)
             if detach is None:
                 row[k] = v
+                if v.__class__ not in _PLAIN:  # (a numpy number, an object: the writer converts it)
+                    mark_unpacked(row)
             elif getattr(v, "is_cpu", False) and v.numel() == 1:
                 row[k] = v.item()
             else:
                 row[k] = detach()
+                mark_unpacked(row)  # (a tensor is never packed on this thread: its __float__ would wait for the GPU)
 
     def log_memory(self, **values: Any) -> None:
         """Add byte counts (e.g. ``offload_bytes``) to this step's memory record."""

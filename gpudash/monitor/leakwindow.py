@@ -164,7 +164,8 @@ class LeakWindow:
         log, cursor = self._log, self._cursor
         if log is not None and cursor is not None:
             ring = self.rings["steps"]
-            ring.extend(*numbers(log.take(cursor), tuple(name for name, _ in ring.pairs)))
+            names = tuple(name for name, _ in ring.pairs)
+            ring.extend(*log.take(cursor, lambda spans: numbers(spans, names)))
         for ring in self.rings.values():
             ring.take()
 

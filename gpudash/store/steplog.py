@@ -26,7 +26,7 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,13 @@ off: it fell 40,000 rows behind in 3 s of 10 µs steps (``benchmarks/RESULTS.md`
 SPARE_ROWS = 4096
 """Rows kept for a best-effort reader past what the writer has read (the leak window's 4,096), in whole blocks
 and two more."""
+_SPARE_BUFFERS = 4
+"""Buffers of let-go blocks kept for new ones. A reader's thread lets a block go: its buffer, freed there, went to
+that thread's malloc cache while the recording thread allocated a new one, so the watched process held ~15-30 KB
+more in-use memory for good (glibc's per-thread caches); reused, no buffer is freed or allocated once the log runs."""
+_CODECS = 64
+"""Row layouts whose ``struct.Struct`` is kept (made once, not per block: each holds a malloc'd table freed on the
+thread that lets its block go)."""
 _NUMBERS = frozenset({int, float, np.int64, np.int32, np.float64, np.float32})
 """The values :func:`numbers` reads from a row as it was put (a tensor above all is NaN: never read, never synced)."""
 _EARLY = 8
@@ -88,14 +95,14 @@ class Block:
     __slots__ = ("buf", "cap", "codec", "keys", "n", "rows", "seq", "width")
 
     def __init__(self, seq: int, cap: int, keys: tuple[Any, ...] | None = None,
-                 codec: struct.Struct | None = None) -> None:
+                 codec: struct.Struct | None = None, buf: bytearray | None = None) -> None:
         self.seq = seq
         self.cap = cap
         self.n = 0
         self.keys = keys
         self.codec = codec
         self.width = codec.size if codec is not None else 0
-        self.buf = bytearray(self.width * cap) if codec is not None else None
+        self.buf = (buf if buf is not None else bytearray(self.width * cap)) if codec is not None else None
         self.rows: list[dict[Any, Any]] | None = [] if codec is None else None
 
 
@@ -117,6 +124,7 @@ class Cursor:
         """Rows let go before this reader read them (a best-effort reader that fell behind)."""
 
 
+T = TypeVar("T")
 Span = tuple[Block, int, int]
 """Rows ``[start, end)`` of a block."""
 
@@ -150,6 +158,8 @@ class StepLog:
         self._seq = 0
         self._early = 0  # packed blocks closed early, in a row
         self._closed_rows = 0  # rows in the blocks before the open one
+        self._spare: list[bytearray] = []  # buffers of let-go blocks, for the next blocks
+        self._codecs: dict[str, struct.Struct] = {}  # one per row layout seen (a Struct holds a malloc'd table)
         self._lock = threading.Lock()
         self.writer = Cursor(required=True)
         self._cursors = [self.writer]
@@ -184,7 +194,11 @@ class StepLog:
             self._early = self._early + 1 if old.n < _EARLY else 0
         fmt = _format(row) if self._early < 2 else None
         if fmt is not None:
-            codec = struct.Struct(fmt)
+            codec = self._codecs.get(fmt)
+            if codec is None:
+                codec = struct.Struct(fmt)
+                if len(self._codecs) < _CODECS:
+                    self._codecs[fmt] = codec
             b = self._open_block(tuple(row), codec)
             try:
                 codec.pack_into(b.buf, 0, *row.values())  # type: ignore[arg-type]
@@ -200,7 +214,14 @@ class StepLog:
     def _open_block(self, keys: tuple[Any, ...] | None, codec: struct.Struct | None) -> Block:
         old = self._open
         self._closed_rows += old.n
-        b = Block(self._seq, self.block_rows, keys, codec)
+        buf = None
+        if codec is not None:  # a let-go block's buffer of the same size, when there is one (see _SPARE_BUFFERS)
+            size, spare = codec.size * self.block_rows, self._spare
+            for i in range(len(spare) - 1, -1, -1):
+                if len(spare[i]) == size:
+                    buf = spare.pop(i)  # (readers only append, under the lock: the index still holds it)
+                    break
+        b = Block(self._seq, self.block_rows, keys, codec, buf)
         self._seq += 1
         self._blocks.append(b)  # before any row is in it: a reader that sees it knows the block before is done
         self._open = b
@@ -229,8 +250,9 @@ class StepLog:
             if cursor in self._cursors and not cursor.required:
                 self._cursors.remove(cursor)
 
-    def take(self, cursor: Cursor, limit: int | None = None) -> list[Span]:
-        """The rows ``cursor`` has not read (at most ``limit``), oldest first; the cursor moves past them."""
+    def take(self, cursor: Cursor, read: Callable[[list[Span]], T], limit: int | None = None) -> T:
+        """``read`` of the rows ``cursor`` has not read (at most ``limit``; spans of blocks, oldest first), called
+        under the lock (a block let go is reused: its bytes are valid only there); the cursor moves past them."""
         spans: list[Span] = []
         got = 0
         with self._lock:
@@ -251,8 +273,10 @@ class StepLog:
                 if limit is not None and got >= limit:
                     break
             cursor.taken += got
-            self._prune()
-        return spans
+            try:
+                return read(spans)
+            finally:
+                self._prune()
 
     def waiting(self) -> int:
         """Rows put that the writer has not taken (nor were let go)."""
@@ -296,6 +320,8 @@ class StepLog:
 
     def _let_go_front(self) -> None:
         b = self._blocks.popleft()
+        if b.buf is not None and len(self._spare) < _SPARE_BUFFERS:
+            self._spare.append(b.buf)  # (no reader holds its bytes: they are read under the lock)
         for c in self._cursors:
             if not c.required and not self._passed(c, b):
                 c.missed += b.n - (c.row if c.seq == b.seq else 0)

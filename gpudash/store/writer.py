@@ -50,7 +50,7 @@ from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import rank_meta_name, read_meta_rows
 from gpudash.store.sharedfs import shared_mode
-from gpudash.store.steplog import PACKED, StepLog, records
+from gpudash.store.steplog import PACKED, Span, StepLog, records
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
@@ -120,7 +120,7 @@ class Recorder:
         self._buf: deque[_Record] = deque(maxlen=capacity)
         #: the ``steps`` rows, packed on the recording thread (:mod:`gpudash.store.steplog`); a full block of
         #: ``flush_rows`` wakes the writer
-        self.steps = StepLog(capacity, block_rows=self.flush_rows, on_block=self._waiting)
+        self.steps = StepLog(capacity, block_rows=self.flush_rows, on_block=self._steps_waiting)
         #: called with (table, row) for every record queued but ``steps`` and with ("meta", items) for run-level
         #: facts, on the recording thread, before the row is the writer's: in-process readers (the leak watch's
         #: window) get rows without reading them back; it must be cheap and must not block
@@ -242,7 +242,7 @@ class Recorder:
             tap(table, row)
         row[_TABLE] = table
         buf = self._buf
-        if len(buf) >= self.flush_rows:
+        if len(buf) + self.steps.waiting() >= self.flush_rows:  # (step rows wait too: one writer for both)
             self._crowded()
         buf.append(row)
 
@@ -252,6 +252,10 @@ class Recorder:
         if n >= self.capacity:
             self._dropped += 1
         self._waiting(n + self.steps.waiting())
+
+    def _steps_waiting(self, n: int) -> None:
+        """A block of step rows is full: ``n`` step rows wait, and the queue's records."""
+        self._waiting(n + len(self._buf))
 
     def _waiting(self, n: int) -> None:
         """``n`` records wait (``flush_rows`` or more): wake the writer once, and lend it the GIL when
@@ -389,9 +393,9 @@ class Recorder:
         steps = self.steps
         while True:
             items, retry = retry[:_BATCH], retry[_BATCH:]
-            spans = steps.take(steps.writer, _BATCH) if not retry else []
-            taken = sum(end - start for _, start, end in spans)
-            items += records(spans, _TABLE)
+            got = steps.take(steps.writer, _step_records, _BATCH) if not retry else []
+            taken = _rows(got)
+            items += got
             try:
                 while len(items) < _BATCH:
                     items.append(pop())
@@ -527,6 +531,10 @@ class Recorder:
         if event:
             self.put("events", {"time": time.time(), "step": self._last_step, "kind": kind,
                                 "message": msg, "data": None})
+
+
+def _step_records(spans: list[Span]) -> list[_Record]:
+    return records(spans, _TABLE)
 
 
 def _rows(items: list[_Record]) -> int:

@@ -187,3 +187,19 @@ def test_a_written_chunk_is_not_kept_by_sqlite(tmp_path: Path) -> None:
     assert before is not None and after is not None
     assert blob and blob > 200_000  # the chunk was written ...
     assert after - before < blob // 4, (before, after, blob)  # ... and SQLite let go of it
+
+
+def test_step_rows_and_other_records_wake_the_writer_together(tmp_path: Path) -> None:
+    """A GPU step queues a step row and a memory record: the writer is woken when ``flush_rows`` wait in all, as
+    when both went in one queue (woken half as often, the memory records' dicts piled up twice as long: the
+    watched process held ~30 KB more between flushes)."""
+    rec = Recorder(tmp_path, flush_interval=3600, flush_rows=16)
+    try:
+        for i in range(8):
+            rec.put("steps", {"step": i, "time": float(i), "duration_s": 0.1})
+            rec.put("memory", {"step": i, "time": float(i), "allocated_bytes": 1})
+        assert not rec._wake.is_set() and rec.queued == 16  # (each queue alone is below its threshold)
+        rec.put("memory", {"step": 8, "time": 8.0, "allocated_bytes": 1})
+        _wait_for(lambda: not rec.queued, "the writer was not woken by 16 records of two queues")
+    finally:
+        rec.close()
