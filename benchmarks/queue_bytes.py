@@ -28,6 +28,16 @@ from gpudash.monitor import Monitor
 IN_USE = malloc_used()
 
 
+def steps(mon: Monitor, n: int) -> None:
+    """``n`` steps of the microbenchmark's body: step + 4 phases + 8 scalars."""
+    for i in range(n):
+        with mon.step(samples=8, tokens=1024):
+            for ph in ("data", "forward", "backward", "optimizer"):
+                with mon.phase(ph):
+                    pass
+            mon.log(**scalars(i))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100_000, help="step rows queued (default 100,000)")
@@ -38,20 +48,10 @@ def main() -> None:
         rec = mon.recorder
         held = rec._flush_once
         rec._flush_once = lambda **kw: None  # type: ignore[method-assign]  # the writer stores nothing
-        for i in range(200):  # warm-up: the row's keys, the phases, the first blocks
-            with mon.step(samples=8, tokens=1024):
-                for ph in ("data", "forward", "backward", "optimizer"):
-                    with mon.phase(ph):
-                        pass
-                mon.log(**scalars(i))
+        steps(mon, 200)  # warm-up: the row's keys, the phases, the first blocks
         gc.collect()
         before = IN_USE() if IN_USE else 0
-        for i in range(n):
-            with mon.step(samples=8, tokens=1024):
-                for ph in ("data", "forward", "backward", "optimizer"):
-                    with mon.phase(ph):
-                        pass
-                mon.log(**scalars(i))
+        steps(mon, n)
         gc.collect()
         per_row = (IN_USE() - before) / n if IN_USE else float("nan")
         queued = rec.queued if hasattr(rec, "queued") else len(rec._buf)  # (the tree before the step log)
