@@ -3,10 +3,9 @@
 Every step hands its row (a dict) to :meth:`StepLog.put`. A row of plain numbers (``int``, ``float``, ``bool``)
 whose keys come in the same order as the row before it, as nearly every step's do, is packed into the open
 block: one ``struct.pack_into`` into a preallocated ``bytearray``. The dict and its numbers are then let go on
-the training thread that made them (the next step's row reuses their memory, still in that core's cache), and
-another thread reads only the block's bytes. Handing each row's objects to the writer's thread instead cost the
-training thread ~2-3 µs a step on a 2-core machine (``benchmarks/RESULTS.md``, issue 41: the writer freed them
-on its core and the next step's allocations missed the cache). Any other row (new keys, a text value, ``None``,
+the training thread that made them, and another thread reads only the block's bytes: a queued row holds 146 bytes
+where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row
+(``benchmarks/RESULTS.md``, issue 41: its CPU a row 8-10 µs, was 12-14). Any other row (new keys, a text value, ``None``,
 an integer beyond 64 bits, a row marked by :func:`mark_unpacked`) goes into a block of rows as they are, read
 as before; a run whose keys change every step or two stops trying to pack for a block's worth of rows. An int
 logged under a key whose block began with a float is packed as a float (as a REAL column stores it; exact
@@ -41,9 +40,9 @@ SPARE_ROWS = 4096
 """Rows kept for a best-effort reader past what the writer has read (the leak window's 4,096), in whole blocks
 and two more."""
 _SPARE_BUFFERS = 4
-"""Buffers of let-go blocks kept for new ones. A reader's thread lets a block go: its buffer, freed there, went to
-that thread's malloc cache while the recording thread allocated a new one, so the watched process held ~15-30 KB
-more in-use memory for good (glibc's per-thread caches); reused, no buffer is freed or allocated once the log runs."""
+"""Buffers of let-go blocks kept for new ones: a reader's thread lets a block go, and its buffer would otherwise be
+freed there (into that thread's malloc cache) while the recording thread allocates the next; reused, no buffer is
+freed or allocated once the log runs."""
 _CODECS = 64
 """Row layouts whose ``struct.Struct`` is kept (made once, not per block: each holds a malloc'd table freed on the
 thread that lets its block go)."""
