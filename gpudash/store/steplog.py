@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_ROWS", "Block", "Cursor", "Packed", "StepLog", "mark_unpacked",
-           "numbers", "records"]
+__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_ROWS", "Block", "Cursor", "Packed", "StepLog", "last_step_of",
+           "mark_unpacked", "numbers", "record_rows", "records"]
 
 BLOCK_ROWS = 64
 """Rows of one block (the recorder's is its ``flush_rows``: a full block wakes the writer, and lends it the GIL
@@ -327,9 +327,10 @@ class StepLog:
                 c.seq, c.row = b.seq + 1, 0
 
 
-def records(spans: list[Span], tag: Any) -> list[dict[Any, Any]]:
+def records(spans: list[Span]) -> list[dict[Any, Any]]:
     """The writer's records of ``spans``: a span of packed rows is one record (``PACKED``: a :class:`Packed`),
-    a row as it was put is its own; each carries the table tag under ``tag``."""
+    a row as it was put is its own; each carries the writer's table tag (the key :data:`UNPACKED`)."""
+    tag = UNPACKED
     out: list[dict[Any, Any]] = []
     last: Packed | None = None
     for b, start, end in spans:
@@ -378,3 +379,18 @@ def numbers(spans: list[Span], names: tuple[str, ...]) -> tuple[int, dict[str, n
                         col[at + j] = v
         at += m
     return total, out
+
+
+def record_rows(items: list[dict[Any, Any]]) -> int:
+    """Rows in the writer's ``items`` (a record of packed step rows holds many)."""
+    return sum(len(r[PACKED].rows) if PACKED in r else 1 for r in items)
+
+
+def last_step_of(record: dict[Any, Any], default: Any) -> Any:
+    """The ``step`` of a ``steps`` record's last row (``default`` when it has none)."""
+    packed = record.get(PACKED)
+    if packed is None:
+        return record.get("step", default)
+    if "step" not in packed.keys or not packed.rows:
+        return default
+    return packed.rows[-1][packed.keys.index("step")]

@@ -50,7 +50,7 @@ from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
 from gpudash.store.segments import rank_meta_name, read_meta_rows
 from gpudash.store.sharedfs import shared_mode
-from gpudash.store.steplog import PACKED, Span, StepLog, records
+from gpudash.store.steplog import StepLog, last_step_of, record_rows, records
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
@@ -305,8 +305,8 @@ class Recorder:
                   f"{self.queued} records not written", file=sys.stderr)
             return
         if self._retry:
-            self._dropped += _rows(self._retry)
-            print(f"gpudash: {_rows(self._retry)} records could not be written to {self.path} before it closed "
+            self._dropped += record_rows(self._retry)
+            print(f"gpudash: {record_rows(self._retry)} records could not be written to {self.path} before it closed "
                   f"({self._failing[1] if self._failing else 'write failed'})", file=sys.stderr)
             self._retry = []
         pub = self._publisher
@@ -393,8 +393,8 @@ class Recorder:
         steps = self.steps
         while True:
             items, retry = retry[:_BATCH], retry[_BATCH:]
-            got = steps.take(steps.writer, _step_records, _BATCH) if not retry else []
-            taken = _rows(got)
+            got = steps.take(steps.writer, records, _BATCH) if not retry else []
+            taken = record_rows(got)
             items += got
             try:
                 while len(items) < _BATCH:
@@ -429,7 +429,7 @@ class Recorder:
             meta["dropped_records"] = dropped
         steps = by_table.get("steps")
         if steps:
-            self._last_step = _last_step(steps[-1], self._last_step)
+            self._last_step = last_step_of(steps[-1], self._last_step)
         tables = self._tables
         if not items and not meta and not tables.rollups.pending:
             return  # nothing to write: no transaction (the log's mtime is the heartbeat)
@@ -461,8 +461,8 @@ class Recorder:
             elif not items:
                 self._report(f"writer: {type(exc).__name__}: {exc}")
             elif len(items) == 1 or self._budget <= 0:
-                self._dropped += _rows(items)
-                self._report(f"writer: {_rows(items)} record(s) of {items[0].get(_TABLE)} not written "
+                self._dropped += record_rows(items)
+                self._report(f"writer: {record_rows(items)} record(s) of {items[0].get(_TABLE)} not written "
                              f"({type(exc).__name__}: {exc})", key=f"writer: {type(exc).__name__}: {exc}")
             else:
                 self._budget -= 1
@@ -485,10 +485,10 @@ class Recorder:
         """A write failed for now: keep the records (bounded by ``capacity``) and say so once."""
         self._stalled = True
         self._retry += items
-        over = _rows(self._retry) + len(self._buf) - self.capacity
+        over = record_rows(self._retry) + len(self._buf) - self.capacity
         k = cut = 0
         while cut < over and k < len(self._retry):  # the oldest records, by rows (a packed one holds many)
-            cut += _rows(self._retry[k:k + 1])
+            cut += record_rows(self._retry[k:k + 1])
             k += 1
         self._dropped += cut
         del self._retry[:k]
@@ -531,22 +531,3 @@ class Recorder:
         if event:
             self.put("events", {"time": time.time(), "step": self._last_step, "kind": kind,
                                 "message": msg, "data": None})
-
-
-def _step_records(spans: list[Span]) -> list[_Record]:
-    return records(spans, _TABLE)
-
-
-def _rows(items: list[_Record]) -> int:
-    """Rows in ``items`` (a record of packed step rows holds many)."""
-    return sum(len(r[PACKED].rows) if PACKED in r else 1 for r in items)
-
-
-def _last_step(record: _Record, default: Any) -> Any:
-    """The ``step`` of a ``steps`` record's last row (``default`` when it has none)."""
-    packed = record.get(PACKED)
-    if packed is None:
-        return record.get("step", default)
-    if "step" not in packed.keys or not packed.rows:
-        return default
-    return packed.rows[-1][packed.keys.index("step")]

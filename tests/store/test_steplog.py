@@ -16,10 +16,6 @@ from gpudash.store.tables import TABLE_TAG
 from gpudash.store.writer import Recorder
 
 
-def _records(spans: list[Any]) -> list[dict[Any, Any]]:
-    return records(spans, TABLE_TAG)
-
-
 def _rows_of(recs: list[dict[Any, Any]]) -> list[dict[Any, Any]]:
     """The writer's records as rows again (without the table tag)."""
     out = []
@@ -44,7 +40,7 @@ def test_steady_rows_are_packed_and_come_back_equal_in_order() -> None:
     for r in rows:
         log.put(dict(r))
     assert all(b.codec is not None for b in log._blocks)  # every row packed
-    got = _rows_of(log.take(log.writer, _records))
+    got = _rows_of(log.take(log.writer, records))
     assert got == [{**r, "ok": 1} for r in rows]
     assert type(got[0]["step"]) is int and type(got[0]["time"]) is float
     assert log.waiting() == 0 and len(log._blocks) == 1  # read blocks let go, the open one kept
@@ -77,7 +73,7 @@ def test_rows_that_cannot_be_packed_go_as_they_are_and_keep_their_place() -> Non
     mark_unpacked(marked)
     for r in [*rows, marked]:
         log.put(r)
-    got = _rows_of(log.take(log.writer, _records))
+    got = _rows_of(log.take(log.writer, records))
     assert [g["step"] for g in got] == list(range(9))
     assert got[2]["loss"] == "nan?" and got[3]["loss"] is None and got[4]["val"] == 2.0
     assert got[5]["loss"] == 2**70 and got[6]["loss"] == 3 and got[8]["loss"] is t
@@ -90,7 +86,7 @@ def test_keys_that_change_every_step_stop_the_packing_for_a_block() -> None:
     kinds = [b.codec is not None for b in log._blocks]
     assert kinds[:2] == [True, True] and not kinds[2]  # two 1-row packed blocks, then rows as they are
     assert len(log._blocks) < 10
-    assert [r["step"] for r in _rows_of(log.take(log.writer, _records))] == list(range(40))
+    assert [r["step"] for r in _rows_of(log.take(log.writer, records))] == list(range(40))
 
 
 def test_past_capacity_the_oldest_rows_go_and_are_counted() -> None:
@@ -98,7 +94,7 @@ def test_past_capacity_the_oldest_rows_go_and_are_counted() -> None:
     for i in range(1000):
         log.put({"step": i, "x": 1.0})
     assert log.waiting() <= 100 + 16 and sum(b.n for b in log._blocks) <= 100 + 2 * 16  # memory bounded
-    got = [r["step"] for r in _rows_of(log.take(log.writer, _records))]
+    got = [r["step"] for r in _rows_of(log.take(log.writer, records))]
     assert got == list(range(900, 1000)) and log.dropped == 900
 
 
@@ -107,7 +103,7 @@ def test_a_best_effort_reader_reads_every_row_and_never_holds_the_writer_back() 
     cur = log.cursor()
     for i in range(20):
         log.put({"step": i, "time": float(i), "tokens": 64})
-    log.take(log.writer, _records)
+    log.take(log.writer, records)
     n, cols = log.take(cur, lambda sp: numbers(sp, ("step", "time", "tokens", "absent")))
     assert n == 20 and cols["step"].tolist() == list(range(20)) and np.isnan(cols["absent"]).all()
     # a reader that never reads: blocks the writer has read are kept for it up to SPARE_ROWS, then let go
@@ -115,7 +111,7 @@ def test_a_best_effort_reader_reads_every_row_and_never_holds_the_writer_back() 
     assert spare == 4096 // 8 + 2
     for i in range(20, 20 + 8 * (spare + 10)):
         log.put({"step": i, "time": float(i), "tokens": 64})
-        log.take(log.writer, _records)
+        log.take(log.writer, records)
     assert len(log._blocks) <= spare and cur.missed > 0
     n, cols = log.take(cur, lambda sp: numbers(sp, ("step",)))
     assert cols["step"][-1] == 19 + 8 * (spare + 10) and np.all(np.diff(cols["step"]) == 1)
@@ -130,7 +126,7 @@ def test_a_reader_on_another_thread_gets_every_row_once_in_order() -> None:
     def read() -> None:
         while True:
             finished = done.is_set()
-            got.extend(r["step"] for r in _rows_of(log.take(log.writer, _records, 500)))
+            got.extend(r["step"] for r in _rows_of(log.take(log.writer, records, 500)))
             if finished and not log.waiting():
                 return
 
@@ -162,8 +158,8 @@ def test_any_rows_come_back_as_they_were_put(spec: list[tuple[list[str], list[An
     for i, r in enumerate(rows):
         log.put(dict(r))
         if i % 3 == 0:
-            got += _rows_of(log.take(log.writer, _records, limits[i % len(limits)]))
-    got += _rows_of(log.take(log.writer, _records))
+            got += _rows_of(log.take(log.writer, records, limits[i % len(limits)]))
+    got += _rows_of(log.take(log.writer, records))
     assert len(got) == len(rows)
     for g, r in zip(got, rows, strict=True):
         assert list(g) == list(r)
@@ -199,5 +195,5 @@ def test_a_let_go_blocks_buffer_is_reused_so_none_is_freed_on_a_readers_thread()
         log.put({"step": i, "loss": 1.0})
         seen.add(id(log._open.buf))
         if i % 8 == 7:
-            assert [r["step"] for r in _rows_of(log.take(log.writer, _records))][-1] == i  # every row, unspoilt
+            assert [r["step"] for r in _rows_of(log.take(log.writer, records))][-1] == i  # every row, unspoilt
     assert len(seen) <= 3  # 50 blocks made, in a couple of buffers
