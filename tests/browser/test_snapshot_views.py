@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers.browser import rendered, severe_logs, wait_for
+from helpers.snapshot_files import in_order
 
 pytestmark = pytest.mark.browser
 
@@ -111,9 +112,9 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from gpudash.server.app import serve_in_thread
 
     root = tmp_path_factory.mktemp("snapshot-pair")
-    synth = ROOT / "tests" / "fixtures" / "snapshot_synthetic.pickle"
+    synth, real = in_order([ROOT / "tests" / "fixtures" / "snapshot_synthetic.pickle", REAL], root / "files")
     assert cli(["import-snapshot", str(synth), str(root / "pair"), "--step", "1"]) == 0
-    assert cli(["import-snapshot", str(REAL), str(root / "pair"), "--step", "3"]) == 0
+    assert cli(["import-snapshot", str(real), str(root / "pair"), "--step", "3"]) == 0
     url, stop = serve_in_thread(root, "127.0.0.1", 0)
     try:
         yield url

@@ -10,6 +10,7 @@ from typing import Any
 
 import plotly
 import pytest
+from helpers.snapshot_files import in_order
 
 from gpudash.cli import main as cli
 from gpudash.server.layouts import snapshot_views
@@ -27,8 +28,9 @@ SYNTH = ROOT / "tests" / "fixtures" / "snapshot_synthetic.pickle"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("snap-page")
-    assert cli(["import-snapshot", str(SYNTH), str(root / "imported"), "--step", "1"]) == 0
-    assert cli(["import-snapshot", str(REAL), str(root / "imported"), "--step", "3"]) == 0
+    synth, real = in_order([SYNTH, REAL], root / "files")  # (a snapshot's time is its file's)
+    assert cli(["import-snapshot", str(synth), str(root / "imported"), "--step", "1"]) == 0
+    assert cli(["import-snapshot", str(real), str(root / "imported"), "--step", "3"]) == 0
     return root / "imported"
 
 
