@@ -70,12 +70,14 @@ def test_every_surface_shows_the_recorded_energy(tmp_path: Path, capsys: pytest.
         t0 = time.time()
         mon.recorder.put("device", {"time": t0, "gpu": 0, "energy_j": 0.0})
         time.sleep(0.1)  # start-up: idle
-        for _ in range(6):  # a sample inside each step, at 100 W
+        for _ in range(6):  # two samples inside each step, at 100 W: the interval between them is busy (one
+            # sample a step put every interval's midpoint at a step boundary, busy or idle by a few µs of timing)
             with mon.step(tokens=2000):
-                time.sleep(0.01)
-                t = time.time()
-                mon.recorder.put("device", {"time": t, "gpu": 0, "energy_j": 100.0 * (t - t0)})
-                time.sleep(0.01)
+                for _ in range(2):
+                    time.sleep(0.005)
+                    t = time.time()
+                    mon.recorder.put("device", {"time": t, "gpu": 0, "energy_j": 100.0 * (t - t0)})
+                time.sleep(0.005)
     main(["info", str(tmp_path / "e"), "--json"])
     energy = json.loads(capsys.readouterr().out)["facts"]["energy"]
     wh = energy["wh_per_mtok"]
