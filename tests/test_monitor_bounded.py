@@ -18,8 +18,8 @@ import pytest
 import gpudash
 from gpudash.monitor import Monitor, core
 from gpudash.monitor.names import MAX_NAMES as MONITOR_NAMES
+from gpudash.store.failures import MAX_REPORTS
 from gpudash.store.tables import MAX_NAMES
-from gpudash.store.writer import MAX_REPORTS
 
 
 def test_ever_new_names_phases_and_problems_stay_within_their_bounds(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_ever_new_names_phases_and_problems_stay_within_their_bounds(tmp_path: P
         assert all(len(c) <= MAX_NAMES for c in tables._colnames.values())
         assert len(tables._colnames["steps"]) == MAX_NAMES  # (it did fill: the bound is what held it)
         assert all(len(c) <= MAX_NAMES for c in tables._ignored.values())
-        assert len(mon.recorder._reported) <= MAX_REPORTS and len(mon.recorder.errors) <= MAX_REPORTS
+        assert len(mon.recorder._report.said) <= MAX_REPORTS and len(mon.recorder.errors) <= MAX_REPORTS
         assert mon.recorder.unreported > 0
         assert all(len(n) <= MONITOR_NAMES for n in mon._names._names.values())
     assert None not in timed  # a phase past the bound is still timed

@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # the reading side's; the writer (in the training process) ne
     import numpy as np
     import pandas as pd
 
-__all__ = ["ATTEMPT_COLUMN", "PER_STEP_TABLES", "RACE_S", "Previous", "attempt_of", "attempt_starts", "carried_meta",
+__all__ = ["ATTEMPT_COLUMN", "PER_STEP_TABLES", "RACE_S", "Previous", "attempt_meta", "attempt_of", "attempt_starts",
+           "carried_meta",
            "last_step", "previous", "racing", "supersede", "with_attempts"]
 
 #: The column each row of attempt 2 and later carries (rows without it are attempt 1's).
@@ -135,6 +136,16 @@ def last_step(conn: sqlite3.Connection) -> int | None:
 def carried_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """What the next attempt keeps of the rank's meta (the run's facts, not the process's)."""
     return {k: v for k, v in meta.items() if k not in VOLATILE_META}
+
+
+def attempt_meta(own: dict[str, Any], prev: Previous | None, before: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The meta an attempt starts with: ``own`` (the process's facts and the caller's) over the run's facts the
+    attempt before left in ``before``, with the list of attempts; and the previous process's keys this one does
+    not set (to delete from the rank's meta table)."""
+    if prev is None:
+        return own, []
+    start = {**carried_meta(before), **own, "attempt": prev.attempt + 1, "attempts": [*prev.history, prev.record()]}
+    return start, [k for k in VOLATILE_META if k in before and k not in start]
 
 
 # ---- reading side -------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 import threading
 import time
 from collections import deque
@@ -103,6 +104,21 @@ class SegmentPublisher:
         self._thread.start()
 
     # ---- writer thread ----------------------------------------------------------------------------
+    def previous_meta(self) -> dict[str, Any]:
+        """The rank's meta as an earlier attempt left it on the store (its ``meta.json``; {} when there is none,
+        or when the store cannot say: said once on stderr, and nothing published is overwritten, as the
+        uploader numbers its rows after what is there)."""
+        try:
+            doc = json.loads(self.store.get(rank_meta_name(self.rank), limit=1 << 22))
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:  # noqa: BLE001
+            print(f"gpudash: {self.dest}: cannot read rank {self.rank}'s earlier attempt ({type(exc).__name__}: "
+                  f"{str(exc)[:200]}); recording as its first attempt, nothing published is overwritten",
+                  file=sys.stderr)
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
     def due(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) - self.published_at >= self.interval
 

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_ROWS", "Block", "Cursor", "Packed", "StepLog", "last_step_of",
+__all__ = ["BLOCK_ROWS", "PACKED", "SPARE_ROWS", "Block", "Cursor", "Packed", "StepLog", "drop_oldest", "last_step_of",
            "mark_unpacked", "numbers", "record_rows", "records"]
 
 BLOCK_ROWS = 64
@@ -384,6 +384,17 @@ def numbers(spans: list[Span], names: tuple[str, ...]) -> tuple[int, dict[str, n
 def record_rows(items: list[dict[Any, Any]]) -> int:
     """Rows in the writer's ``items`` (a record of packed step rows holds many)."""
     return sum(len(r[PACKED].rows) if PACKED in r else 1 for r in items)
+
+
+def drop_oldest(items: list[dict[Any, Any]], rows: int) -> int:
+    """Delete the oldest records of ``items`` until at least ``rows`` rows are gone (or none is left); the
+    rows deleted."""
+    k = cut = 0
+    while cut < rows and k < len(items):
+        cut += record_rows(items[k:k + 1])
+        k += 1
+    del items[:k]
+    return cut
 
 
 def last_step_of(record: dict[Any, Any], default: Any) -> Any:

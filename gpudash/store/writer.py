@@ -1,16 +1,14 @@
 """Append-only, crash-safe writer of one rank's records.
 
-The training thread only calls :meth:`Recorder.put` (a deque append; in a loop
-that holds the GIL and queues records faster than the writer gets the GIL to store
-them, a 0.2 ms sleep now and then: :mod:`gpudash.store.lending`). A daemon thread
-drains the deque every ``flush_interval`` seconds into ``rankN.db`` (SQLite,
-WAL mode), one transaction per flush. The time roll-ups and the ``heartbeat`` meta key are stored every :data:`ROLLUP_INTERVAL_S` seconds (and
-on :meth:`Recorder.flush` and at close); between them the heartbeat is the
-write-ahead log's modification time, which every flush renews (a commit
-writes the log; a flush with nothing to write touches it), so a reader can
-tell a live run from a killed one without a page written for it
-(:meth:`gpudash.store.reader.RankReader.meta`). When the buffer is full the
-oldest record is dropped and counted; the count is recorded in the meta table.
+The training thread only queues: :meth:`Recorder.put` (a deque append; a step row is packed into the
+:class:`~gpudash.store.steplog.StepLog`), with a 0.2 ms sleep now and then in a loop that holds the GIL and
+queues faster than the writer gets the GIL to store (:mod:`gpudash.store.lending`). A daemon thread drains the
+queues every ``flush_interval`` seconds (sooner when ``flush_rows`` records wait) into ``rankN.db`` (SQLite, WAL
+mode), one transaction per flush. The time roll-ups and the ``heartbeat`` meta key are stored every
+:data:`ROLLUP_INTERVAL_S` seconds (and on :meth:`Recorder.flush` and at close); between them the heartbeat is
+the write-ahead log's modification time, which every flush renews, so a reader can tell a live run from a
+killed one without a page written for it (:meth:`gpudash.store.reader.RankReader.meta`). When the queue is
+full the oldest record is dropped and counted; the count is recorded in the meta table.
 
 Nothing a training loop logs stops the writer: a value SQLite cannot store is
 stored another way (an integer beyond 64 bits as a float, a non-UTF-8 string
@@ -21,13 +19,12 @@ any other failure loses only the records that cause it. Each problem is said
 once: in :attr:`Recorder.errors`, on stderr, and as an event in the run.
 
 The SQL side lives in :mod:`gpudash.store.tables` (and :mod:`~gpudash.store.columns`),
-value conversion in :mod:`gpudash.store.values`, the failure classes in
-:mod:`gpudash.store.failures`.
+value conversion in :mod:`gpudash.store.values`, which failures are retried and the one-time
+reporting of problems in :mod:`gpudash.store.failures`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sqlite3
@@ -40,17 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from gpudash.errors import RunError
-from gpudash.store.attempts import VOLATILE_META, carried_meta, last_step, previous, racing
-from gpudash.store.failures import is_transient
+from gpudash.store.attempts import attempt_meta, last_step, previous, racing
+from gpudash.store.failures import Problems, is_transient
 from gpudash.store.lending import LEND_ROWS, Lender
 from gpudash.store.meta import fit_text_facts
 from gpudash.store.publish import SegmentPublisher
 from gpudash.store.rankfile import log_heartbeat, wal_path
 from gpudash.store.redact import redact_meta
 from gpudash.store.schema import RUN_META_FILE, rank_db_name
-from gpudash.store.segments import rank_meta_name, read_meta_rows
+from gpudash.store.segments import read_meta_rows
 from gpudash.store.sharedfs import shared_mode
-from gpudash.store.steplog import StepLog, last_step_of, record_rows, records
+from gpudash.store.steplog import StepLog, drop_oldest, last_step_of, record_rows, records
 from gpudash.store.tables import TABLE_TAG, TableWriter, connect
 from gpudash.store.values import to_plain
 
@@ -73,9 +70,6 @@ _TABLE = TABLE_TAG
 _Record = dict[Any, Any]
 #: Failed transactions per flush spent on isolating the records that cannot be written.
 _FAIL_BUDGET = 64
-#: Different problems said (and remembered, so each is said once) per run; past this, one line says that
-#: more are not shown and they are only counted (``unreported``): ever-new messages must not grow memory.
-MAX_REPORTS = 256
 
 
 class Recorder:
@@ -107,9 +101,6 @@ class Recorder:
         self._dropped = 0  # records of other tables dropped, and records the writer could not store
         #: values that could not be stored in any form (their cell is left empty; see errors)
         self.dropped_values = 0
-        self.errors: list[str] = []
-        self._reported: set[str] = set()
-        self.unreported = 0  # problems not said past MAX_REPORTS
         self._retry: list[_Record] = []  # records of a write that failed for now
         self._stalled = False  # a write failed for now in this flush: keep the rest for the next one
         self._failing: tuple[float, str] | None = None  # (since, message) while writes fail for now
@@ -136,6 +127,10 @@ class Recorder:
         self._publish_failed = False  # the last attempt to publish a copy failed
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / rank_db_name(rank)
+        #: says each problem once (gpudash.store.failures.Problems): ``errors`` lists them
+        self._report = Problems(self.path.name, lambda row: self.put("events", row), lambda: self._last_step,
+                                self._count_unreported)
+        self.errors = self._report.errors
         # a run folder other hosts share, or an object store (``publish_to``, with ``run_dir`` a local staging
         # folder): the live database on local storage, its new rows published there as segments
         shared = f"object store {publish_to}" if publish_to else shared_mode(self.run_dir)
@@ -172,12 +167,10 @@ class Recorder:
             start.update(shared_fs=shared, publish_interval=self._publisher.interval,
                          live_db=str(self._publisher.live_path))
         start.update(redact_meta(meta or {}))
-        if self.previous is not None:  # the run's facts carry over; the process's are this attempt's own
-            start = {**carried_meta(before), **start, "attempt": self.attempt,
-                     "attempts": [*self.previous.history, self.previous.record()]}
-            if self._publisher is None:
-                gone = [k for k in VOLATILE_META if k in before and k not in start]
-                self._conn.executemany("DELETE FROM meta WHERE key = ?", [(k,) for k in gone])
+        # the run's facts carry over from an attempt before; the process's are this attempt's own
+        start, gone = attempt_meta(start, self.previous, before)
+        if gone and self._publisher is None:
+            self._conn.executemany("DELETE FROM meta WHERE key = ?", [(k,) for k in gone])
         self._tables = TableWriter(self._conn, self._report, meta=start, attempt=self.attempt)
         #: the meta this attempt started with (what later ``put_meta`` calls add to)
         self.start_meta = start
@@ -191,22 +184,12 @@ class Recorder:
     def _previous_meta(self) -> dict[str, Any]:
         """The rank's meta as the previous attempt left it: in the rank's database, or (published) its
         ``meta.json`` on the store ({} when there is none; a store that cannot say is said once)."""
-        pub = self._publisher
-        if pub is None:
-            try:
-                return {**read_meta_rows(self._conn), "last_step": last_step(self._conn)}
-            except sqlite3.Error:
-                return {}  # a new database: no meta table yet
+        if self._publisher is not None:
+            return self._publisher.previous_meta()
         try:
-            doc = json.loads(pub.store.get(rank_meta_name(self.rank), limit=1 << 22))
-        except FileNotFoundError:
-            return {}
-        except Exception as exc:  # noqa: BLE001 - the uploader still numbers its rows after what is there
-            print(f"gpudash: {pub.dest}: cannot read rank {self.rank}'s earlier attempt ({type(exc).__name__}: "
-                  f"{str(exc)[:200]}); recording as its first attempt, nothing published is overwritten",
-                  file=sys.stderr)
-            return {}
-        return doc if isinstance(doc, dict) else {}
+            return {**read_meta_rows(self._conn), "last_step": last_step(self._conn)}
+        except sqlite3.Error:
+            return {}  # a new database: no meta table yet
 
     def _abandon(self) -> None:
         """Undo the start (a refused attempt): close the database, stop the uploader, write nothing."""
@@ -485,13 +468,7 @@ class Recorder:
         """A write failed for now: keep the records (bounded by ``capacity``) and say so once."""
         self._stalled = True
         self._retry += items
-        over = record_rows(self._retry) + len(self._buf) - self.capacity
-        k = cut = 0
-        while cut < over and k < len(self._retry):  # the oldest records, by rows (a packed one holds many)
-            cut += record_rows(self._retry[k:k + 1])
-            k += 1
-        self._dropped += cut
-        del self._retry[:k]
+        self._dropped += drop_oldest(self._retry, record_rows(self._retry) + len(self._buf) - self.capacity)
         if self._failing is None:
             self._failing = (time.time(), f"{type(exc).__name__}: {exc}")
             self._report(f"writer: cannot write {self.path} ({exc}); keeping up to {self.capacity} records in "
@@ -508,26 +485,15 @@ class Recorder:
         self.put("events", {"time": since, "step": self._last_step, "kind": "write_error", "message": msg,
                             "data": {"error": why, "dropped_records": self.dropped}})
 
+    @property
+    def unreported(self) -> int:
+        """Problems only counted, past :data:`~gpudash.store.failures.MAX_REPORTS` said."""
+        return self._report.unreported
+
+    def _count_unreported(self, n: int) -> None:
+        with self._meta_lock:
+            self._meta_pending["unreported_problems"] = n
+
     def _report_publish(self, msg: str, key: str) -> None:
         """The uploader's states (failing, resumed): said once each, and recorded as events in the run."""
         self._report(msg, key=key, kind="publish")
-
-    def _report(self, msg: str, *, key: str | None = None, event: bool = True, kind: str = "write_error") -> None:
-        """Say a problem once: in ``errors``, on stderr and (if it can be written) as an event."""
-        key = msg if key is None else key
-        if key in self._reported:
-            return
-        if len(self._reported) >= MAX_REPORTS:
-            self.unreported += 1
-            if self.unreported == 1:
-                print(f"gpudash: {self.path.name}: {MAX_REPORTS} different problems said; more are only counted "
-                      f"(run meta unreported_problems)", file=sys.stderr)
-            with self._meta_lock:
-                self._meta_pending["unreported_problems"] = self.unreported
-            return
-        self._reported.add(key)
-        self.errors.append(msg)
-        print(f"gpudash: {self.path.name}: {msg}", file=sys.stderr)
-        if event:
-            self.put("events", {"time": time.time(), "step": self._last_step, "kind": kind,
-                                "message": msg, "data": None})

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudash.store.steplog import PACKED, StepLog, mark_unpacked, numbers, records
+from gpudash.store.steplog import PACKED, StepLog, drop_oldest, mark_unpacked, numbers, record_rows, records
 from gpudash.store.tables import TABLE_TAG
 from gpudash.store.writer import Recorder
 
@@ -44,6 +44,17 @@ def test_steady_rows_are_packed_and_come_back_equal_in_order() -> None:
     assert got == [{**r, "ok": 1} for r in rows]
     assert type(got[0]["step"]) is int and type(got[0]["time"]) is float
     assert log.waiting() == 0 and len(log._blocks) == 1  # read blocks let go, the open one kept
+
+
+def test_dropping_the_oldest_counts_rows_not_records() -> None:
+    log = StepLog(1000, block_rows=4)
+    for i in range(8):
+        log.put({"step": i, "loss": 0.5})
+    items = log.take(log.writer, records) + [{TABLE_TAG: "events", "kind": "x"}]  # two packed records, one dict
+    assert record_rows(items) == 9
+    assert drop_oldest(items, 5) == 8  # a packed record goes whole: the two blocks hold the first 5 rows
+    assert items == [{TABLE_TAG: "events", "kind": "x"}]
+    assert drop_oldest(items, 0) == 0 and drop_oldest(items, 10) == 1 and items == []
 
 
 class _Tensorish:
