@@ -34,8 +34,7 @@ if TYPE_CHECKING:  # the reading side's; the writer (in the training process) ne
     import pandas as pd
 
 __all__ = ["ATTEMPT_COLUMN", "PER_STEP_TABLES", "RACE_S", "Previous", "attempt_meta", "attempt_of", "attempt_starts",
-           "carried_meta",
-           "last_step", "previous", "racing", "supersede", "with_attempts"]
+           "carried_meta", "kept", "last_step", "previous", "racing", "supersede", "with_attempts"]
 
 #: The column each row of attempt 2 and later carries (rows without it are attempt 1's).
 ATTEMPT_COLUMN = "attempt"
@@ -183,14 +182,15 @@ def attempt_starts(steps: pd.DataFrame) -> dict[tuple[int, int], int]:
     return {(int(r), int(a)): int(s) for (r, a), s in frame.groupby(["rank", "attempt"])["step"].min().items()}
 
 
-def supersede(df: pd.DataFrame, starts: dict[tuple[int, int], int]) -> pd.DataFrame:
-    """The rows of a per-step table that no later attempt redid: a row of attempt *a* at step *s* is left
-    out when a later attempt of its rank started at a step <= *s* (``starts`` from :func:`attempt_starts`)."""
+def kept(df: pd.DataFrame, starts: dict[tuple[int, int], int]) -> np.ndarray:
+    """Which rows of a per-step table no later attempt redid (a bool mask): a row of attempt *a* at step *s* is
+    left out when a later attempt of its rank started at a step <= *s* (``starts`` from :func:`attempt_starts`;
+    rank 0 when ``df`` has no rank column, attempt 1 when it has no attempt column)."""
     import numpy as np
     import pandas as pd
 
     if not len(df) or not starts or "step" not in df:
-        return df
+        return np.ones(len(df), dtype=bool)
     att = attempt_of(df)
     rank = df["rank"].to_numpy() if "rank" in df else np.zeros(len(df), dtype=np.int64)
     step = pd.to_numeric(df["step"], errors="coerce").to_numpy(dtype=float)
@@ -200,7 +200,12 @@ def supersede(df: pd.DataFrame, starts: dict[tuple[int, int], int]) -> pd.DataFr
         later = (rank == r) & (att < a)
         if later.any():
             limit[later] = np.minimum(limit[later], s)
-    keep = ~(step >= limit)
+    return ~(step >= limit)
+
+
+def supersede(df: pd.DataFrame, starts: dict[tuple[int, int], int]) -> pd.DataFrame:
+    """The rows of a per-step table that no later attempt redid (see :func:`kept`)."""
+    keep = kept(df, starts)
     if keep.all():
         return df
     return df[keep].reset_index(drop=True)

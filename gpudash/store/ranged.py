@@ -16,6 +16,7 @@ import io
 import os
 from typing import Any
 
+from gpudash.store.attempts import ATTEMPT_COLUMN, PER_STEP_TABLES, attempt_starts, kept
 from gpudash.store.objstore import Store, open_store
 from gpudash.store.segments import SEGMENTS_DIR, SegmentRefused, chain, segment_bounds, segment_ranks
 
@@ -143,13 +144,43 @@ def read_segment(store: Store, name: str, columns: list[str] | None = None, afte
     return tab, f
 
 
-def read_published(location: str | Store, table: str, columns: list[str] | None = None, after: int = 0) -> Any:
+def read_published(location: str | Store, table: str, columns: list[str] | None = None, after: int = 0, *,
+                   superseded: bool = False) -> Any:
     """One published table of a run (a folder or a URL) read straight from its store: every rank's segments
     that chain past ``after`` (the ``_rowid`` cursor: a live run's new rows), only ``columns`` of them, as one
-    Arrow table with a ``rank`` column. A damaged segment raises :class:`SegmentRefused` naming it."""
+    Arrow table with a ``rank`` column. A damaged segment raises :class:`SegmentRefused` naming it.
+
+    A run resumed from a checkpoint (:mod:`gpudash.store.attempts`) redoes steps: rows of a per-step table
+    (``steps``, ``memory``, ``activations``) that a later attempt of their rank redid are left out, as every
+    other reader of the run leaves them out, and an ``attempt`` column comes with the rows when the run has
+    more than one (``superseded=True``: every row, as stored). Past a cursor, the rows a caller already holds
+    are its own to drop: a new attempt's first step is the smallest ``step`` among its rows (the ``steps``
+    table's; for ``memory`` and ``activations`` that table's ``step`` and ``attempt`` are read too)."""
+    store = location if isinstance(location, Store) else open_store(location)
+    per_step = table in PER_STEP_TABLES and not superseded
+    extra = [] if columns is None or not per_step else [c for c in ("step", ATTEMPT_COLUMN) if c not in columns]
+    tab = _read_ranks(store, table, None if columns is None else [*columns, *extra], after)
+    if per_step and tab.num_rows:
+        import pyarrow as pa
+
+        steps = tab if table == "steps" else _read_ranks(store, "steps", ["step", ATTEMPT_COLUMN], 0)
+        starts = attempt_starts(_frame(steps))
+        if starts:
+            tab = tab.filter(pa.array(kept(_frame(tab), starts)))
+    return tab.drop_columns([c for c in extra if c in tab.column_names and c != ATTEMPT_COLUMN])
+
+
+def _frame(tab: Any) -> Any:
+    """The ``rank``, ``step`` and ``attempt`` columns of an Arrow table (those it has), as a pandas frame."""
+    import pandas as pd
+
+    return pd.DataFrame({c: tab.column(c).to_numpy(zero_copy_only=False)
+                         for c in ("rank", "step", ATTEMPT_COLUMN) if c in tab.column_names})
+
+
+def _read_ranks(store: Store, table: str, columns: list[str] | None, after: int) -> Any:
     import pyarrow as pa
 
-    store = location if isinstance(location, Store) else open_store(location)
     parts = []
     for rank, tables in sorted(segment_ranks(store.find(SEGMENTS_DIR)).items()):
         for _a, _l, name in chain(tables.get(table, []), after):
@@ -160,4 +191,5 @@ def read_published(location: str | Store, table: str, columns: list[str] | None 
             parts.append(tab.append_column("rank", pa.array([rank] * tab.num_rows, type=pa.int64())))
     if not parts:
         return pa.table({"_rowid": pa.array([], type=pa.int64()), "rank": pa.array([], type=pa.int64())})
-    return pa.concat_tables(parts, promote_options="default")
+    tab = pa.concat_tables(parts, promote_options="default")
+    return tab.select([*(c for c in tab.column_names if c != "rank"), "rank"])  # (a column only later segments have)

@@ -22,6 +22,7 @@ from gpudash.errors import RunError
 from gpudash.monitor import Monitor
 from gpudash.store.attempts import attempt_starts, supersede
 from gpudash.store.objstore import open_store
+from gpudash.store.ranged import read_published
 
 KW = {"flush_interval": 0.05, "host_hz": 0.0, "handle_signals": False}
 
@@ -92,6 +93,22 @@ def test_two_attempts_read_as_one_run_and_lose_nothing(kind: str, tmp_path: Path
         names = sorted(n for n in open_store(where).find("segments") if "/steps/" in n)
         assert names == ["segments/rank=0/steps/000000000000-000000000013.parquet",
                          "segments/rank=0/steps/000000000013-000000000023.parquet"]
+        # read straight from the bucket: each step once, from its latest attempt, as load_run reads it
+        tab = read_published(where, "steps", ["step", "loss"])
+        assert tab["step"].to_pylist() == list(range(20)) and tab["attempt"].to_pylist()[9:11] == [None, 2]
+        assert tab["loss"].to_pylist() == [float(i) for i in range(10)] + [100.0 + i for i in range(10, 20)]
+        assert read_published(where, "steps", ["loss"]).column_names == ["_rowid", "loss", "attempt", "rank"]
+        assert read_published(where, "steps", ["step"], superseded=True).num_rows == 23
+        assert read_published(where, "steps", ["step"], after=13)["step"].to_pylist() == list(range(10, 20))
+        mem_run = _location(kind, tmp_path, request, "two-memory")  # a per-step table superseded by the steps'
+        for attempt, steps in ((1, range(6)), (2, range(3, 8))):
+            with Monitor(mem_run, resume=True, **KW) as mon:
+                for i in steps:
+                    with mon.step(step=i if attempt == 2 and i == 3 else None):
+                        mon.log_memory(extra_bytes=attempt)
+        mem = read_published(mem_run, "memory", ["extra_bytes"])
+        assert mem["extra_bytes"].to_pylist() == [1] * 3 + [2] * 5 and "step" not in mem.column_names
+        assert read_published(mem_run, "memory", ["step"], superseded=True)["step"].to_pylist() == [*range(6), *range(3, 8)]
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
@@ -115,6 +132,9 @@ def test_one_rank_of_four_restarted_and_a_requeued_two_rank_job(kind: str, tmp_p
     every = load_run(elastic, attempts="all")
     assert len(every.steps) == 3 * 30 + 20 + 15
     every.close()
+    if kind == "s3":  # a restarted rank's attempts are its own: the other ranks' rows all stay
+        tab = read_published(elastic, "steps", ["step"]).to_pandas()
+        assert tab.groupby("rank")["step"].apply(list).tolist() == [list(range(30))] * 4
 
     requeued = _location(kind, tmp_path, request, "requeued")
     for attempt in (1, 2):
