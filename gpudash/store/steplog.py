@@ -25,6 +25,7 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import numpy as np
@@ -79,13 +80,46 @@ PACKED: Any = _Key("packed rows")
 
 
 class Packed:
-    """Rows of one packed block as the writer stores them: the keys, and each row's values in their order."""
+    """Rows of packed blocks of the same keys as the writer stores them: the keys, each row's values in their
+    order, and the same values as one float matrix (a row a row, a column a key: the columnar copy's, read
+    from the bytes, with no value checked or converted one by one)."""
 
-    __slots__ = ("keys", "rows")
+    __slots__ = ("_parts", "keys", "rows")
 
-    def __init__(self, keys: tuple[Any, ...], rows: list[tuple[Any, ...]]) -> None:
+    def __init__(self, keys: tuple[Any, ...], rows: list[tuple[Any, ...]], matrix: np.ndarray) -> None:
         self.keys = keys
         self.rows = rows
+        self._parts = [matrix]
+
+    def extend(self, rows: Any, matrix: np.ndarray) -> None:
+        self.rows += rows
+        self._parts.append(matrix)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        if len(self._parts) > 1:
+            self._parts = [np.concatenate(self._parts)]
+        return self._parts[0]
+
+
+@lru_cache(maxsize=64)
+def _int_columns(fmt: str) -> list[int]:
+    """The columns of a packed layout that hold integers (``q``; the others are ``d``)."""
+    return [i for i, c in enumerate(fmt[1:]) if c == "q"]
+
+
+def _matrix(b: Block, start: int, end: int) -> np.ndarray:
+    """Rows ``[start, end)`` of packed block ``b`` as a float matrix (a copy: the block's buffer is reused). Every
+    value is 8 bytes (``d`` or ``q``, no padding): the bytes read as floats, the integer columns read again as
+    integers and converted (exact below 2**53, as SQLite's REAL and the writer's ``float()`` are)."""
+    assert b.codec is not None and b.buf is not None
+    k, m = len(b.codec.format) - 1, end - start
+    raw = np.frombuffer(b.buf, dtype="<f8", count=m * k, offset=start * b.width).reshape(m, k)
+    out = raw.copy()
+    ints = _int_columns(b.codec.format)
+    if ints:
+        out[:, ints] = np.frombuffer(b.buf, dtype="<i8", count=m * k, offset=start * b.width).reshape(m, k)[:, ints]
+    return out
 
 
 class Block:
@@ -337,9 +371,9 @@ def records(spans: list[Span]) -> list[dict[Any, Any]]:
         if b.codec is not None:
             view = memoryview(b.buf)[start * b.width:end * b.width]  # type: ignore[arg-type]
             if last is not None and last.keys == b.keys:  # blocks of the same keys: one record (one statement)
-                last.rows += b.codec.iter_unpack(view)
+                last.extend(b.codec.iter_unpack(view), _matrix(b, start, end))
                 continue
-            last = Packed(b.keys, list(b.codec.iter_unpack(view)))  # type: ignore[arg-type]
+            last = Packed(b.keys, list(b.codec.iter_unpack(view)), _matrix(b, start, end))  # type: ignore[arg-type]
             out.append({tag: "steps", PACKED: last})
         else:
             last = None

@@ -316,10 +316,13 @@ class TableWriter:
         if not cols:
             return
         idx = [at[c] for c in cols]
+        matrix = packed.matrix
         if idx != list(range(len(keys))):
             pick = itemgetter(*idx)
             data = [pick(t) for t in data] if len(idx) > 1 else [(pick(t),) for t in data]
-        self._insert_tuples(table, cols, data, lambda part: [dict(zip(cols, t, strict=True)) for t in part], cols)
+            matrix = matrix[:, idx]
+        self._insert_tuples(table, cols, data, lambda part: [dict(zip(cols, t, strict=True)) for t in part], cols,
+                            matrix)
 
     def _insert_rows(self, table: str, rows: list[dict[Any, Any]]) -> None:
         keys: dict[Any, str] = {}
@@ -339,16 +342,21 @@ class TableWriter:
         self._insert_tuples(table, cols, rows, lambda part: part, src)
 
     def _insert_tuples(self, table: str, cols: list[str], rows: list[Any],
-                       as_dicts: Callable[[list[Any]], list[dict[Any, Any]]], src: list[Any]) -> None:
+                       as_dicts: Callable[[list[Any]], list[dict[Any, Any]]], src: list[Any],
+                       matrix: np.ndarray | None = None) -> None:
         """Insert ``rows`` into ``cols``: dicts read by the keys ``src`` (one per column), or tuples in the
         columns' order (``src`` then names the columns of the dicts ``as_dicts`` makes of them, for the values
-        that need converting)."""
+        that need converting). ``matrix``: tuples of plain numbers (packed rows: ints within 64 bits, floats)
+        with the same values as floats, stored as they are."""
         numeric = table in NUMERIC_TABLES
         known = self._columns[table]
         tuples = not rows or not isinstance(rows[0], dict)
         idx = [i for i, c in enumerate(cols) if known.get(c) in ("REAL", "INTEGER")] if numeric else []
         data: list[tuple[Any, ...]] = []
         arrays: list[np.ndarray] = []
+        if matrix is not None:
+            data, rows = rows, []  # (nothing to check or convert: see gpudash.store.steplog)
+            arrays.append(matrix[:, idx])
         for i in range(0, len(rows), _SLICE):
             part = rows[i:i + _SLICE]
             if i:

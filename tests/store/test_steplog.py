@@ -180,6 +180,26 @@ def test_any_rows_come_back_as_they_were_put(spec: list[tuple[list[str], list[An
             assert type(g[k]) is type(v) or {type(g[k]), type(v)} <= {int, bool, float}
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.floats(), st.integers(-(2**63), 2**63 - 1), st.booleans()), min_size=3,
+                         max_size=3), min_size=1, max_size=40), st.integers(1, 9))
+def test_a_packed_records_matrix_holds_its_rows_values_as_floats(values: list[list[Any]], block: int) -> None:
+    """The columnar copy the writer keeps of packed rows is read from their bytes: the same floats the rows'
+    values make (the writer used to build it with ``np.array(rows, dtype=float)``)."""
+    log = StepLog(10_000, block_rows=block)
+    for i, v in enumerate(values):
+        log.put({"step": i, "a": v[0], "b": v[1], "c": v[2]})
+    recs = log.take(log.writer, records)
+    assert block < 8 or any(PACKED in r for r in recs)  # (blocks that close early, under 8 rows, stop packing)
+    for rec in recs:
+        packed = rec.get(PACKED)
+        if packed is None:
+            continue
+        want = np.array([[float(x) for x in row] for row in packed.rows], dtype=float).reshape(len(packed.rows), -1)
+        assert packed.matrix.shape == want.shape
+        assert np.array_equal(packed.matrix, want, equal_nan=True)
+
+
 def test_the_writer_stores_packed_and_unpacked_steps_in_order(tmp_path: Path) -> None:
     rec = Recorder(tmp_path, flush_interval=3600, flush_rows=8)
     try:
