@@ -4,8 +4,9 @@ Every step hands its row (a dict) to :meth:`StepLog.put`. A row of plain numbers
 whose keys come in the same order as the row before it, as nearly every step's do, is packed into the open
 block: one ``struct.pack_into`` into a preallocated ``bytearray``. The dict and its numbers are then let go on
 the training thread that made them, and another thread reads only the block's bytes: a queued row holds 146 bytes
-where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row
-(``benchmarks/RESULTS.md``, issue 41: its CPU a row 8-10 µs, was 12-14). Any other row (new keys, a text value, ``None``,
+where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row, and
+keeps their columnar copy as a float matrix read from the same bytes, no value checked one by one
+(``benchmarks/RESULTS.md``, issue 41: its CPU a row 8-10 µs, was 12-14; 55k instructions a row, was 64k). Any other row (new keys, a text value, ``None``,
 an integer beyond 64 bits, a row marked by :func:`mark_unpacked`) goes into a block of rows as they are, read
 as before; a run whose keys change every step or two stops trying to pack for a block's worth of rows. An int
 logged under a key whose block began with a float is packed as a float (as a REAL column stores it; exact
