@@ -138,7 +138,8 @@ def read_snapshot_pickle(data: bytes | os.PathLike[str] | str | BinaryIO, where:
                          per_byte: int = GROWTH_PER_BYTE, slack: int = GROWTH_SLACK) -> dict[str, Any]:
     """Unpickle ``data`` (bytes, a path or a binary file) allowing only plain containers; RunError on anything
     else, and when the objects made grow past ``per_byte`` bytes per byte read (+ ``slack``): counted while
-    reading, so a small file that would make gigabytes stops after a few megabytes."""
+    reading, so a small file that would make gigabytes stops after a few megabytes (with the cyclic collector
+    paused: see :func:`no_gc`)."""
     opened = None
     try:
         if isinstance(data, (bytes, bytearray, memoryview)):
@@ -147,7 +148,10 @@ def read_snapshot_pickle(data: bytes | os.PathLike[str] | str | BinaryIO, where:
             src = opened = open_snapshot_file(data)[0]
         else:
             src = data
-        obj = _NoGlobals(io.BufferedReader(_Metered(src, per_byte, slack), _CHUNK)).load()
+        # the collector paused: a collection on the way would free other garbage of the process and hide what the
+        # pickle makes from the meter (a test worker read an 8 MB pickle of empty lists whole so), and walk all of it
+        with no_gc():
+            obj = _NoGlobals(io.BufferedReader(_Metered(src, per_byte, slack), _CHUNK)).load()
     except _OverMemory as exc:
         raise RunError(f"{where}: refused: the pickle makes far more objects than a torch memory snapshot of its "
                        f"size ({exc}); a crafted or damaged file") from None

@@ -83,6 +83,30 @@ def test_a_pickle_of_empty_lists_is_stopped_while_it_is_read(tmp_path: Path) -> 
     assert made_from < len(data) / 2**20 / 2  # stopped well before the end of the file
 
 
+def test_the_meter_is_not_fooled_by_garbage_the_collector_frees_meanwhile() -> None:
+    """A process holding cyclic garbage in the collector's oldest generation (a test worker after many tests): a
+    full collection on the way freed it while the pickle's lists were made, the meter saw little growth, and an
+    8 MB pickle of empty lists was read whole (CI). The collector is paused while reading: stopped at the first
+    look after the first MiB."""
+    import gc
+
+    junk: list[Any] | None = []
+    for _ in range(800_000):
+        a: list[Any] = []
+        a.append([a])
+        junk.append(a)  # type: ignore[union-attr]
+    gc.collect()  # into the oldest generation
+    junk = None  # garbage there now: only a full collection frees it
+    data = b"\x80\x04]" + b"(" + b"]" * 8_000_000 + b"e."
+    try:
+        with pytest.raises(RunError) as err:
+            read_snapshot_pickle(data, where="bomb.pickle", slack=16 * 2**20)
+    finally:
+        gc.collect()
+    msg = str(err.value)
+    assert float(msg.split("made from its first ")[1].split(" MiB")[0]) <= 1.0, msg
+
+
 def test_the_pickle_is_stopped_where_the_resident_size_does_not_grow(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process that freed more than the pickle makes reuses those pages: its resident size stays flat while
     the objects are made (a CI worker after a big test read the whole pickle above). Python's small blocks
