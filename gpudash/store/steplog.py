@@ -5,8 +5,9 @@ whose keys come in the same order as the row before it, as nearly every step's d
 block: one ``struct.pack_into`` into a preallocated ``bytearray``. The dict and its numbers are then let go on
 the training thread that made them, and another thread reads only the block's bytes: a queued row holds 146 bytes
 where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row, and
-keeps their columnar copy as a float matrix read from the same bytes, no value checked one by one
-(``benchmarks/RESULTS.md``, issue 41: its CPU a row 8-10 µs, was 12-14; 55k instructions a row, was 64k). Any other row (new keys, a text value, ``None``,
+keeps their columnar copy as a float matrix read from the same bytes (:func:`_matrix`, which the leak window's
+:func:`numbers` reads too), no value checked one by one (``benchmarks/RESULTS.md``, issue 41: the writer's CPU a
+row 8-10 µs, was 12-14; 55k instructions a row, was 64k). Any other row (new keys, a text value, ``None``,
 an integer beyond 64 bits, a row marked by :func:`mark_unpacked`) goes into a block of rows as they are, read
 as before; a run whose keys change every step or two stops trying to pack for a block's worth of rows. An int
 logged under a key whose block began with a float is packed as a float (as a REAL column stores it; exact
@@ -393,17 +394,14 @@ def numbers(spans: list[Span], names: tuple[str, ...]) -> tuple[int, dict[str, n
     for b, start, end in spans:
         m = end - start
         if b.codec is not None:
-            assert b.keys is not None and b.buf is not None
-            fmt = b.codec.format[1:]
-            dtype = np.dtype({"names": [f"f{i}" for i in range(len(fmt))],
-                              "formats": ["<f8" if c == "d" else "<i8" for c in fmt]})
-            arr = np.frombuffer(b.buf, dtype=dtype, count=m, offset=start * b.width)
+            assert b.keys is not None
+            mat = _matrix(b, start, end)
             for name in names:
                 try:
                     i = b.keys.index(name)
                 except ValueError:
                     continue
-                out[name][at:at + m] = arr[f"f{i}"]
+                out[name][at:at + m] = mat[:, i]
         else:
             rows = b.rows[start:end]  # type: ignore[index]
             for name in names:
