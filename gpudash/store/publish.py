@@ -287,11 +287,6 @@ class SegmentPublisher:
         except Exception as exc:  # noqa: BLE001 - any failure of the store is a state, retried
             self._failed(exc)
             return False
-        if self.failing is not None:
-            since, why = self.failing
-            self.failing = None
-            self._report(f"publish: uploads to {self.dest} resumed after {time.time() - since:.0f} s ({why}); "
-                         "nothing was lost", f"publish resumed {since}")
         return True
 
     def _earlier_attempts(self) -> dict[str, int]:
@@ -312,6 +307,11 @@ class SegmentPublisher:
     def _put(self, name: str, data: bytes) -> None:
         self.store.put(name, data)
         self.bytes_put += len(data)
+        if self.failing is not None:  # the first upload that succeeds: said before the queue empties (a caller
+            since, why = self.failing  # waiting on uploaded() then finds it said, and recorded in the run)
+            self.failing = None
+            self._report(f"publish: uploads to {self.dest} resumed after {time.time() - since:.0f} s ({why}); "
+                         "nothing was lost", f"publish resumed {since}")
 
     def _failed(self, exc: BaseException) -> None:
         why = f"{type(exc).__name__}: {str(exc)[:200]}"
