@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/queue_bytes.py [--rows 100000]
 
 A Monitor's step rows (step + 4 phases + 8 scalars + samples + tokens: 17 values) are queued while the writer
-is held (a stalled disk, or a loop that holds the GIL), then stored in one flush. Reported: malloc's in-use
-bytes (glibc ``mallinfo2``) a queued row adds, and the writer's CPU µs a row for the flush (``thread_time`` of
-the thread that runs it). Run it in two trees (e.g. a ``git worktree`` of the commit before) to compare: the
+is held (a stalled disk, or a loop that holds the GIL), then stored in one flush. Reported: the bytes a queued
+row adds, as Python's allocations count them (``tracemalloc``: every object, the small ones Python's own allocator
+keeps in its mmap'd arenas included) and as malloc's in-use bytes (glibc ``mallinfo2``, which do not see those
+arenas: a row held as small ``bytes`` objects reads 0 there), and the writer's CPU µs a row for the flush
+(``thread_time`` of the thread that runs it). Run it in two trees (e.g. a ``git worktree`` of the commit before) to compare: the
 script imports the gpudash of the tree it sits in.
 """
 
@@ -17,6 +19,7 @@ import platform
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,8 +54,12 @@ def main() -> None:
         steps(mon, 200)  # warm-up: the row's keys, the phases, the first blocks
         gc.collect()
         before = IN_USE() if IN_USE else 0
+        tracemalloc.start()
+        traced = tracemalloc.get_traced_memory()[0]
         steps(mon, n)
         gc.collect()
+        per_traced = (tracemalloc.get_traced_memory()[0] - traced) / n
+        tracemalloc.stop()
         per_row = (IN_USE() - before) / n if IN_USE else float("nan")
         queued = rec.queued if hasattr(rec, "queued") else len(rec._buf)  # (the tree before the step log)
         t0 = time.thread_time()
@@ -61,9 +68,9 @@ def main() -> None:
         rec._flush_once = held  # type: ignore[method-assign]
         mon.close()
     print(f"{platform.machine()}, python {platform.python_version()}, {n:,} rows")
-    print("| queued rows | bytes held a row | writer CPU µs a row stored |")
-    print("|---:|---:|---:|")
-    print(f"| {queued:,} | {per_row:,.0f} | {per_store:.2f} |")
+    print("| queued rows | bytes held a row (tracemalloc) | of them malloc's (mallinfo2) | writer CPU µs a row stored |")
+    print("|---:|---:|---:|---:|")
+    print(f"| {queued:,} | {per_traced:,.0f} | {per_row:,.0f} | {per_store:.2f} |")
 
 
 if __name__ == "__main__":

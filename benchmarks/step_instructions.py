@@ -133,6 +133,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, nargs=2, default=(2000, 12000), metavar=("LO", "HI"),
                     help="the two numbers of steps counted (default 2000 12000)")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="measure only the variants whose name starts with one of these (e.g. bare floor gpudash)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -146,6 +148,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpudash-instr-") as t:
         for v in VARIANTS:
+            if args.only and not any(v.startswith(o) for o in args.only):
+                continue
             got = measure(v, lo, hi, Path(t))
             if got is not None:
                 rows.append((v, *got))

@@ -121,6 +121,9 @@ class Monitor:
         self._phase_end_hooks: list[PhaseEndHook] = []
         self._due_hooks: dict[StepDueHook, int] = {}  # end hooks for some steps: the step each asked for next
         self._due = NEVER  # the first of those steps
+        #: the first step whose end runs :meth:`end_step` (end hooks, due hooks, a memory record): 0 while there are
+        #: end hooks or a memory record, else ``_due`` (one comparison a step when there is nothing to do)
+        self._slow_from = NEVER
         self._unavailable: set[str] = set()
         self._closed = False
         self._lock = threading.Lock()
@@ -216,6 +219,7 @@ class Monitor:
             self._due_hooks = {**self._due_hooks, end_due: self.step_index}
             self._due = min(self._due_hooks.values())
         self._retype_phases()
+        self._reslow()
 
     def _remove_hook(self, hook: Any) -> None:
         self._start_hooks = [h for h in self._start_hooks if h != hook]
@@ -226,6 +230,30 @@ class Monitor:
             self._due_hooks = {h: at for h, at in self._due_hooks.items() if h != hook}
             self._due = min(self._due_hooks.values(), default=NEVER)
         self._retype_phases()
+        self._reslow()
+
+    def _reslow(self) -> None:
+        self._slow_from = 0 if self._end_hooks or self._memory.row is not None else self._due
+
+    def end_step(self, step: int, row: dict[str, Any]) -> None:
+        """The end of a step with something to run (:class:`Step` calls this from ``_slow_from`` on): the end
+        hooks, the due hooks whose step it is, the step's memory record; then the row is written unless an end
+        hook took it."""
+        taken = False
+        for hook in self._end_hooks:
+            try:
+                if hook(step, row):  # True: the hook holds the row and hands it to put_step itself
+                    taken = True
+            except Exception as exc:  # noqa: BLE001 - a collector never breaks the loop
+                self.collector_failed(hook, exc)
+        if step >= self._due:
+            self.run_due_hooks(step, row)
+        memory = self._memory
+        if memory.row is not None:
+            self.recorder.put("memory", memory.take())
+        if not taken:
+            self._put_step(row)
+        self._reslow()
 
     def run_due_hooks(self, step: int, row: dict[str, Any]) -> None:
         """The end of a step some ``end_due`` hook asked for (:class:`Step` calls this only then)."""
@@ -239,6 +267,7 @@ class Monitor:
                     self.collector_failed(hook, exc)
         self._due_hooks = {h: at for h, at in due.items() if h in self._due_hooks}
         self._due = min(self._due_hooks.values(), default=NEVER)
+        self._reslow()
 
     def _phase_class(self) -> type[Phase]:
         return HookedPhase if self._phase_start_hooks or self._phase_end_hooks else Phase
@@ -363,6 +392,7 @@ class Monitor:
     def memory_row(self, step: int, values: dict[str, Any]) -> None:
         """Add byte counts to the memory record of ``step`` (written as the step ends)."""
         self._memory.add(step, values)
+        self._slow_from = 0
 
     def watch(self, model: Any, optimizer: Any = None) -> None:
         """Record memory by category (parameters, gradients, optimizer state, activations)."""

@@ -1,10 +1,11 @@
 """The step and phase timers: the code that runs on the training thread every step.
 
 ``with monitor.step():`` opens the step's row, runs the start hooks and takes
-a timestamp; at exit it stamps ``step``/``time``/``duration_s``, runs the end
-hooks, writes the step's memory record, and writes the row through
-``Monitor.put_step`` unless an end hook took it (the CUDA timer does: it hands
-the row on once its GPU times are known). ``with monitor.phase(name):`` adds
+a timestamp; at exit it stamps ``step``/``time``/``duration_s`` and writes the
+row through ``Monitor.put_step``; a step with end hooks, a due hook or a memory
+record (``Monitor._slow_from``: one comparison) ends in ``Monitor.end_step``,
+which runs them and writes the row unless an end hook took it (the CUDA timer
+does: it hands the row on once its GPU times are known). ``with monitor.phase(name):`` adds
 its wall time to ``<name>_s`` (nests and repeats add up) and runs the phase
 hooks. Only timestamps and dict updates happen here: no I/O, no GPU sync.
 A hook that raises is removed and its source recorded as unavailable.
@@ -61,7 +62,7 @@ class Monitor(Protocol):
     _end_hooks: list[StepEndHook]
     _phase_start_hooks: list[PhaseStartHook]
     _phase_end_hooks: list[PhaseEndHook]
-    _due: int
+    _slow_from: int
     _names: StoredNames
     _memory: MemoryRow
 
@@ -71,16 +72,17 @@ class Monitor(Protocol):
 
     def collector_failed(self, where: Any, exc: BaseException) -> None: ...
 
-    def run_due_hooks(self, step: int, row: dict[str, Any]) -> None: ...
+    def end_step(self, step: int, row: dict[str, Any]) -> None: ...
 
 #: What a step's ``samples``/``tokens`` may be and its row still be packed (anything else marks it unpacked)
 _PACKABLE = frozenset({int, float})
 _perf = time.perf_counter
 _time = time.time
 #: Steps between two readings of the wall clock: a step's ``time`` is its end on ``perf_counter`` plus the
-#: wall clock's offset from it, read again every this many steps (one clock call a step saved; a wall clock
-#: set by hand or by NTP is followed within as many steps)
+#: wall clock's offset from it, read again at every step whose number is a multiple of this (one clock call a
+#: step saved; a wall clock set by hand or by NTP is followed within as many steps)
 WALL_EVERY = 256
+_WALL_MASK = WALL_EVERY - 1
 
 
 def wall_offset() -> float:
@@ -178,15 +180,14 @@ def innermost(phases: Iterable[Phase]) -> str | None:
 class Step:
     """``monitor.step(...)``: the Monitor's one step context, reused every step."""
 
-    __slots__ = ("_m", "samples", "tokens", "_t0", "_wall", "_wall_in")
+    __slots__ = ("_m", "samples", "tokens", "_t0", "_wall")
 
     def __init__(self, monitor: Monitor) -> None:
         self._m = monitor
         self.samples: Any = None
         self.tokens: Any = None
         self._t0 = 0.0
-        self._wall = 0.0  # time.time() - time.perf_counter(), read every WALL_EVERY steps
-        self._wall_in = 0  # steps until the next reading
+        self._wall = wall_offset()  # time.time() - time.perf_counter(), read again every WALL_EVERY steps
 
     def __enter__(self) -> Step:
         m = self._m
@@ -216,10 +217,7 @@ class Step:
         if "step" in row or "time" in row or "duration_s" in row:  # logged under a name of ours
             m._names.rename_own(row)
         row["step"] = step
-        if self._wall_in:
-            self._wall_in -= 1
-        else:
-            self._wall_in = WALL_EVERY - 1
+        if not step & _WALL_MASK:
             self._wall = wall_offset()
         row["time"] = t1 + self._wall
         row["duration_s"] = t1 - self._t0
@@ -242,18 +240,8 @@ class Step:
                     m.collector_failed(hook, exc)
             m._memory.discard()
             return
-        taken = False
-        for hook in m._end_hooks:
-            try:
-                if hook(step, row):  # True: the hook holds the row and hands it to put_step itself
-                    taken = True
-            except Exception as exc:  # noqa: BLE001
-                m.collector_failed(hook, exc)
-        if step >= m._due:
-            m.run_due_hooks(step, row)
-        memory = m._memory
-        if memory.row is not None:  # (checked here: most steps have no memory record)
-            m.recorder.put("memory", memory.take())
-        if not taken:
+        if step >= m._slow_from:  # end hooks, a due hook, a memory record (most steps have none)
+            m.end_step(step, row)
+        else:
             m._put_step(row)
         m.step_index = step + 1

@@ -1,10 +1,13 @@
 """The steps table's rows on their way out of the training thread, packed on the thread that makes them.
 
 Every step hands its row (a dict) to :meth:`StepLog.put`. A row of plain numbers (``int``, ``float``, ``bool``)
-whose keys come in the same order as the row before it, as nearly every step's do, is packed into the open
-block: one ``struct.pack_into`` into a preallocated ``bytearray``. The dict and its numbers are then let go on
-the training thread that made them, and another thread reads only the block's bytes: a queued row holds 146 bytes
-where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row, and
+with the keys of the row before it, as nearly every step's has, is packed into the open block: its values taken
+in the block's key order by one ``operator.itemgetter`` call (which also proves the keys: a row of as many keys
+that lacks one raises) and packed by one ``struct.Struct.pack``, the row's bytes appended to the block (issue 41:
+~7,600 instructions a row where a key tuple compared and a ``pack_into`` of the values into a preallocated
+``bytearray`` took ~9,700). The dict and its numbers are then let go on the training thread that made them, and
+another thread reads only the rows' bytes (small ``bytes`` objects: Python's own allocator, not malloc's
+per-thread caches, whichever thread lets them go): a queued row holds ~180 bytes where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row, and
 keeps their columnar copy as a float matrix read from the same bytes (:func:`_matrix`, which the leak window's
 :func:`numbers` reads too), no value checked one by one (``benchmarks/RESULTS.md``, issue 41: the writer's CPU a
 row 8-10 µs, was 12-14; 55k instructions a row, was 64k). Any other row (new keys, a text value, ``None``,
@@ -28,6 +31,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import numpy as np
@@ -42,10 +46,6 @@ off: it fell 40,000 rows behind in 3 s of 10 µs steps (``benchmarks/RESULTS.md`
 SPARE_ROWS = 4096
 """Rows kept for a best-effort reader past what the writer has read (the leak window's 4,096), in whole blocks
 and two more."""
-_SPARE_BUFFERS = 4
-"""Buffers of let-go blocks kept for new ones: a reader's thread lets a block go, and its buffer would otherwise be
-freed there (into that thread's malloc cache) while the recording thread allocates the next; reused, no buffer is
-freed or allocated once the log runs."""
 _CODECS = 64
 """Row layouts whose ``struct.Struct`` is kept (made once, not per block: each holds a malloc'd table freed on the
 thread that lets its block go)."""
@@ -110,35 +110,53 @@ def _int_columns(fmt: str) -> list[int]:
     return [i for i, c in enumerate(fmt[1:]) if c == "q"]
 
 
-def _matrix(b: Block, start: int, end: int) -> np.ndarray:
-    """Rows ``[start, end)`` of packed block ``b`` as a float matrix (a copy: the block's buffer is reused). Every
-    value is 8 bytes (``d`` or ``q``, no padding): the bytes read as floats, the integer columns read again as
-    integers and converted (exact below 2**53, as SQLite's REAL and the writer's ``float()`` are)."""
-    assert b.codec is not None and b.buf is not None
-    k, m = len(b.codec.format) - 1, end - start
-    raw = np.frombuffer(b.buf, dtype="<f8", count=m * k, offset=start * b.width).reshape(m, k)
-    out = raw.copy()
+def _bytes(b: Block, start: int, end: int) -> bytes:
+    """Rows ``[start, end)`` of packed block ``b``, their bytes end to end."""
+    assert b.parts is not None
+    return b"".join(b.parts[start:end])
+
+
+def _matrix(b: Block, data: bytes) -> np.ndarray:
+    """``data`` (rows of packed block ``b``, :func:`_bytes`) as a float matrix. Every value is 8 bytes (``d`` or
+    ``q``, no padding): the bytes read as floats, the integer columns read again as integers and converted (exact
+    below 2**53, as SQLite's REAL and the writer's ``float()`` are)."""
+    assert b.codec is not None
+    k = len(b.codec.format) - 1
+    m = len(data) // (8 * k)
+    out = np.frombuffer(data, dtype="<f8", count=m * k).reshape(m, k).copy()
     ints = _int_columns(b.codec.format)
     if ints:
-        out[:, ints] = np.frombuffer(b.buf, dtype="<i8", count=m * k, offset=start * b.width).reshape(m, k)[:, ints]
+        out[:, ints] = np.frombuffer(data, dtype="<i8", count=m * k).reshape(m, k)[:, ints]
     return out
 
 
-class Block:
-    """``cap`` rows: packed (``keys`` and ``codec`` set, rows in ``buf``) or rows as they are (``rows``)."""
+def _getter(keys: tuple[Any, ...]) -> Callable[[dict[Any, Any]], tuple[Any, ...]]:
+    """A row's values under ``keys``, in their order, as a tuple (``itemgetter`` of one key returns the value)."""
+    if len(keys) == 1:
+        key = keys[0]
+        return lambda row: (row[key],)
+    return itemgetter(*keys)
 
-    __slots__ = ("buf", "cap", "codec", "keys", "n", "rows", "seq", "width")
+
+class Block:
+    """``cap`` rows: packed (``keys`` and ``codec`` set, each row's bytes in ``parts``) or rows as they are
+    (``rows``)."""
+
+    __slots__ = ("cap", "codec", "get", "keys", "n", "nkeys", "parts", "rows", "seq")
 
     def __init__(self, seq: int, cap: int, keys: tuple[Any, ...] | None = None,
-                 codec: struct.Struct | None = None, buf: bytearray | None = None) -> None:
+                 codec: struct.Struct | None = None) -> None:
         self.seq = seq
         self.cap = cap
         self.n = 0
         self.keys = keys
         self.codec = codec
-        self.width = codec.size if codec is not None else 0
-        self.buf = (buf if buf is not None else bytearray(self.width * cap)) if codec is not None else None
-        self.rows: list[dict[Any, Any]] | None = [] if codec is None else None
+        packed = keys is not None and codec is not None
+        #: rows of this many keys are tried against the block's (-1: rows as they are, none is)
+        self.nkeys = len(keys) if packed else -1  # type: ignore[arg-type]
+        self.get = _getter(keys) if packed else None  # type: ignore[arg-type]
+        self.parts: list[bytes] | None = [] if packed else None
+        self.rows: list[dict[Any, Any]] | None = None if packed else []
 
 
 _CLOSED = Block(-1, 0)  # before the first row: full, so the first put opens a block
@@ -193,7 +211,6 @@ class StepLog:
         self._seq = 0
         self._early = 0  # packed blocks closed early, in a row
         self._closed_rows = 0  # rows in the blocks before the open one
-        self._spare: list[bytearray] = []  # buffers of let-go blocks, for the next blocks
         self._codecs: dict[str, struct.Struct] = {}  # one per row layout seen (a Struct holds a malloc'd table)
         self._lock = threading.Lock()
         self.writer = Cursor(required=True)
@@ -207,19 +224,18 @@ class StepLog:
         b = self._open
         n = b.n
         if n < b.cap:
-            keys = b.keys
-            if keys is None:
-                b.rows.append(row)  # type: ignore[union-attr]
-                b.n = n + 1
-                return
-            if tuple(row) == keys:
-                try:
-                    b.codec.pack_into(b.buf, n * b.width, *row.values())  # type: ignore[union-attr, arg-type]
-                except (struct.error, TypeError, ValueError, OverflowError):
-                    pass  # (a value of another type under a key: a block for this row's types)
+            if len(row) == b.nkeys:
+                try:  # (a missing key raises: a row of as many keys has the block's keys)
+                    b.parts.append(b.codec.pack(*b.get(row)))  # type: ignore[union-attr, misc]
+                except (KeyError, struct.error, TypeError, ValueError, OverflowError):
+                    pass  # (other keys, or a value of another type under a key: a block for this row)
                 else:
                     b.n = n + 1
                     return
+            elif b.rows is not None:
+                b.rows.append(row)
+                b.n = n + 1
+                return
         self._put_new(row)
 
     def _put_new(self, row: dict[Any, Any]) -> None:
@@ -234,13 +250,15 @@ class StepLog:
                 codec = struct.Struct(fmt)
                 if len(self._codecs) < _CODECS:
                     self._codecs[fmt] = codec
-            b = self._open_block(tuple(row), codec)
             try:
-                codec.pack_into(b.buf, 0, *row.values())  # type: ignore[arg-type]
+                data = codec.pack(*row.values())
+            except (struct.error, TypeError, ValueError, OverflowError):  # (an integer beyond 64 bits)
+                pass
+            else:
+                b = self._open_block(tuple(row), codec)
+                b.parts.append(data)  # type: ignore[union-attr]
                 b.n = 1
                 return
-            except (struct.error, TypeError, ValueError, OverflowError):  # (an integer beyond 64 bits)
-                b.cap = 0  # closed, empty: readers skip it
         self._early = 0  # a block of rows as they are; the block after it tries packing again
         b = self._open_block(None, None)
         b.rows.append(row)  # type: ignore[union-attr]
@@ -249,14 +267,7 @@ class StepLog:
     def _open_block(self, keys: tuple[Any, ...] | None, codec: struct.Struct | None) -> Block:
         old = self._open
         self._closed_rows += old.n
-        buf = None
-        if codec is not None:  # a let-go block's buffer of the same size, when there is one (see _SPARE_BUFFERS)
-            size, spare = codec.size * self.block_rows, self._spare
-            for i in range(len(spare) - 1, -1, -1):
-                if len(spare[i]) == size:
-                    buf = spare.pop(i)  # (readers only append, under the lock: the index still holds it)
-                    break
-        b = Block(self._seq, self.block_rows, keys, codec, buf)
+        b = Block(self._seq, self.block_rows, keys, codec)
         self._seq += 1
         self._blocks.append(b)  # before any row is in it: a reader that sees it knows the block before is done
         self._open = b
@@ -355,8 +366,6 @@ class StepLog:
 
     def _let_go_front(self) -> None:
         b = self._blocks.popleft()
-        if b.buf is not None and len(self._spare) < _SPARE_BUFFERS:
-            self._spare.append(b.buf)  # (no reader holds its bytes: they are read under the lock)
         for c in self._cursors:
             if not c.required and not self._passed(c, b):
                 c.missed += b.n - (c.row if c.seq == b.seq else 0)
@@ -371,11 +380,11 @@ def records(spans: list[Span]) -> list[dict[Any, Any]]:
     last: Packed | None = None
     for b, start, end in spans:
         if b.codec is not None:
-            view = memoryview(b.buf)[start * b.width:end * b.width]  # type: ignore[arg-type]
+            data = _bytes(b, start, end)
             if last is not None and last.keys == b.keys:  # blocks of the same keys: one record (one statement)
-                last.extend(b.codec.iter_unpack(view), _matrix(b, start, end))
+                last.extend(b.codec.iter_unpack(data), _matrix(b, data))
                 continue
-            last = Packed(b.keys, list(b.codec.iter_unpack(view)), _matrix(b, start, end))  # type: ignore[arg-type]
+            last = Packed(b.keys, list(b.codec.iter_unpack(data)), _matrix(b, data))  # type: ignore[arg-type]
             out.append({tag: "steps", PACKED: last})
         else:
             last = None
@@ -395,7 +404,7 @@ def numbers(spans: list[Span], names: tuple[str, ...]) -> tuple[int, dict[str, n
         m = end - start
         if b.codec is not None:
             assert b.keys is not None
-            mat = _matrix(b, start, end)
+            mat = _matrix(b, _bytes(b, start, end))
             for name in names:
                 try:
                     i = b.keys.index(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -219,12 +220,33 @@ def test_the_writer_stores_packed_and_unpacked_steps_in_order(tmp_path: Path) ->
     assert [n for *_, n in got if n] == ["eval"] * 4 and got[99][2] == 1.0 / 100
 
 
-def test_a_let_go_blocks_buffer_is_reused_so_none_is_freed_on_a_readers_thread() -> None:
-    log = StepLog(10_000, block_rows=8)
-    seen: set[int] = set()
-    for i in range(400):
-        log.put({"step": i, "loss": 1.0})
-        seen.add(id(log._open.buf))
-        if i % 8 == 7:
-            assert [r["step"] for r in _rows_of(log.take(log.writer, records))][-1] == i  # every row, unspoilt
-    assert len(seen) <= 3  # 50 blocks made, in a couple of buffers
+def test_a_queued_row_holds_its_bytes_not_its_dict() -> None:
+    """A writer that cannot keep up holds the rows it has not read: a packed row is its 8-byte values and a small
+    ``bytes`` header, not the 1.1 KB of its dict and numbers."""
+    log = StepLog(1_000_000, block_rows=64)
+    keys = [f"scalar_{j}" for j in range(12)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20_000):
+            row: dict[str, Any] = {k: i * 0.5 + j for j, k in enumerate(keys)}
+            row.update(step=i, time=1e9 + i, duration_s=0.01, samples=8, tokens=1024)
+            log.put(row)
+        held = (tracemalloc.get_traced_memory()[0] - before) / 20_000
+    finally:
+        tracemalloc.stop()
+    assert log.waiting() == 20_000
+    assert 17 * 8 <= held <= 17 * 8 + 64  # the values' bytes, a bytes header and a list slot
+    got = _rows_of(log.take(log.writer, records))
+    assert len(got) == 20_000 and got[-1]["step"] == 19_999 and got[-1]["scalar_11"] == 19_999 * 0.5 + 11
+
+
+def test_a_row_of_the_blocks_keys_in_another_order_is_packed_in_its_order() -> None:
+    log = StepLog(1000, block_rows=8)
+    log.put({"step": 0, "loss": 1.0, "lr": 0.1})
+    log.put({"lr": 0.2, "step": 1, "loss": 0.5})  # the same keys, logged in another order
+    log.put({"step": 2, "loss": 0.25, "lr2": 0.3})  # as many keys, one of them another: a block of its own
+    assert len(log._blocks) == 2 and log._blocks[0].n == 2
+    got = _rows_of(log.take(log.writer, records))
+    assert got == [{"step": 0, "loss": 1.0, "lr": 0.1}, {"step": 1, "loss": 0.5, "lr": 0.2},
+                   {"step": 2, "loss": 0.25, "lr2": 0.3}]
