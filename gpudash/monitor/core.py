@@ -252,7 +252,7 @@ class Monitor:
         if memory.row is not None:
             self.recorder.put("memory", memory.take())
         if not taken:
-            self._put_step(row)
+            self.put_step(row)
         self._reslow()
 
     def run_due_hooks(self, step: int, row: dict[str, Any]) -> None:

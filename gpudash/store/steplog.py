@@ -6,13 +6,14 @@ in the block's key order by one ``operator.itemgetter`` call (which also proves 
 that lacks one raises) and packed by one ``struct.Struct.pack``, the row's bytes appended to the block (issue 41:
 ~7,600 instructions a row where a key tuple compared and a ``pack_into`` of the values into a preallocated
 ``bytearray`` took ~9,700). The dict and its numbers are then let go on the training thread that made them, and
-another thread reads only the rows' bytes (small ``bytes`` objects: Python's own allocator, not malloc's
-per-thread caches, whichever thread lets them go): a queued row holds ~180 bytes where its dict held 1,129, and the writer stores a block's rows as tuples in one statement, no dict a row, and
-keeps their columnar copy as a float matrix read from the same bytes (:func:`_matrix`, which the leak window's
+another thread reads only the rows' bytes (small ``bytes`` objects, from Python's own allocator, not malloc's
+per-thread caches, whichever thread lets them go): a queued row holds ~184 bytes where its dict held 1,129 (a
+preallocated buffer held 142, for ~2,100 instructions more a step), and the writer stores a block's rows as
+tuples in one statement, no dict a row, and keeps their columnar copy as a float matrix read from the same bytes (:func:`_matrix`, which the leak window's
 :func:`numbers` reads too), no value checked one by one (``benchmarks/RESULTS.md``, issue 41: the writer's CPU a
 row 8-10 µs, was 12-14; 55k instructions a row, was 64k). Any other row (new keys, a text value, ``None``,
-an integer beyond 64 bits, a row marked by :func:`mark_unpacked`) goes into a block of rows as they are, read
-as before; a run whose keys change every step or two stops trying to pack for a block's worth of rows. An int
+an integer beyond 64 bits, a row marked by :func:`mark_unpacked`) goes into a block of rows as they are; a row
+of the block's keys in another order is packed in the block's order; a run whose keys change every step or two stops trying to pack for a block's worth of rows. An int
 logged under a key whose block began with a float is packed as a float (as a REAL column stores it; exact
 below 2**53), and a bool as an int (as SQLite stores it).
 
