@@ -3,8 +3,8 @@
 Every step hands its row (a dict) to :meth:`StepLog.put`. A row of plain numbers (``int``, ``float``, ``bool``)
 with the keys of the row before it, as nearly every step's has, is packed into the open block: its values taken
 in the block's key order by one ``operator.itemgetter`` call (which also proves the keys: a row of as many keys
-that lacks one raises) and packed by one ``struct.Struct.pack``, the row's bytes appended to the block (issue 41:
-~7,600 instructions a row where a key tuple compared and a ``pack_into`` of the values into a preallocated
+that lacks one raises) and packed by one ``struct.Struct.pack``, the row's bytes stored in its slot of the block's list (issue 41:
+~7,000 instructions a row where a key tuple compared and a ``pack_into`` of the values into a preallocated
 ``bytearray`` took ~9,700). The dict and its numbers are then let go on the training thread that made them, and
 another thread reads only the rows' bytes (small ``bytes`` objects, from Python's own allocator, not malloc's
 per-thread caches, whichever thread lets them go): a queued row holds ~184 bytes where its dict held 1,129 (a
@@ -156,7 +156,9 @@ class Block:
         #: rows of this many keys are tried against the block's (-1: rows as they are, none is)
         self.nkeys = len(keys) if packed else -1  # type: ignore[arg-type]
         self.get = _getter(keys) if packed else None  # type: ignore[arg-type]
-        self.parts: list[bytes] | None = [] if packed else None
+        #: made whole (64 slots: 512 bytes, Python's allocator) rather than grown row by row (reallocations, the
+        #: last ones malloc's, freed on the reader's thread)
+        self.parts: list[bytes] | None = [b""] * cap if packed else None
         self.rows: list[dict[Any, Any]] | None = None if packed else []
 
 
@@ -227,7 +229,7 @@ class StepLog:
         if n < b.cap:
             if len(row) == b.nkeys:
                 try:  # (a missing key raises: a row of as many keys has the block's keys)
-                    b.parts.append(b.codec.pack(*b.get(row)))  # type: ignore[union-attr, misc]
+                    b.parts[n] = b.codec.pack(*b.get(row))  # type: ignore[index, misc, union-attr]
                 except (KeyError, struct.error, TypeError, ValueError, OverflowError):
                     pass  # (other keys, or a value of another type under a key: a block for this row)
                 else:
@@ -257,7 +259,7 @@ class StepLog:
                 pass
             else:
                 b = self._open_block(tuple(row), codec)
-                b.parts.append(data)  # type: ignore[union-attr]
+                b.parts[0] = data  # type: ignore[index]
                 b.n = 1
                 return
         self._early = 0  # a block of rows as they are; the block after it tries packing again
