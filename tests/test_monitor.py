@@ -204,3 +204,25 @@ def test_a_one_value_cpu_tensor_is_read_as_it_is_logged(tmp_path: Path) -> None:
     assert isinstance(row["vec"], torch.Tensor) and not row["vec"].requires_grad
     assert None in row  # marked: a row holding a tensor is never packed (packing would call its __float__)
     assert gpudash.load_run(tmp_path / "r").steps["loss"].tolist() == [6.0]
+
+
+def test_a_memory_record_is_written_at_its_steps_end_with_no_hook_to_run(tmp_path: Path) -> None:
+    """A step with nothing to run ends in one comparison (``Monitor._slow_from``); a memory record logged in a step,
+    or between steps for the next one, still makes that step's end write it, and the steps after go back to the
+    short path."""
+    import sqlite3
+
+    mon = gpudash.Monitor(tmp_path / "r", host_hz=0, leak_poll_s=0)
+    for i in range(6):
+        with mon.step():
+            if i in (1, 3):
+                mon.log_memory(offload_bytes=100 * i)
+        if i == 3:
+            mon.log_memory(offload_bytes=7)  # between steps: the next step's record
+        if i == 5:
+            assert mon._slow_from > i  # nothing left to run: the short path again
+    mon.close()
+    with sqlite3.connect(tmp_path / "r" / "rank0.db") as conn:
+        got = conn.execute("SELECT step, offload_bytes FROM memory ORDER BY step").fetchall()
+        steps = [s for (s,) in conn.execute("SELECT step FROM steps ORDER BY step")]
+    assert got == [(1, 100.0), (3, 300.0), (4, 7.0)] and steps == list(range(6))

@@ -256,7 +256,7 @@ class Monitor:
         self._reslow()
 
     def run_due_hooks(self, step: int, row: dict[str, Any]) -> None:
-        """The end of a step some ``end_due`` hook asked for (:class:`Step` calls this only then)."""
+        """The end of a step some ``end_due`` hook asked for (:meth:`end_step` calls this only then)."""
         due = dict(self._due_hooks)
         for hook, at in self._due_hooks.items():
             if step >= at:
